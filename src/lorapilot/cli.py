@@ -1,0 +1,225 @@
+"""The `lorapilot` command: parse -> load spec -> call one stage function -> print. No logic.
+
+Contract (see ../shared/DESIGN.md): every verb takes `--json` and then prints exactly one JSON
+object on stdout, everything else on stderr. Exit codes: 0 ok, 1 a check failed, 2 bad input.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from lorapilot.errors import CheckFailed, LorapilotError, UsageError
+
+app = typer.Typer(
+    name="lorapilot",
+    help="Run a LoRA / PEFT fine-tuning pilot on one task and end it with a reproducible "
+    "result and a GO / NO-GO decision.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+model_app = typer.Typer(help="The base model: fetch the default one.", no_args_is_help=True)
+app.add_typer(model_app, name="model")
+
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print exactly one JSON object on stdout; logs go to stderr.")]
+PilotArg = Annotated[str, typer.Argument(help="Pilot folder holding pilot.yaml, or the pilot YAML file.")]
+SetOpt = Annotated[
+    list[str] | None,
+    typer.Option("--set", help="Override a spec value for this run, e.g. --set train.lr=1e-4 (repeatable)."),
+]
+
+stdout = Console(highlight=False, soft_wrap=True)
+stderr = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def log_console(as_json: bool) -> Console:
+    """Human-readable output goes to stdout, unless stdout is reserved for JSON."""
+    return stderr if as_json else stdout
+
+
+def _print_json(obj: dict) -> None:
+    sys.stdout.write(json.dumps(obj, indent=2, ensure_ascii=False, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def verb(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Map lorapilot errors to the contract's exit codes and messages; never a traceback.
+
+    The wrapped function returns the JSON-able result dict; `show` in it is popped and called
+    to print the human view when `--json` is off.
+    """
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> None:
+        as_json = bool(kwargs.get("as_json"))
+        try:
+            result = fn(*args, **kwargs) or {}
+        except CheckFailed as e:
+            _fail(e, as_json, e.details)
+        except LorapilotError as e:
+            _fail(e, as_json, {})
+        except KeyboardInterrupt:
+            stderr.print("[yellow]interrupted[/]")
+            raise typer.Exit(130) from None
+        else:
+            show = result.pop("_show", None)
+            exit_code = int(result.pop("_exit_code", 0))
+            if as_json:
+                _print_json(result)
+            elif show is not None:
+                show(result)
+            if exit_code:
+                raise typer.Exit(exit_code)
+
+    return wrapper
+
+
+def _fail(e: LorapilotError, as_json: bool, details: dict) -> None:
+    label = "check failed" if e.exit_code == 1 else "error"
+    stderr.print(f"[bold red]{label}:[/] {e}", markup=True, highlight=False)
+    if as_json:
+        _print_json({"ok": False, "error": str(e), "exit_code": e.exit_code, **details})
+    raise typer.Exit(e.exit_code)
+
+
+# --------------------------------------------------------------------------- verbs
+
+
+@app.command()
+@verb
+def check(pilot: PilotArg, as_json: JsonFlag = False, sets: SetOpt = None) -> dict:
+    """Validate the pilot spec: hypothesis, task, guards, limits. Exit 2 names the bad key."""
+    from lorapilot.spec import load_pilot
+
+    p = load_pilot(pilot, sets)
+    s = p.spec
+    result = {
+        "ok": True,
+        "pilot": str(p.dir),
+        "spec": str(p.spec_path),
+        "name": s.name,
+        "spec_hash": s.spec_hash(),
+        "task": s.task.kind,
+        "success": s.success.model_dump() if s.success else None,
+        "guards": [g.model_dump(exclude_none=True) for g in s.guards],
+        "resolved": s.model_dump(mode="json"),
+    }
+
+    def show(r: dict) -> None:
+        stdout.print(f"[green]ok[/] {r['spec']}: pilot [bold]{r['name']}[/] ({r['task']})")
+        stdout.print(f"  hypothesis: {s.hypothesis.strip()}")
+        stdout.print(f"  success: {s.success.metric} gains at least {s.success.min_gain}")
+        for g in r["guards"]:
+            stdout.print(f"  guard: {g}")
+        stdout.print(f"  spec hash: {r['spec_hash'][:16]}")
+
+    result["_show"] = show
+    return result
+
+
+@app.command()
+@verb
+def schema(as_json: JsonFlag = False) -> dict:
+    """Print the JSON Schema of pilot.yaml (the same with or without --json)."""
+    from lorapilot.spec import json_schema
+
+    sch = json_schema()
+    sch["_show"] = lambda r: _print_json(r)
+    return sch
+
+
+@model_app.command("fetch")
+@verb
+def model_fetch(
+    as_json: JsonFlag = False,
+    force: Annotated[bool, typer.Option("--force", help="Re-make the folder even if its hashes match.")] = False,
+) -> dict:
+    """Install the default base model (SmolLM2-135M-Instruct) as an HF folder with a hash manifest."""
+    from lorapilot.models import fetch_default_model
+
+    con = log_console(as_json)
+    con.print("[dim]checking the default base model...[/]")
+    res = fetch_default_model(force=force)
+    out = {
+        "ok": True,
+        "path": str(res.path),
+        "sha256": res.sha256,
+        "reused": res.reused,
+        "seconds": round(res.seconds, 2),
+        "source": res.source,
+    }
+
+    def show(r: dict) -> None:
+        what = "already installed, hashes verified" if r["reused"] else "installed"
+        stdout.print(f"[green]ok[/] {r['path']} ({what}, {r['seconds']} s)")
+        stdout.print(f"  model.safetensors sha256 {r['sha256']}")
+
+    out["_show"] = show
+    return out
+
+
+@app.command()
+@verb
+def runs(
+    pilot: PilotArg,
+    as_json: JsonFlag = False,
+    kind: Annotated[str | None, typer.Option("--kind", help="Only runs of this kind (data, train, ...).")] = None,
+) -> dict:
+    """List every run record of the pilot, failed and interrupted ones included."""
+    from lorapilot.registry import list_runs
+    from lorapilot.spec import resolve_pilot
+
+    pilot_dir, _ = resolve_pilot(pilot)
+    records = list_runs(pilot_dir, kind)
+    rows = [
+        {
+            "id": r.id,
+            "kind": r.kind,
+            "status": r.status,
+            "parent": r.parent,
+            "started_at": r.started_at,
+            "ended_at": r.ended_at,
+            "duration_s": r.duration_s,
+            "data_version": r.data_version,
+            "variant": (r.variant or {}).get("label"),
+            "error": r.error,
+        }
+        for r in records
+    ]
+
+    def show(res: dict) -> None:
+        if not rows:
+            stdout.print(f"no runs yet in {pilot_dir / 'runs'}")
+            return
+        t = Table(title=f"runs of {pilot_dir.name}")
+        for col in ("id", "kind", "status", "started", "duration", "note"):
+            t.add_column(col)
+        colour = {"completed": "green", "failed": "red", "interrupted": "yellow", "running": "cyan", "stopped_by_limit": "magenta"}
+        for r in rows:
+            dur = f"{r['duration_s']:.1f}s" if r["duration_s"] is not None else "-"
+            t.add_row(r["id"], r["kind"], f"[{colour.get(r['status'], 'white')}]{r['status']}[/]",
+                      (r["started_at"] or "")[:19], dur, (r["error"] or "")[:60])
+        stdout.print(t)
+
+    return {"pilot": str(pilot_dir), "runs": rows, "_show": show}
+
+
+def main() -> None:
+    """Console-script entry point."""
+    try:
+        app()
+    except UsageError as e:  # pragma: no cover - raised outside a verb (should not happen)
+        stderr.print(f"[bold red]error:[/] {e}")
+        sys.exit(2)
+
+
+__all__ = ["app", "main", "Path"]

@@ -1,0 +1,253 @@
+"""Run records: `<pilot>/runs/<run_id>/run.json`, the source of truth of a pilot.
+
+Every computing verb opens a run with `open_run(...)`. The record is written atomically at
+creation (`running`) and again at the end: `completed`, `failed` (with the error text),
+`interrupted` (Ctrl-C / SIGTERM) or `stopped_by_limit`. A process killed with SIGKILL leaves
+`running` with its pid; `list_runs` reports such a record as `interrupted` once the pid is
+gone on the same host, without rewriting it (the files stay exactly as the process left them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import os
+import re
+import secrets
+import signal
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from lorapilot.errors import LorapilotError, UsageError
+from lorapilot.fsutil import atomic_write_json
+
+Status = Literal["running", "completed", "failed", "interrupted", "stopped_by_limit"]
+RUNS_DIR = "runs"
+RUN_ID_RE = re.compile(r"^[a-z]+-\d{8}-\d{6}-[0-9a-f]{6}$")
+SCHEMA_VERSION = 1
+
+
+class RunRecord(BaseModel):
+    """One run of one verb. `result` holds the verb's own output (metrics, audit, ...)."""
+
+    schema_version: int = SCHEMA_VERSION
+    id: str
+    kind: str
+    parent: str | None = None
+    status: Status = "running"
+    started_at: str
+    ended_at: str | None = None
+    duration_s: float | None = None
+    pid: int
+    host: str
+    pilot: str
+    spec_hash: str | None = None
+    config: dict[str, Any] = Field(default_factory=dict, description="Fully resolved spec.")
+    variant: dict[str, Any] | None = None
+    data_version: str | None = None
+    error: str | None = None
+    environment: dict[str, Any] = Field(default_factory=dict)
+    result: dict[str, Any] = Field(default_factory=dict)
+
+
+class StoppedByLimit(LorapilotError):
+    """Raised inside a run to end it gracefully at a time/cost cap (status stopped_by_limit)."""
+
+    exit_code = 0
+
+
+class Interrupted(BaseException):
+    """SIGTERM turned into an exception so `finally` blocks and the record update run."""
+
+
+def now_iso() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds")
+
+
+def runs_dir(pilot_dir: Path) -> Path:
+    return Path(pilot_dir) / RUNS_DIR
+
+
+def new_run_dir(pilot_dir: Path, kind: str) -> tuple[str, Path]:
+    """Create a fresh run folder. mkdir is atomic, so concurrent runs never share an id."""
+    root = runs_dir(pilot_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S")
+    for _ in range(100):
+        run_id = f"{kind}-{stamp}-{secrets.token_hex(3)}"
+        path = root / run_id
+        try:
+            path.mkdir()
+        except FileExistsError:
+            continue
+        return run_id, path
+    raise LorapilotError(f"{root}: could not allocate a unique run id")
+
+
+def write_record(run_dir: Path, record: RunRecord) -> None:
+    atomic_write_json(Path(run_dir) / "run.json", record.model_dump(mode="json"))
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def effective_status(record: RunRecord) -> Status:
+    """`running` whose process is gone (same host) is reported as `interrupted`."""
+    if record.status == "running" and record.host == socket.gethostname() and not _pid_alive(record.pid):
+        return "interrupted"
+    return record.status
+
+
+def read_record(run_dir: Path) -> RunRecord | None:
+    """A record that cannot be parsed (torn by an old crash) is skipped, never fatal."""
+    path = Path(run_dir) / "run.json"
+    try:
+        return RunRecord.model_validate_json(path.read_bytes())
+    except (OSError, ValueError):
+        return None
+
+
+def list_runs(pilot_dir: Path, kind: str | None = None) -> list[RunRecord]:
+    """All records, oldest first, with dead `running` ones shown as `interrupted`."""
+    root = runs_dir(pilot_dir)
+    out: list[RunRecord] = []
+    if not root.is_dir():
+        return out
+    for child in root.iterdir():
+        if not child.is_dir():
+            continue
+        rec = read_record(child)
+        if rec is None or (kind and rec.kind != kind):
+            continue
+        status = effective_status(rec)
+        if status != rec.status:
+            rec = rec.model_copy(update={"status": status, "error": rec.error or "process ended without closing the run (killed?)"})
+        out.append(rec)
+    out.sort(key=lambda r: (r.started_at, r.id))
+    return out
+
+
+def check_run_id(run_id: str) -> str:
+    """Run ids reach paths: only the generated shape is accepted (no `../`, no `/`)."""
+    if not RUN_ID_RE.match(run_id):
+        raise UsageError(f"--run {run_id!r}: not a run id (expected e.g. train-20260101-120000-a1b2c3)")
+    return run_id
+
+
+def get_run(pilot_dir: Path, run_id: str) -> RunRecord:
+    check_run_id(run_id)
+    rec = read_record(runs_dir(pilot_dir) / run_id)
+    if rec is None:
+        raise UsageError(f"{runs_dir(pilot_dir) / run_id}: no such run (see `lorapilot runs`)")
+    return rec
+
+
+def latest_run(pilot_dir: Path, kind: str, status: str = "completed") -> RunRecord | None:
+    runs = [r for r in list_runs(pilot_dir, kind) if r.status == status]
+    return runs[-1] if runs else None
+
+
+class RunHandle:
+    """What a stage function gets: the run folder, the record, and a way to save progress."""
+
+    def __init__(self, pilot_dir: Path, run_dir: Path, record: RunRecord):
+        self.pilot_dir = pilot_dir
+        self.dir = run_dir
+        self.record = record
+
+    @property
+    def id(self) -> str:
+        return self.record.id
+
+    def save(self) -> None:
+        write_record(self.dir, self.record)
+
+    def update(self, **result: Any) -> None:
+        """Merge keys into `result` and write the record now (partial results survive a kill)."""
+        self.record.result.update(result)
+        self.save()
+
+
+@contextlib.contextmanager
+def _sigterm_as_exception() -> Iterator[None]:
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise Interrupted(f"received signal {signal.Signals(signum).name}")
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def open_run(
+    pilot_dir: Path,
+    kind: str,
+    *,
+    spec_hash: str | None = None,
+    config: dict | None = None,
+    parent: str | None = None,
+    environment: dict | None = None,
+    run_id: str | None = None,
+) -> Iterator[RunHandle]:
+    """Create (or, with `run_id`, reopen for resume) a run and close it with the right status.
+
+    Exceptions propagate after the record is written: failed (exception), interrupted
+    (Ctrl-C/SIGTERM), stopped_by_limit (StoppedByLimit, which the caller treats as success).
+    """
+    pilot_dir = Path(pilot_dir)
+    if run_id is None:
+        run_id, run_dir = new_run_dir(pilot_dir, kind)
+        record = RunRecord(
+            id=run_id, kind=kind, parent=parent, started_at=now_iso(), pid=os.getpid(),
+            host=socket.gethostname(), pilot=str(pilot_dir), spec_hash=spec_hash,
+            config=config or {}, environment=environment or {},
+        )
+    else:
+        record = get_run(pilot_dir, run_id)
+        run_dir = runs_dir(pilot_dir) / run_id
+        record.status, record.error, record.ended_at = "running", None, None
+        record.pid, record.host = os.getpid(), socket.gethostname()
+        record.result.setdefault("resumes", []).append(now_iso())
+    handle = RunHandle(pilot_dir, run_dir, record)
+    handle.save()
+    t0 = dt.datetime.fromisoformat(record.started_at)
+
+    def close(status: Status, error: str | None = None) -> None:
+        record.status = status
+        record.error = error
+        record.ended_at = now_iso()
+        record.duration_s = round((dt.datetime.fromisoformat(record.ended_at) - t0).total_seconds(), 3)
+        handle.save()
+
+    with _sigterm_as_exception():
+        try:
+            yield handle
+        except StoppedByLimit as e:
+            close("stopped_by_limit", str(e))
+            raise
+        except (KeyboardInterrupt, Interrupted) as e:
+            close("interrupted", str(e) or "interrupted by the user (Ctrl-C)")
+            raise
+        except BaseException as e:
+            close("failed", f"{type(e).__name__}: {e}")
+            raise
+        else:
+            close("completed")

@@ -1,0 +1,534 @@
+"""The pilot spec (pilot.yaml): pydantic models, defaults, JSON Schema and error formatting.
+
+The spec is the pre-registration of the pilot: the hypothesis, the success criterion and the
+guards are written before any model is trained, and every run records the spec's hash.
+Everything but `name`, `hypothesis`, `task` and `data` has a default.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from lorapilot.errors import UsageError
+from lorapilot.fsutil import sha256_json
+
+SPEC_FILENAME = "pilot.yaml"
+DEFAULT_BASE = "smollm2-135m-instruct"
+CLEANING_RULES = ("strip", "collapse_whitespace", "unicode_nfc", "drop_empty", "max_chars", "lowercase")
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+class _Strict(BaseModel):
+    """Unknown keys are errors: a typo in a pre-registered criterion must not pass silently."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class FieldSpec(_Strict):
+    """One field of an extraction target."""
+
+    name: str = Field(min_length=1, description="Key in the target JSON object.")
+    type: Literal["string", "number", "integer", "boolean", "date", "list"] = Field(
+        "string", description="Value type; `date` is a string in ISO format YYYY-MM-DD."
+    )
+    required: bool = Field(True, description="A required field must be present and non-null.")
+    description: str = Field("", description="Shown to the model in the prompt.")
+
+
+class TaskSpec(_Strict):
+    """What the model must do, and exactly how it is asked."""
+
+    kind: Literal["classification", "extraction", "format"] = Field(
+        description="classification: one label per text; extraction: a JSON object of named "
+        "fields; format: output that must follow a JSON schema or regex."
+    )
+    labels: list[str] | None = Field(None, description="Allowed labels (classification).")
+    fields: list[FieldSpec] | None = Field(None, description="Target fields (extraction).")
+    json_schema: dict[str, Any] | None = Field(
+        None, description="JSON schema the output must satisfy (extraction/format)."
+    )
+    regex: str | None = Field(None, description="Regex the whole output must match (format).")
+    system: str | None = Field(
+        None, description="System prompt; `{labels}` and `{fields}` are substituted."
+    )
+    template: str = Field(
+        "{text}", description="User turn; `{text}` is the input, `{labels}`/`{fields}` as above."
+    )
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, v: list[str] | None) -> list[str] | None:
+        if v is None:
+            return v
+        if len(v) < 2:
+            raise ValueError("needs at least 2 labels")
+        if len(set(v)) != len(v):
+            raise ValueError("labels must be unique")
+        for label in v:
+            if not label.strip() or any(ord(c) < 32 for c in label):
+                raise ValueError(f"label {label!r} is empty or has control characters")
+        return v
+
+    @field_validator("template")
+    @classmethod
+    def _template(cls, v: str) -> str:
+        if "{text}" not in v:
+            raise ValueError("must contain the placeholder {text}")
+        return v
+
+    @field_validator("regex")
+    @classmethod
+    def _regex(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                re.compile(v)
+            except re.error as e:
+                raise ValueError(f"is not a valid regular expression: {e}") from None
+        return v
+
+    @model_validator(mode="after")
+    def _by_kind(self) -> TaskSpec:
+        if self.kind == "classification" and not self.labels:
+            raise ValueError("task.labels is required for a classification task")
+        if self.kind == "extraction" and not self.fields:
+            raise ValueError("task.fields is required for an extraction task")
+        if self.kind == "format" and not (self.json_schema or self.regex):
+            raise ValueError("a format task needs task.json_schema or task.regex")
+        if self.fields:
+            names = [f.name for f in self.fields]
+            if len(set(names)) != len(names):
+                raise ValueError("task.fields names must be unique")
+        return self
+
+
+class ModelSpec(_Strict):
+    base: str = Field(
+        DEFAULT_BASE,
+        description="`smollm2-135m-instruct` (fetched by `lorapilot model fetch`), a local HF "
+        "folder, or a hub id resolved offline from the local HF cache.",
+    )
+    revision: str | None = Field(None, description="Hub revision (commit) for a hub id.")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="Dtype the base weights are loaded in (master weights)."
+    )
+    trust_remote_code: bool = Field(
+        False, description="Run code shipped with the model repo. Off unless you set it."
+    )
+    allow_pickle: bool = Field(
+        False, description="Allow .bin/pickle weights (loaded with weights_only=True)."
+    )
+
+
+class FieldMap(_Strict):
+    text: str = Field("text", description="Column holding the input text.")
+    label: str = Field("label", description="Column holding the label (classification).")
+    target: str = Field("target", description="Column holding the target object (extraction).")
+    id: str | None = Field("id", description="Column holding a stable example id, if any.")
+
+
+class SplitSpec(_Strict):
+    seed: int = Field(0, description="Seed of the stratified split.")
+    val: float = Field(0.15, gt=0, lt=1, description="Fraction for validation.")
+    test: float = Field(0.15, ge=0, lt=1, description="Fraction reserved for the final test.")
+
+    @model_validator(mode="after")
+    def _sum(self) -> SplitSpec:
+        if self.val + self.test >= 0.9:
+            raise ValueError("val + test must leave at least 10% for train")
+        return self
+
+
+class DataFiles(_Strict):
+    train: str
+    val: str
+    test: str | None = None
+
+
+class DataSpec(_Strict):
+    source: str | None = Field(None, description="Where the data comes from.")
+    permission: str | None = Field(
+        None, description="The permission to use it: a licence or an internal approval."
+    )
+    file: str | None = Field(None, description="One file to split into train/val/test.")
+    files: DataFiles | None = Field(None, description="Pre-split files, used as they are.")
+    format: Literal["auto", "jsonl", "csv", "parquet"] = "auto"
+    fields: FieldMap = Field(default_factory=FieldMap)
+    cleaning: list[str] = Field(
+        default_factory=lambda: ["unicode_nfc", "strip", "collapse_whitespace", "drop_empty"],
+        description=f"Cleaning rules by name, applied in order: {', '.join(CLEANING_RULES)}.",
+    )
+    max_chars: int | None = Field(None, gt=0, description="Limit for the `max_chars` rule.")
+    split: SplitSpec = Field(default_factory=SplitSpec)
+    max_length: int = Field(512, ge=16, description="Max tokens of prompt + answer.")
+    truncation_side: Literal["left", "right"] = Field(
+        "left", description="Which end of the *input text* is cut when too long."
+    )
+    on_error: Literal["fail", "skip"] = Field("fail", description="Policy for invalid records.")
+    on_truncated_target: Literal["fail", "exclude"] = Field(
+        "exclude", description="A target that would be cut is never cut silently."
+    )
+    leakage: Literal["fail", "drop_from_train", "warn"] = Field(
+        "fail", description="Policy for duplicates between train and val/test."
+    )
+    near_dup_threshold: float = Field(0.8, gt=0, le=1, description="Jaccard threshold.")
+
+    @field_validator("cleaning")
+    @classmethod
+    def _rules(cls, v: list[str]) -> list[str]:
+        for rule in v:
+            if rule not in CLEANING_RULES:
+                raise ValueError(f"unknown cleaning rule {rule!r}; known: {', '.join(CLEANING_RULES)}")
+        return v
+
+    @model_validator(mode="after")
+    def _one_source(self) -> DataSpec:
+        if bool(self.file) == bool(self.files):
+            raise ValueError("give exactly one of data.file (to split) or data.files")
+        if "max_chars" in self.cleaning and self.max_chars is None:
+            raise ValueError("the max_chars cleaning rule needs data.max_chars")
+        return self
+
+
+class AdapterSpec(_Strict):
+    method: Literal["lora", "full"] = "lora"
+    r: int = Field(16, gt=0, description="LoRA rank: must be a positive integer.")
+    alpha: float = Field(32, gt=0, description="LoRA alpha (scale = alpha / r).")
+    dropout: float = Field(0.05, ge=0, lt=1)
+    target_modules: list[str] | Literal["all-linear"] = Field(
+        "all-linear", description="Module names to adapt, or `all-linear`."
+    )
+    modules_to_save: list[str] = Field(default_factory=list, description="Extra trained modules.")
+
+
+class TrainSpec(_Strict):
+    seed: int = 0
+    epochs: float = Field(2, gt=0, description="Passes over train (ignored if max_steps is set).")
+    max_steps: int | None = Field(None, gt=0, description="Optimizer steps; overrides epochs.")
+    lr: float = Field(2e-4, gt=0, description="Peak learning rate.")
+    weight_decay: float = Field(0.0, ge=0)
+    schedule: Literal["cosine", "linear", "constant"] = "cosine"
+    warmup_ratio: float = Field(0.05, ge=0, lt=1)
+    micro_batch: int = Field(8, gt=0, description="Examples per forward/backward.")
+    grad_accum: int = Field(1, gt=0, description="Micro-batches per optimizer step.")
+    grad_checkpointing: bool = False
+    precision: Literal["fp32", "bf16", "fp16"] = Field(
+        "bf16", description="Autocast precision (bf16 also on CPUs with AMX/AVX512-BF16)."
+    )
+    max_grad_norm: float | None = Field(1.0, gt=0)
+    loss_on: Literal["completion", "all"] = Field(
+        "completion", description="Which tokens carry the loss: the answer only, or all."
+    )
+    eval_every: int | None = Field(None, gt=0, description="Validation every N steps.")
+    save_every: int | None = Field(None, gt=0, description="Checkpoint every N steps.")
+    distributed: Literal["none", "ddp", "fsdp"] = "none"
+
+
+class EvalNormalize(_Strict):
+    case: bool = True
+    whitespace: bool = True
+    list_order: bool = True
+
+
+class EvalSpec(_Strict):
+    mode: Literal["score", "generate"] = Field(
+        "score", description="Classification: score every label (no parse failures) or generate."
+    )
+    batch_size: int = Field(16, gt=0)
+    max_new_tokens: int | None = Field(None, gt=0, description="Default: longest target + margin.")
+    normalize: EvalNormalize = Field(default_factory=EvalNormalize)
+    min_support: int = Field(
+        5, ge=1, description="Below this support a per-category verdict is 'insufficient data'."
+    )
+
+
+class SuccessSpec(_Strict):
+    metric: str = Field(description="Main metric, e.g. macro_f1, accuracy, field_f1.")
+    min_gain: float = Field(description="Required absolute gain over the baseline.")
+
+
+class GuardSpec(_Strict):
+    """A must-not-degrade rule. Give exactly one of min_gain, max_drop, min."""
+
+    metric: str = Field(
+        description="A metric name, or `per_category.<m>` / `per_field.<m>` for every one."
+    )
+    max_drop: float | None = Field(None, ge=0)
+    min: float | None = None
+    min_gain: float | None = None
+
+    @model_validator(mode="after")
+    def _one_rule(self) -> GuardSpec:
+        given = [k for k in ("max_drop", "min", "min_gain") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError("a guard needs exactly one of max_drop, min, min_gain")
+        return self
+
+
+class LimitsSpec(_Strict):
+    memory_gb: float | None = Field(None, gt=0, description="Peak memory allowed per device.")
+    time_hours: float | None = Field(None, gt=0, description="Wall time allowed for one run.")
+    usd_per_hour: float = Field(0.0, ge=0, description="Rental price.")
+    cost_cap_usd: float | None = Field(None, gt=0)
+    rental_days: Literal[3, 7, 30] = 7
+    margin: float = Field(0.2, ge=0, description="Safety margin on estimates (fraction).")
+    window: str | None = Field(None, description="The agreed operating window, free text.")
+
+
+class PilotSpec(_Strict):
+    """The whole pilot.yaml."""
+
+    name: str = Field(description="Pilot name: letters, digits, . _ - (used in paths).")
+    hypothesis: str = Field(min_length=1, description="The behaviour to improve, in words.")
+    task: TaskSpec
+    model: ModelSpec = Field(default_factory=ModelSpec)
+    data: DataSpec
+    adapter: AdapterSpec = Field(default_factory=AdapterSpec)
+    train: TrainSpec = Field(default_factory=TrainSpec)
+    eval: EvalSpec = Field(default_factory=EvalSpec)
+    success: SuccessSpec | None = None
+    guards: list[GuardSpec] = Field(default_factory=list)
+    limits: LimitsSpec = Field(default_factory=LimitsSpec)
+    tracking: list[Literal["mlflow", "tensorboard"]] = Field(default_factory=list)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not _NAME_RE.match(v):
+            raise ValueError("must be 1-64 of letters, digits, '.', '_', '-' (no path separators)")
+        return v
+
+    @field_validator("hypothesis")
+    @classmethod
+    def _hyp(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("must state the behaviour to improve (non-empty)")
+        return v
+
+    @model_validator(mode="after")
+    def _defaults_by_task(self) -> PilotSpec:
+        if self.success is None:
+            metric = "macro_f1" if self.task.kind == "classification" else "field_f1"
+            object.__setattr__(self, "success", SuccessSpec(metric=metric, min_gain=0.05))
+        return self
+
+    def spec_hash(self) -> str:
+        return sha256_json(self.model_dump(mode="json"))
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def _loc(loc: tuple) -> str:
+    parts: list[str] = []
+    for p in loc:
+        if isinstance(p, int):
+            parts.append(f"[{p}]")
+        elif p in ("function-after", "function-before") or str(p).startswith("function-"):
+            continue
+        else:
+            parts.append(("." if parts else "") + str(p))
+    return "".join(parts) or "(top level)"
+
+
+_FRIENDLY = {
+    "greater_than": "must be a positive number",
+    "extra_forbidden": "unknown key",
+    "missing": "required key is missing",
+}
+
+
+def format_validation_error(err: ValidationError, source: str) -> str:
+    """One paragraph naming every bad key path, e.g. `adapter.r: must be a positive integer`."""
+    lines = []
+    for e in err.errors():
+        loc = _loc(e["loc"])
+        typ = e["type"]
+        msg = e["msg"]
+        if typ == "greater_than" and e.get("ctx", {}).get("gt") == 0:
+            kind = "integer" if isinstance(e.get("input"), int) else "number"
+            msg = f"must be a positive {kind} (got {e.get('input')!r})"
+        elif typ in _FRIENDLY:
+            msg = _FRIENDLY[typ]
+        elif msg.startswith("Value error, "):
+            msg = msg[len("Value error, ") :]
+        lines.append(f"{loc}: {msg}")
+    return f"{source}: invalid pilot spec: " + "; ".join(lines)
+
+
+class _SafeLoader(yaml.SafeLoader):
+    """SafeLoader that refuses aliases: a billion-laughs YAML must not expand in memory."""
+
+    def compose_node(self, parent, index):  # type: ignore[override]
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.composer.ComposerError(
+                None, None, "YAML aliases (*name) are not allowed in a pilot spec", event.start_mark
+            )
+        return super().compose_node(parent, index)
+
+
+def parse_yaml(text: str, source: str) -> Any:
+    try:
+        return yaml.load(text, Loader=_SafeLoader)  # noqa: S506 - SafeLoader subclass
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise UsageError(f"{source}:{where} is not valid YAML: {problem}") from None
+
+
+def spec_from_dict(raw: Any, source: str = "pilot.yaml") -> PilotSpec:
+    if not isinstance(raw, dict):
+        raise UsageError(f"{source}: the pilot spec must be a YAML mapping (key: value), got {type(raw).__name__}")
+    try:
+        return PilotSpec.model_validate(raw)
+    except ValidationError as e:
+        raise UsageError(format_validation_error(e, source)) from None
+
+
+def resolve_pilot(path: str | Path) -> tuple[Path, Path]:
+    """PILOT is a folder holding pilot.yaml or the YAML file itself -> (pilot_dir, spec_path)."""
+    p = Path(path)
+    if p.is_dir():
+        spec = p / SPEC_FILENAME
+        if not spec.is_file():
+            raise UsageError(f"{p}: no {SPEC_FILENAME} in this folder (PILOT is a pilot folder or its YAML file)")
+        return p.resolve(), spec.resolve()
+    if p.is_file():
+        return p.parent.resolve(), p.resolve()
+    raise UsageError(f"{p}: no such pilot folder or spec file")
+
+
+MAX_SPEC_BYTES = 1 << 20
+
+
+def load_spec_file(spec_path: Path) -> tuple[PilotSpec, dict]:
+    """Read, parse and validate a spec file -> (spec, raw dict as written)."""
+    try:
+        size = spec_path.stat().st_size
+        if size > MAX_SPEC_BYTES:
+            raise UsageError(f"{spec_path}: {size} bytes is too large for a pilot spec (max 1 MiB)")
+        text = spec_path.read_bytes().decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise UsageError(f"{spec_path}: not valid UTF-8 (byte {e.start})") from None
+    except OSError as e:
+        raise UsageError(f"{spec_path}: cannot read: {e.strerror}") from None
+    if "\x00" in text:
+        raise UsageError(f"{spec_path}: contains a NUL byte; a pilot spec is a text file")
+    raw = parse_yaml(text, str(spec_path))
+    return spec_from_dict(raw, str(spec_path)), raw
+
+
+# --------------------------------------------------------------------------- variants
+
+# Parameter groups for the one-change rule: a variant touching two groups is `combined`.
+PARAM_GROUPS = {
+    "adapter.r": "rank",
+    "adapter.alpha": "rank",
+    "adapter.target_modules": "target_modules",
+    "adapter.modules_to_save": "target_modules",
+    "adapter.dropout": "regularisation",
+    "train.weight_decay": "regularisation",
+    "train.lr": "learning_rate",
+    "train.schedule": "learning_rate",
+    "train.warmup_ratio": "learning_rate",
+    "train.epochs": "duration",
+    "train.max_steps": "duration",
+}
+
+
+def param_group(key: str) -> str:
+    return PARAM_GROUPS.get(key, key)
+
+
+def _parse_value(text: str) -> Any:
+    try:
+        return yaml.load(text, Loader=_SafeLoader)
+    except yaml.YAMLError:
+        return text
+
+
+def apply_overrides(raw: dict, sets: list[str], source: str = "--set") -> tuple[dict, dict]:
+    """Apply `key.path=value` overrides to a raw spec dict -> (new raw, diff {key: [old, new]})."""
+    import copy
+
+    out = copy.deepcopy(raw)
+    diff: dict[str, list] = {}
+    for item in sets:
+        if "=" not in item:
+            raise UsageError(f"{source} {item!r}: expected KEY=VALUE, e.g. train.lr=1e-4")
+        key, _, value = item.partition("=")
+        key = key.strip()
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", key):
+            raise UsageError(f"{source} {item!r}: {key!r} is not a key path like train.lr")
+        parts = key.split(".")
+        node = out
+        for p in parts[:-1]:
+            child = node.get(p)
+            if child is None:
+                child = node[p] = {}
+            if not isinstance(child, dict):
+                raise UsageError(f"{source} {item!r}: {p!r} is not a section")
+            node = child
+        old = node.get(parts[-1])
+        new = _parse_value(value)
+        node[parts[-1]] = new
+        diff[key] = [old, new]
+    return out, diff
+
+
+def variant_label(diff: dict) -> str:
+    """`base` (no change), `one_change` (one parameter group) or `combined`."""
+    if not diff:
+        return "base"
+    groups = {param_group(k) for k in diff}
+    return "one_change" if len(groups) == 1 else "combined"
+
+
+def json_schema() -> dict:
+    schema = PilotSpec.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "lorapilot pilot.yaml"
+    return schema
+
+
+class Pilot:
+    """A loaded pilot: its folder, spec file, validated spec and the raw mapping as written."""
+
+    def __init__(self, dir: Path, spec_path: Path, spec: PilotSpec, raw: dict, diff: dict | None = None):
+        self.dir = dir
+        self.spec_path = spec_path
+        self.spec = spec
+        self.raw = raw
+        self.diff = diff or {}
+
+    @property
+    def runs_dir(self) -> Path:
+        return self.dir / "runs"
+
+    def path(self, relative: str, key: str) -> Path:
+        """Resolve a data path from the spec; it must stay inside the pilot folder."""
+        p = Path(relative)
+        if p.is_absolute():
+            raise UsageError(f"{self.spec_path}: {key}: {relative!r} must be a path relative to the pilot folder")
+        full = (self.dir / p).resolve()
+        if not full.is_relative_to(self.dir):
+            raise UsageError(f"{self.spec_path}: {key}: {relative!r} points outside the pilot folder {self.dir}")
+        return full
+
+
+def load_pilot(path: str | Path, sets: list[str] | None = None) -> Pilot:
+    """PILOT (folder or YAML) -> validated Pilot, with `--set` overrides applied and recorded."""
+    pilot_dir, spec_path = resolve_pilot(path)
+    spec, raw = load_spec_file(spec_path)
+    diff: dict = {}
+    if sets:
+        raw2, diff = apply_overrides(raw, sets)
+        spec = spec_from_dict(raw2, f"{spec_path} with --set {' '.join(sets)}")
+        raw = raw2
+    return Pilot(pilot_dir, spec_path, spec, raw, diff)
