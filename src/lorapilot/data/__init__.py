@@ -1,0 +1,1 @@
+"""Data stage: load and validate records, clean texts, split train/val/test."""

@@ -1,0 +1,221 @@
+"""Prompt rendering and the loss mask: the one place model inputs are built.
+
+Training, evaluation, inspection and the fresh-process reload all call `encode_example`, so
+the evaluation prompt is the training prompt minus the answer, byte for byte and token for
+token. The prompt comes from the base model's own chat template: the task's system text and
+user template fill the system and user turns, the answer is the assistant turn.
+
+Token layout of one example::
+
+    [ prompt tokens (template up to the assistant header) ][ answer tokens ][ end-of-turn ]
+      labels = -100 (no loss)                               labels = ids (loss)
+
+The prompt and the completion are tokenized separately and concatenated, so the prompt ids
+are an exact prefix of the training ids (tokenizing the joined string could merge tokens
+across the boundary and make the evaluation prompt differ from the training one). What the
+template renders after the end-of-turn token (ChatML's trailing newline) is dropped: it is
+not part of the answer and would only teach the model to emit a newline.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from lorapilot.errors import UsageError
+from lorapilot.fsutil import sha256_bytes, sha256_json
+from lorapilot.spec import TaskSpec
+
+IGNORE_INDEX = -100
+
+
+def _field_list(task: TaskSpec) -> str:
+    return ", ".join(f.name for f in task.fields or [])
+
+
+def _fill(text: str, task: TaskSpec) -> str:
+    # str.replace, not str.format: user texts and JSON examples contain braces.
+    return text.replace("{labels}", ", ".join(task.labels or [])).replace("{fields}", _field_list(task))
+
+
+def render_messages(task: TaskSpec, text: str) -> list[dict[str, str]]:
+    """System + user turns for one input text."""
+    msgs = []
+    if task.system:
+        msgs.append({"role": "system", "content": _fill(task.system, task)})
+    msgs.append({"role": "user", "content": _fill(task.template, task).replace("{text}", text)})
+    return msgs
+
+
+def answer_text(task: TaskSpec, label: str | None, target: dict | None) -> str:
+    """The assistant turn: the label, or the target as compact JSON in the spec's field order."""
+    if task.kind == "classification":
+        if label is None:
+            raise ValueError("classification example without a label")
+        return label
+    if target is None:
+        raise ValueError("extraction example without a target")
+    if isinstance(target, str):  # a regex-only format task: the target is the text itself
+        return target
+    order = [f.name for f in task.fields or []]
+    ordered = {k: target.get(k) for k in order} if order else dict(target)
+    for k, v in target.items():
+        ordered.setdefault(k, v)
+    return json.dumps(ordered, ensure_ascii=False, separators=(", ", ": "))
+
+
+def template_hash(tokenizer: Any, task: TaskSpec) -> str:
+    """Hash of everything that shapes the prompt: chat template, system text, user template."""
+    return sha256_json(
+        {
+            "chat_template": getattr(tokenizer, "chat_template", None),
+            "system": task.system,
+            "template": task.template,
+            "labels": task.labels,
+            "fields": [f.name for f in task.fields or []],
+        }
+    )
+
+
+def tokenizer_hash(tokenizer: Any) -> str:
+    """Identity of a tokenizer for cache keys: vocabulary, special tokens, chat template."""
+    try:
+        backend = tokenizer.backend_tokenizer.to_str()
+    except AttributeError:  # slow tokenizer: the vocab is the best identity we have
+        backend = json.dumps(sorted(tokenizer.get_vocab().items()))
+    return sha256_bytes(
+        (backend + json.dumps(tokenizer.all_special_tokens) + str(getattr(tokenizer, "chat_template", ""))).encode()
+    )
+
+
+@dataclass
+class Encoded:
+    """One example as the model sees it."""
+
+    input_ids: list[int]
+    labels: list[int]
+    prompt_len: int
+    answer: str
+    truncated: bool = False  # the input text was cut to fit max_length
+    target_truncated: bool = False  # prompt template + answer alone exceed max_length
+    n_text_tokens_cut: int = 0
+    end_of_turn_id: int | None = None
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.input_ids)
+
+    @property
+    def loss_positions(self) -> list[int]:
+        return [i for i, t in enumerate(self.labels) if t != IGNORE_INDEX]
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        return self.input_ids[: self.prompt_len]
+
+
+class PromptFormatter:
+    """Builds prompts and training examples for one task with one tokenizer."""
+
+    def __init__(self, tokenizer: Any, task: TaskSpec, max_length: int, truncation_side: str = "left",
+                 loss_on: str = "completion"):
+        if not getattr(tokenizer, "chat_template", None):
+            raise UsageError(
+                "the base model's tokenizer has no chat template; lorapilot builds prompts from it "
+                "(set one in tokenizer_config.json)"
+            )
+        self.tok = tokenizer
+        self.task = task
+        self.max_length = max_length
+        self.truncation_side = truncation_side
+        self.loss_on = loss_on
+        self.special_ids = set(tokenizer.all_special_ids)
+        self._check_template()
+
+    # -- rendering ---------------------------------------------------------------
+
+    def prompt_text(self, text: str) -> str:
+        return self.tok.apply_chat_template(render_messages(self.task, text), tokenize=False, add_generation_prompt=True)
+
+    def full_text(self, text: str, answer: str) -> str:
+        msgs = render_messages(self.task, text) + [{"role": "assistant", "content": answer}]
+        return self.tok.apply_chat_template(msgs, tokenize=False)
+
+    def _ids(self, s: str) -> list[int]:
+        return self.tok(s, add_special_tokens=False)["input_ids"]
+
+    def _check_template(self) -> None:
+        """The evaluation prompt must be a prefix of the training text, else masks lie."""
+        probe_text, probe_answer = "Example input.", "example answer"
+        prompt, full = self.prompt_text(probe_text), self.full_text(probe_text, probe_answer)
+        if not full.startswith(prompt):
+            raise UsageError(
+                "the chat template renders the prompt differently with and without the answer "
+                f"(generation prompt {prompt[-40:]!r} is not a prefix of the training text); "
+                "lorapilot cannot build a consistent loss mask for it"
+            )
+        if probe_answer not in full[len(prompt):]:
+            raise UsageError("the chat template drops the assistant answer; cannot train on it")
+
+    def completion_ids(self, prompt: str, full: str, answer: str) -> tuple[list[int], int | None]:
+        """Answer tokens + the end-of-turn token; what follows end-of-turn is dropped."""
+        completion = full[len(prompt):]
+        ids = self._ids(completion)
+        # The end-of-turn token is the first special token after the answer text.
+        n_answer = len(self._ids(completion[: completion.index(answer) + len(answer)])) if answer else 0
+        for i in range(max(n_answer, 0), len(ids)):
+            if ids[i] in self.special_ids:
+                return ids[: i + 1], ids[i]
+        return ids, None  # a template without an end-of-turn token: train what it renders
+
+    # -- encoding ----------------------------------------------------------------
+
+    def answer_budget_for(self, answers: list[str]) -> int:
+        """Completion tokens (answer + end-of-turn) of the longest answer: the room the input
+        text leaves free, whatever the example's own answer is."""
+        text = "x"
+        prompt = self.prompt_text(text)
+        return max(len(self.completion_ids(prompt, self.full_text(text, a), a)[0]) for a in answers)
+
+    def fit_text(self, text: str, answer_budget: int) -> tuple[str, int]:
+        """Cut the input text (never the template or the answer) so that the prompt plus
+        `answer_budget` tokens fit in max_length. Depends only on the text, not on the example's
+        answer, so the evaluation prompt equals the training prompt. Returns (text, tokens cut)."""
+        limit = self.max_length - answer_budget
+        total = len(self._ids(self.prompt_text(text)))
+        if total <= limit:
+            return text, 0
+        ids = self._ids(text)
+        keep = len(ids) - (total - limit)
+        while keep > 0:
+            kept = ids[len(ids) - keep:] if self.truncation_side == "left" else ids[:keep]
+            short = self.tok.decode(kept)
+            over = len(self._ids(self.prompt_text(short))) - limit
+            if over <= 0:
+                return short, len(ids) - keep
+            keep -= over  # re-tokenizing a decoded cut can differ by a token or two
+        return "", len(ids)
+
+    def encode_prompt(self, text: str, answer_budget: int) -> list[int]:
+        """Evaluation prompt ids: the training input minus the answer, token for token."""
+        short, _ = self.fit_text(text, answer_budget)
+        return self._ids(self.prompt_text(short))
+
+    def encode(self, text: str, answer: str, answer_budget: int) -> Encoded:
+        short, cut = self.fit_text(text, answer_budget)
+        prompt = self.prompt_text(short)
+        full = self.full_text(short, answer)
+        prompt_ids = self._ids(prompt)
+        comp_ids, eot = self.completion_ids(prompt, full, answer)
+        input_ids = prompt_ids + comp_ids
+        if self.loss_on == "all":
+            labels = list(input_ids)
+        else:
+            labels = [IGNORE_INDEX] * len(prompt_ids) + list(comp_ids)
+        return Encoded(
+            input_ids=input_ids, labels=labels, prompt_len=len(prompt_ids), answer=answer,
+            truncated=cut > 0, target_truncated=len(input_ids) > self.max_length,
+            n_text_tokens_cut=cut, end_of_turn_id=eot, extra={"text": short},
+        )

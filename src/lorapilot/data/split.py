@@ -1,0 +1,86 @@
+"""Stratified, deterministic train/val/test split (pure, no I/O).
+
+Each category is split on its own, so every category keeps its share in val and test, and
+adding examples of one category never moves the examples of another. The order within a
+category depends only on the ids and `f"{seed}:{category}"`, never on file order or on
+Python's hash seed, so the same data and seed give the same split on any machine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+from collections import defaultdict
+from collections.abc import Iterable
+
+from lorapilot.data.load import Record
+
+SPLITS = ("train", "val", "test")
+MIN_TO_SPLIT = 3
+
+
+def _round_half_up(x: float) -> int:
+    # round() rounds 2.5 to 2 and 3.5 to 4; half-up is what people expect from "15% of 10".
+    return math.floor(x + 0.5)
+
+
+def split_sizes(n: int, val: float, test: float) -> tuple[int, int, int]:
+    """(n_train, n_val, n_test) for one category of n examples.
+
+    A category with fewer than 3 examples goes entirely to train: one example in val says
+    nothing about a category, and the model should at least see the rare case. Otherwise
+    train keeps at least one example (the larger of val and test gives way; test on a tie).
+    """
+    if n < MIN_TO_SPLIT:
+        return n, 0, 0
+    n_test = _round_half_up(n * test)
+    n_val = _round_half_up(n * val)
+    while n_test + n_val > n - 1:
+        if n_test >= n_val and n_test > 0:
+            n_test -= 1
+        else:
+            n_val -= 1
+    return n - n_val - n_test, n_val, n_test
+
+
+def split_records(
+    records: Iterable[Record], seed: int, val: float, test: float
+) -> dict[str, list[Record]]:
+    """Records -> {"train", "val", "test"}, stratified by category; each list sorted by id.
+
+    The returned records carry their split in `Record.split` (new objects; inputs untouched).
+    """
+    if not (0 <= val < 1 and 0 <= test < 1 and val + test < 1):
+        raise ValueError(f"val={val} and test={test} must be fractions that leave some train")
+    by_category: dict[str, list[Record]] = defaultdict(list)
+    for record in records:
+        by_category[record.category].append(record)
+    out: dict[str, list[Record]] = {name: [] for name in SPLITS}
+    for category in sorted(by_category):
+        group = sorted(by_category[category], key=lambda r: (r.id, r.source))
+        random.Random(f"{seed}:{category}").shuffle(group)
+        _, n_val, n_test = split_sizes(len(group), val, test)
+        parts = {
+            "test": group[:n_test],
+            "val": group[n_test : n_test + n_val],
+            "train": group[n_test + n_val :],
+        }
+        for name, part in parts.items():
+            out[name].extend(dataclasses.replace(r, split=name) for r in part)
+    for name in SPLITS:
+        out[name].sort(key=lambda r: (r.id, r.source))
+    return out
+
+
+def category_counts(splits: dict[str, list[Record]]) -> dict[str, dict[str, int]]:
+    """{split: {category: count}}, every category listed in every split (0 when absent),
+    so a category missing from val or test is visible rather than silently absent."""
+    categories = sorted({r.category for part in splits.values() for r in part})
+    counts: dict[str, dict[str, int]] = {}
+    for name, part in splits.items():
+        c = dict.fromkeys(categories, 0)
+        for r in part:
+            c[r.category] += 1
+        counts[name] = c
+    return counts

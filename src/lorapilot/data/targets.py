@@ -1,0 +1,153 @@
+"""What a valid target is, and which category an example belongs to (pure, no I/O).
+
+The target schema is derived once from the spec so that the loader, the evaluator and the
+prompt all agree on one definition of a well-formed answer.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+
+from lorapilot.errors import UsageError
+from lorapilot.spec import TaskSpec
+
+DATE_PATTERN = r"^\d{4}-\d{2}-\d{2}$"
+_TYPES = {
+    "string": {"type": "string"},
+    "number": {"type": "number"},
+    "integer": {"type": "integer"},
+    "boolean": {"type": "boolean"},
+    "date": {"type": "string", "pattern": DATE_PATTERN},
+    "list": {"type": "array"},
+}
+_MAX_PROBLEMS = 5
+_MAX_MESSAGE = 200
+
+
+def is_text_target(task: TaskSpec) -> bool:
+    """A format task with only a regex: the target is the output string itself, not an object."""
+    return task.kind == "format" and not task.json_schema and not task.fields and bool(task.regex)
+
+
+def target_schema(task: TaskSpec) -> dict:
+    """JSON schema of an extraction/format target: task.json_schema, else built from task.fields.
+
+    Optional fields may be null or absent; required ones must be present and non-null, and
+    unknown keys are refused, so a typo in a target cannot pass as a missed field.
+    """
+    if task.json_schema is not None:
+        return task.json_schema
+    properties: dict[str, Any] = {}
+    required: list[str] = []
+    for field in task.fields or []:
+        prop = dict(_TYPES[field.type])
+        if field.required:
+            required.append(field.name)
+        else:
+            prop["type"] = [prop["type"], "null"]
+        if field.description:
+            prop["description"] = field.description
+        properties[field.name] = prop
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "type": "object",
+        "properties": properties,
+        "required": required,
+        "additionalProperties": False,
+    }
+
+
+def _where(path: Any) -> str:
+    out = "target"
+    for p in path:
+        out += f"[{p}]" if isinstance(p, int) else f".{p}"
+    return out
+
+
+def _short(message: str) -> str:
+    # jsonschema quotes the offending value; a 1 MiB string must not become a 1 MiB message.
+    return message if len(message) <= _MAX_MESSAGE else message[: _MAX_MESSAGE - 1] + "…"
+
+
+def target_validator(task: TaskSpec) -> Callable[[Any], list[str]]:
+    """Build the check once (schema compiled, checked) -> function obj -> problems.
+
+    Raises UsageError when task.json_schema is not itself a valid JSON schema.
+    """
+    if is_text_target(task):
+        pattern = re.compile(task.regex or "")
+
+        def check_text(obj: Any) -> list[str]:
+            if not isinstance(obj, str):
+                return [f"target must be a string, got {json_type(obj)}"]
+            if not pattern.fullmatch(obj):
+                return [_short(f"target {obj!r} does not match task.regex")]
+            return []
+
+        return check_text
+
+    schema = target_schema(task)
+    try:
+        Draft202012Validator.check_schema(schema)
+    except SchemaError as e:
+        raise UsageError(f"task.json_schema: not a valid JSON schema: {e.message}") from None
+    validator = Draft202012Validator(schema)
+
+    def check(obj: Any) -> list[str]:
+        errors = sorted(validator.iter_errors(obj), key=lambda e: [str(p) for p in e.absolute_path])
+        problems = [_short(f"{_where(e.absolute_path)}: {e.message}") for e in errors]
+        if len(problems) > _MAX_PROBLEMS:
+            problems = problems[:_MAX_PROBLEMS] + [f"... {len(problems) - _MAX_PROBLEMS} more"]
+        return problems
+
+    return check
+
+
+def validate_target(obj: Any, task: TaskSpec) -> list[str]:
+    """Problems of one target, each naming the field (empty list = valid).
+
+    For many targets build the check once with `target_validator(task)`.
+    """
+    return target_validator(task)(obj)
+
+
+def category_of(label: str | None, target: Any, task: TaskSpec) -> str:
+    """The stratum of an example: its label, or which optional fields its target fills.
+
+    Splitting and per-category metrics use it, so rare shapes of target (e.g. invoices with
+    a discount) reach val and test instead of all landing in train by chance.
+    """
+    if task.kind == "classification":
+        if label is None:
+            raise ValueError("a classification example needs a label")
+        return label
+    if not task.fields:
+        return "all"
+    present = sorted(
+        f.name
+        for f in task.fields
+        if not f.required and isinstance(target, dict) and target.get(f.name) is not None
+    )
+    return "+".join(present) or "required_only"
+
+
+def json_type(value: Any) -> str:
+    """JSON's name for a Python value's type, for messages users read."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, dict):
+        return "object"
+    if isinstance(value, list | tuple):
+        return "array"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, int | float):
+        return "number"
+    return type(value).__name__

@@ -1,0 +1,63 @@
+"""Shared fixtures: the fetched default model, a tiny random model with its tokenizer, and
+helpers to run the CLI as a user would (in-process via typer's runner, or as a subprocess)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+
+
+@pytest.fixture(scope="session")
+def default_model_dir() -> Path:
+    """The real default model, fetched by `make test` before pytest runs (or here if missing)."""
+    from lorapilot.models import default_model_dir as d, fetch_default_model
+
+    path = d()
+    if not (path / "MANIFEST.json").is_file():
+        fetch_default_model()
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, default_model_dir) -> Path:
+    """A 2-layer 32-wide random Llama with the real SmolLM2 tokenizer and chat template."""
+    from lorapilot.models import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("tiny") / "model", tokenizer_dir=default_model_dir)
+
+
+def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
+    """Run `python -m lorapilot ARGS` as a subprocess, the way a user would."""
+    return subprocess.run(
+        [sys.executable, "-m", "lorapilot", *args],
+        capture_output=True, text=True, cwd=cwd, timeout=timeout, env={**os.environ, **(env or {})},
+    )
+
+
+def run_json(*args: str, expect: int = 0, **kw) -> dict:
+    """Run a verb with --json; assert its exit code and that stdout is exactly one JSON object."""
+    proc = run_cli(*args, "--json", **kw)
+    assert proc.returncode == expect, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def write_pilot(folder: Path, spec: dict | str, files: dict[str, str] | None = None) -> Path:
+    """A pilot folder with its pilot.yaml (a dict is dumped as YAML) and data files."""
+    import yaml
+
+    folder.mkdir(parents=True, exist_ok=True)
+    text = spec if isinstance(spec, str) else yaml.safe_dump(spec, sort_keys=False)
+    (folder / "pilot.yaml").write_text(text)
+    for rel, content in (files or {}).items():
+        (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+        (folder / rel).write_text(content)
+    return folder

@@ -1,0 +1,115 @@
+"""Prompt rendering and the loss mask, on two chat templates (ChatML and a Zephyr-style one)."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+
+from lorapilot.data.format import IGNORE_INDEX, PromptFormatter, answer_text
+from lorapilot.errors import UsageError
+from lorapilot.spec import TaskSpec
+
+ZEPHYR = (
+    "{% for m in messages %}{% if m['role'] == 'system' %}<|system|>\n{{ m['content'] }}{{ eos_token }}\n"
+    "{% elif m['role'] == 'user' %}<|user|>\n{{ m['content'] }}{{ eos_token }}\n"
+    "{% else %}<|assistant|>\n{{ m['content'] }}{{ eos_token }}\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+
+TASK = TaskSpec(
+    kind="classification",
+    labels=["billing", "technical", "feature_request"],
+    system="Route the ticket. One of: {labels}.",
+    template="Ticket:\n{text}\n\nCategory:",
+)
+
+
+@pytest.fixture(scope="module")
+def chatml(default_model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(default_model_dir)
+
+
+@pytest.fixture(scope="module", params=["chatml", "zephyr"])
+def tok(request, chatml):
+    if request.param == "chatml":
+        return chatml
+    t = copy.deepcopy(chatml)
+    t.chat_template = ZEPHYR
+    return t
+
+
+def test_loss_tokens_are_the_answer_and_end_of_turn(tok):
+    fmt = PromptFormatter(tok, TASK, max_length=256)
+    budget = fmt.answer_budget_for(TASK.labels)
+    enc = fmt.encode("I was charged twice {weird braces} for my order.", "billing", budget)
+    pos = enc.loss_positions
+    assert pos == list(range(enc.prompt_len, enc.n_tokens))  # the answer closes the sequence
+    assert tok.decode([enc.input_ids[i] for i in pos]) == "billing" + tok.eos_token
+    assert all(lab == IGNORE_INDEX for lab in enc.labels[: enc.prompt_len])
+    assert enc.labels[-1] == enc.end_of_turn_id == tok.eos_token_id
+    # the eval prompt is the training prefix, token for token
+    assert fmt.encode_prompt("I was charged twice {weird braces} for my order.", budget) == enc.prompt_ids
+    rendered = tok.decode(enc.input_ids)
+    assert "{weird braces}" in rendered and "One of: billing, technical, feature_request." in rendered
+    assert not rendered.endswith("\n")  # what follows end-of-turn is not trained
+
+
+def test_multi_token_label_and_budget(tok):
+    fmt = PromptFormatter(tok, TASK, max_length=256)
+    budget = fmt.answer_budget_for(TASK.labels)
+    lens = [len(fmt.encode("x", lab, budget).loss_positions) for lab in TASK.labels]
+    assert budget == max(lens) and len(set(lens)) > 1
+
+
+def test_loss_on_all(tok):
+    fmt = PromptFormatter(tok, TASK, max_length=256, loss_on="all")
+    enc = fmt.encode("hello", "technical", 8)
+    assert enc.labels == enc.input_ids
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_truncation_cuts_the_input_never_the_answer(tok, side):
+    text = " ".join(f"word{i}" for i in range(400))
+    fmt = PromptFormatter(tok, TASK, max_length=96, truncation_side=side)
+    budget = fmt.answer_budget_for(TASK.labels)
+    enc = fmt.encode(text, "feature_request", budget)
+    assert enc.truncated and enc.n_text_tokens_cut > 0 and not enc.target_truncated
+    assert enc.n_tokens <= 96
+    assert tok.decode([enc.input_ids[i] for i in enc.loss_positions]) == "feature_request" + tok.eos_token
+    kept = enc.extra["text"]
+    assert ("word399" in kept) == (side == "left") and ("word0 " in kept) == (side == "right")
+    assert fmt.encode_prompt(text, budget) == enc.prompt_ids
+
+
+def test_target_that_cannot_fit_is_flagged(chatml):
+    fmt = PromptFormatter(chatml, TASK, max_length=20)
+    enc = fmt.encode("hi", "billing", 3)
+    assert enc.target_truncated
+
+
+def test_extraction_answer_is_compact_json_in_field_order():
+    task = TaskSpec(kind="extraction", fields=[{"name": "b"}, {"name": "a", "required": False}])
+    ans = answer_text(task, None, {"a": None, "b": "Ünïcode"})
+    assert ans == '{"b": "Ünïcode", "a": null}' and json.loads(ans) == {"a": None, "b": "Ünïcode"}
+
+
+def test_template_that_is_not_prefix_consistent_is_refused(chatml):
+    t = copy.deepcopy(chatml)
+    # a template whose generation prompt differs from how it renders an answered turn
+    t.chat_template = (
+        "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}ASSISTANT>{% endif %}"
+    )
+    with pytest.raises(UsageError, match="prefix"):
+        PromptFormatter(t, TASK, max_length=64)
+
+
+def test_missing_chat_template_is_refused(chatml):
+    t = copy.deepcopy(chatml)
+    t.chat_template = None
+    with pytest.raises(UsageError, match="no chat template"):
+        PromptFormatter(t, TASK, max_length=64)

@@ -1,0 +1,95 @@
+"""Stratified split: deterministic, proportional per category, disjoint and complete."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from lorapilot.data.load import Record
+from lorapilot.data.split import category_counts, split_records, split_sizes
+
+
+def make(counts: dict[str, int]) -> list[Record]:
+    return [
+        Record(f"{cat}-{i:03d}", f"text {cat} {i}", cat, None, f"d.jsonl:{i}", None, cat)
+        for cat, n in counts.items()
+        for i in range(n)
+    ]
+
+
+COUNTS = {"billing": 100, "bug": 37, "other": 12, "rare": 2, "single": 1, "three": 3}
+
+
+def ids(splits):
+    return {k: [r.id for r in v] for k, v in splits.items()}
+
+
+def test_deterministic_and_independent_of_input_order():
+    records = make(COUNTS)
+    a = split_records(records, seed=1, val=0.15, test=0.15)
+    shuffled = records[:]
+    random.Random(99).shuffle(shuffled)
+    b = split_records(shuffled, seed=1, val=0.15, test=0.15)
+    assert ids(a) == ids(b)
+    assert ids(a) != ids(split_records(records, seed=2, val=0.15, test=0.15))
+
+
+def test_no_overlap_and_union_is_everything():
+    records = make(COUNTS)
+    splits = split_records(records, seed=0, val=0.2, test=0.1)
+    sets = {k: set(v) for k, v in ids(splits).items()}
+    assert (
+        not sets["train"] & sets["val"]
+        and not sets["train"] & sets["test"]
+        and not sets["val"] & sets["test"]
+    )
+    assert sets["train"] | sets["val"] | sets["test"] == {r.id for r in records}
+    assert all(r.split == name for name, part in splits.items() for r in part)
+    assert all(r.split is None for r in records)  # inputs untouched
+
+
+@pytest.mark.parametrize(("val", "test"), [(0.15, 0.15), (0.2, 0.1), (0.1, 0.0), (0.3, 0.3)])
+def test_stratified_per_category(val, test):
+    splits = split_records(make(COUNTS), seed=3, val=val, test=test)
+    counts = category_counts(splits)
+    for cat, n in COUNTS.items():
+        if n < 3:
+            assert (counts["train"][cat], counts["val"][cat], counts["test"][cat]) == (n, 0, 0)
+            continue
+        assert abs(counts["val"][cat] - n * val) <= 1
+        assert abs(counts["test"][cat] - n * test) <= 1
+        assert counts["train"][cat] >= 1
+
+
+def test_small_categories_go_to_train_and_train_keeps_one():
+    assert split_sizes(0, 0.15, 0.15) == (0, 0, 0)
+    assert split_sizes(2, 0.4, 0.4) == (2, 0, 0)
+    assert split_sizes(3, 0.5, 0.39) == (1, 1, 1)  # rounding would leave train empty
+    assert split_sizes(10, 0.15, 0.15) == (6, 2, 2)  # half-up: 1.5 -> 2
+    assert split_sizes(20, 0.15, 0.15) == (14, 3, 3)
+
+
+def test_outputs_sorted_by_id_and_counts_list_every_category():
+    splits = split_records(make({"a": 5, "b": 1}), seed=0, val=0.2, test=0.2)
+    for part in splits.values():
+        assert [r.id for r in part] == sorted(r.id for r in part)
+    assert category_counts(splits) == {
+        "train": {"a": 3, "b": 1},
+        "val": {"a": 1, "b": 0},
+        "test": {"a": 1, "b": 0},
+    }
+
+
+def test_adding_to_one_category_does_not_move_another():
+    a = split_records(make({"x": 20, "y": 20}), seed=5, val=0.2, test=0.2)
+    b = split_records(make({"x": 20, "y": 35}), seed=5, val=0.2, test=0.2)
+    for name in ("train", "val", "test"):
+        assert [r.id for r in a[name] if r.category == "x"] == [
+            r.id for r in b[name] if r.category == "x"
+        ]
+
+
+def test_bad_fractions():
+    with pytest.raises(ValueError):
+        split_records([], seed=0, val=0.6, test=0.5)

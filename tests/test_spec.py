@@ -1,0 +1,140 @@
+"""The pilot spec: defaults, every kind of bad input names its key, overrides and variants."""
+
+from __future__ import annotations
+
+import pytest
+
+from lorapilot.errors import UsageError
+from lorapilot.spec import (
+    apply_overrides,
+    json_schema,
+    load_pilot,
+    parse_yaml,
+    spec_from_dict,
+    variant_label,
+)
+
+BASE = {
+    "name": "t",
+    "hypothesis": "the adapter routes tickets better",
+    "task": {"kind": "classification", "labels": ["a", "b"]},
+    "data": {"file": "d.jsonl"},
+}
+
+
+def bad(raw: dict) -> str:
+    with pytest.raises(UsageError) as e:
+        spec_from_dict(raw, "pilot.yaml")
+    return str(e.value)
+
+
+def test_defaults_fill_everything_but_the_required_four():
+    s = spec_from_dict(BASE)
+    assert s.model.base == "smollm2-135m-instruct"
+    assert s.adapter.method == "lora" and s.adapter.r > 0
+    assert s.train.precision == "bf16" and s.train.loss_on == "completion"
+    assert s.success.metric == "macro_f1"
+    assert s.data.leakage == "fail" and s.data.on_error == "fail"
+
+
+def test_extraction_default_success_metric():
+    raw = {**BASE, "task": {"kind": "extraction", "fields": [{"name": "x"}]}}
+    assert spec_from_dict(raw).success.metric == "field_f1"
+
+
+@pytest.mark.parametrize(
+    "raw, needle",
+    [
+        ({**BASE, "adapter": {"r": -1}}, "adapter.r: must be a positive integer"),
+        ({**BASE, "adapter": {"r": 0}}, "adapter.r: must be a positive integer"),
+        ({**BASE, "adapter": {"r": "big"}}, "adapter.r"),
+        ({**BASE, "train": {"lr": -0.1}}, "train.lr: must be a positive number"),
+        ({**BASE, "trian": {}}, "trian: unknown key"),
+        ({**BASE, "adapter": {"rank": 8}}, "adapter.rank: unknown key"),
+        ({k: v for k, v in BASE.items() if k != "hypothesis"}, "hypothesis: required key is missing"),
+        ({**BASE, "hypothesis": "   "}, "hypothesis: must state the behaviour"),
+        ({**BASE, "task": {"kind": "classification"}}, "task.labels is required"),
+        ({**BASE, "task": {"kind": "regression"}}, "task.kind"),
+        ({**BASE, "task": {"kind": "classification", "labels": ["a", "a"]}}, "unique"),
+        ({**BASE, "task": {"kind": "classification", "labels": ["a", "b\x07"]}}, "control characters"),
+        ({**BASE, "task": {**BASE["task"], "template": "no placeholder"}}, "task.template"),
+        ({**BASE, "data": {}}, "exactly one of data.file"),
+        ({**BASE, "data": {"file": "x", "cleaning": ["scrub"]}}, "unknown cleaning rule 'scrub'"),
+        ({**BASE, "guards": [{"metric": "accuracy"}]}, "guards[0]"),
+        ({**BASE, "name": "../escape"}, "name:"),
+        ({**BASE, "limits": {"rental_days": 5}}, "limits.rental_days"),
+    ],
+)
+def test_bad_specs_name_the_key(raw, needle):
+    msg = bad(raw)
+    assert needle in msg, msg
+    assert msg.startswith("pilot.yaml: invalid pilot spec")
+    assert "Traceback" not in msg
+
+
+def test_not_a_mapping():
+    with pytest.raises(UsageError, match="must be a YAML mapping"):
+        spec_from_dict(["a", "b"])
+
+
+def test_yaml_errors_name_the_line():
+    with pytest.raises(UsageError, match=r"line 2"):
+        parse_yaml("a: [1, 2\nb: 3\n", "p.yaml")
+
+
+def test_yaml_bomb_is_refused_without_expanding():
+    bomb = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{chr(98 + i)}: &{chr(98 + i)} [*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}]\n" for i in range(20)
+    )
+    with pytest.raises(UsageError, match="aliases"):
+        parse_yaml(bomb, "bomb.yaml")
+
+
+def test_overrides_and_variant_labels():
+    raw, diff = apply_overrides(BASE, ["adapter.r=32"])
+    assert raw["adapter"]["r"] == 32 and diff == {"adapter.r": [None, 32]}
+    assert BASE.get("adapter") is None  # the original is untouched
+    assert variant_label(diff) == "one_change"
+    _, diff2 = apply_overrides(BASE, ["adapter.r=32", "adapter.alpha=64"])
+    assert variant_label(diff2) == "one_change"  # rank and alpha are one parameter group
+    _, diff3 = apply_overrides(BASE, ["adapter.r=32", "train.lr=1e-4"])
+    assert variant_label(diff3) == "combined"
+    assert variant_label({}) == "base"
+
+
+@pytest.mark.parametrize("item", ["noequals", "../x=1", "a..b=1", "=3"])
+def test_bad_overrides(item):
+    with pytest.raises(UsageError, match="--set"):
+        apply_overrides(BASE, [item])
+
+
+def test_override_validation_names_the_key(tmp_path):
+    import yaml
+
+    (tmp_path / "pilot.yaml").write_text(yaml.safe_dump(BASE))
+    with pytest.raises(UsageError, match="adapter.r: must be a positive integer"):
+        load_pilot(tmp_path, ["adapter.r=-3"])
+
+
+def test_data_paths_cannot_escape_the_pilot(tmp_path):
+    import yaml
+
+    (tmp_path / "pilot.yaml").write_text(yaml.safe_dump(BASE))
+    p = load_pilot(tmp_path)
+    assert p.path("d.jsonl", "data.file") == tmp_path.resolve() / "d.jsonl"
+    with pytest.raises(UsageError, match="outside the pilot folder"):
+        p.path("../secret.jsonl", "data.file")
+    with pytest.raises(UsageError, match="relative"):
+        p.path("/etc/passwd", "data.file")
+
+
+def test_spec_hash_is_stable_and_sensitive():
+    a, b = spec_from_dict(BASE), spec_from_dict(dict(BASE))
+    assert a.spec_hash() == b.spec_hash()
+    assert spec_from_dict({**BASE, "adapter": {"r": 4}}).spec_hash() != a.spec_hash()
+
+
+def test_json_schema_describes_the_spec():
+    sch = json_schema()
+    assert {"name", "hypothesis", "task", "data"} <= set(sch["required"])
+    assert "adapter" in sch["properties"]
