@@ -1,0 +1,1 @@
+"""Evaluation: predictions (predict), pure metrics (metrics) and pre-registered rules (guards)."""

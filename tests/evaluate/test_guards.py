@@ -1,0 +1,122 @@
+"""Success criterion and guards: each rule passing and failing, expansion, missing metrics."""
+
+from __future__ import annotations
+
+import pytest
+
+from lorapilot.evaluate.guards import RuleResult, check_guards, check_success
+from lorapilot.spec import GuardSpec, SuccessSpec
+
+BASE = {
+    "macro_f1": 0.70,
+    "accuracy": 0.80,
+    "invalid_rate": 0.10,
+    "per_category": {
+        "billing": {"f1": 0.80, "support": 10},
+        "tech": {"f1": 0.60, "support": 12},
+        "rare": {"f1": 0.50, "support": 2},
+    },
+}
+CAND = {
+    "macro_f1": 0.75,
+    "accuracy": 0.78,
+    "invalid_rate": 0.0,
+    "per_category": {
+        "billing": {"f1": 0.85, "support": 10},
+        "tech": {"f1": 0.45, "support": 12},
+        "rare": {"f1": 0.0, "support": 2},
+    },
+}
+
+
+def guards(**kw) -> list[RuleResult]:
+    min_support = kw.pop("min_support", 5)
+    return check_guards([GuardSpec(**kw)], BASE, CAND, min_support)
+
+
+def test_success_exact_threshold_passes():
+    # 0.75 - 0.70 is 0.04999... in floating point; the pre-registered 0.05 must still pass
+    r = check_success(SuccessSpec(metric="macro_f1", min_gain=0.05), BASE, CAND)
+    assert r == RuleResult("min_gain", "macro_f1", "pass", 0.70, 0.75, 0.05, r.detail)
+    assert "gain +0.0500" in r.detail
+
+
+def test_success_fails():
+    r = check_success(SuccessSpec(metric="macro_f1", min_gain=0.10), BASE, CAND)
+    assert r.status == "fail" and r.threshold == 0.10
+
+
+@pytest.mark.parametrize(
+    ("kw", "status"),
+    [
+        ({"metric": "accuracy", "max_drop": 0.05}, "pass"),
+        ({"metric": "accuracy", "max_drop": 0.01}, "fail"),
+        ({"metric": "accuracy", "min": 0.75}, "pass"),
+        ({"metric": "accuracy", "min": 0.90}, "fail"),
+        ({"metric": "macro_f1", "min_gain": 0.01}, "pass"),
+        ({"metric": "macro_f1", "min_gain": 0.20}, "fail"),
+    ],
+)
+def test_each_rule(kw, status):
+    [r] = guards(**kw)
+    assert r.status == status
+    assert r.metric == kw["metric"]
+    assert r.candidate == CAND[kw["metric"]] and r.baseline == BASE[kw["metric"]]
+
+
+def test_rule_kinds_recorded():
+    assert [r.rule for r in guards(metric="accuracy", max_drop=0.1)] == ["max_drop"]
+    assert guards(metric="invalid_rate", min=0.0)[0].rule == "min"
+
+
+def test_per_category_expansion_with_low_support():
+    results = guards(metric="per_category.f1", max_drop=0.1, min_support=5)
+    by_metric = {r.metric: r for r in results}
+    assert list(by_metric) == [
+        "per_category.billing.f1",
+        "per_category.tech.f1",
+        "per_category.rare.f1",
+    ]
+    assert by_metric["per_category.billing.f1"].status == "pass"
+    tech = by_metric["per_category.tech.f1"]
+    assert tech.status == "fail" and (tech.baseline, tech.candidate) == (0.60, 0.45)
+    rare = by_metric["per_category.rare.f1"]  # dropped 0.5, but 2 examples decide nothing
+    assert rare.status == "insufficient_data"
+    assert "support 2 < min_support 5" in rare.detail
+    assert rare.candidate == 0.0
+
+
+def test_per_category_named_one():
+    [r] = guards(metric="per_category.rare.f1", max_drop=0.1, min_support=2)
+    assert r.metric == "per_category.rare.f1" and r.status == "fail"
+    [r] = guards(metric="per_category.billing.f1", min=0.8)
+    assert r.status == "pass"
+
+
+def test_missing_metric_fails_without_raising():
+    [r] = guards(metric="field_f1", max_drop=0.1)
+    assert r.status == "fail" and r.candidate is None and r.baseline is None
+    assert "missing" in r.detail
+    [r] = guards(metric="per_field.f1", max_drop=0.1)  # no per_field in classification metrics
+    assert r.status == "fail" and "missing" in r.detail
+    [r] = guards(metric="per_category.nope.f1", min=0.1)
+    assert r.status == "fail" and "missing" in r.detail
+    r = check_success(SuccessSpec(metric="exact_match", min_gain=0.0), BASE, CAND)
+    assert r.status == "fail" and "missing" in r.detail
+
+
+def test_min_rule_needs_no_baseline():
+    [r] = check_guards([GuardSpec(metric="accuracy", min=0.5)], {}, CAND, 5)
+    assert r.status == "pass" and r.baseline is None
+    [r] = check_guards([GuardSpec(metric="accuracy", max_drop=0.5)], {}, CAND, 5)
+    assert r.status == "fail" and "baseline missing" in r.detail
+
+
+def test_non_numeric_metric_fails():
+    [r] = check_guards([GuardSpec(metric="per_category", min=0.5)], BASE, CAND, 5)
+    assert r.status == "fail" and "not a number" in r.detail
+
+
+def test_guards_in_spec_order():
+    specs = [GuardSpec(metric="accuracy", min=0.5), GuardSpec(metric="macro_f1", max_drop=0.0)]
+    assert [r.metric for r in check_guards(specs, BASE, CAND, 5)] == ["accuracy", "macro_f1"]
