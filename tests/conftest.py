@@ -18,7 +18,8 @@ EXAMPLES = ROOT / "examples"
 @pytest.fixture(scope="session")
 def default_model_dir() -> Path:
     """The real default model, fetched by `make test` before pytest runs (or here if missing)."""
-    from lorapilot.models import default_model_dir as d, fetch_default_model
+    from lorapilot.models import default_model_dir as d
+    from lorapilot.models import fetch_default_model
 
     path = d()
     if not (path / "MANIFEST.json").is_file():

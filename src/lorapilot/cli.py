@@ -213,6 +213,102 @@ def runs(
     return {"pilot": str(pilot_dir), "runs": rows, "_show": show}
 
 
+@app.command()
+@verb
+def data(pilot: PilotArg, as_json: JsonFlag = False, sets: SetOpt = None) -> dict:
+    """Load, validate, clean, version and split the data; find duplicates and leaks; measure
+    lengths; audit the loss mask over every example. Exit 1 on a leak or a mask problem."""
+    from lorapilot.data.stage import run_data
+    from lorapilot.spec import load_pilot
+
+    p = load_pilot(pilot, sets)
+    log_console(as_json).print(f"[dim]data: {p.dir.name}: loading and checking...[/]")
+    result = run_data(p)
+    result["_show"] = _show_data
+    return result
+
+
+def _show_data(r: dict) -> None:
+    stdout.print(f"[green]data ok[/] version [bold]{r['version']}[/]  run {r['run_id']}")
+    stdout.print(f"  source: {r['source']}\n  permission: {r['permission']}")
+    t = Table(title="examples per split and category")
+    splits = list(r["splits"])
+    t.add_column("category")
+    for s in splits:
+        t.add_column(s, justify="right")
+    for cat, row in sorted(r["per_category"].items()):
+        t.add_row(cat, *(str(row.get(s, 0)) for s in splits))
+    t.add_row("[bold]total[/]", *(f"[bold]{r['splits'][s]}[/]" for s in splits))
+    stdout.print(t)
+    lt = Table(title="tokens per example (template + answer)")
+    for col in ("split", "p50", "p95", "max", "input cut", "target cut"):
+        lt.add_column(col, justify="right")
+    for s, st in r["lengths"].items():
+        lt.add_row(s, str(st["p50"]), str(st["p95"]), str(st["max"]), str(st["n_truncated"]), str(st["n_target_truncated"]))
+    stdout.print(lt)
+    d = r["duplicates"]
+    c = d["counts"]
+    stdout.print(f"  duplicates: {c['exact']} exact, {c['near']} near pairs; "
+                 f"{d['n_cross_split']} across splits (policy {d['leakage_policy']}); "
+                 f"{len(d['dropped_from_train'])} dropped from train")
+    ma = r["mask_audit"]
+    stdout.print(f"  mask audit: {'[green]ok[/]' if ma['ok'] else '[red]FAILED[/]'}: "
+                 f"{ma['loss_token_fraction']:.1%} of tokens carry the loss ({ma['loss_on']}), "
+                 f"end-of-turn trained: {ma['end_of_turn_trained']}, eval prompt = train prefix: "
+                 f"{ma['eval_prompt_is_train_prefix']}")
+    if r["skipped"]:
+        stdout.print(f"  [yellow]skipped {len(r['skipped'])} record(s):[/]")
+        for s in r["skipped"][:20]:
+            stdout.print(f"    {s['file']}:{s['line']}: {s['problem']}")
+
+
+@app.command()
+@verb
+def inspect(
+    pilot: PilotArg,
+    as_json: JsonFlag = False,
+    per_category: Annotated[int, typer.Option("--per-category", min=1, help="Examples shown per category.")] = 2,
+    split: Annotated[str, typer.Option("--split", help="Split to sample from (train or val; test is reserved).")] = "train",
+    seed: Annotated[int, typer.Option("--seed", help="Sampling seed.")] = 0,
+    sets: SetOpt = None,
+) -> dict:
+    """Show examples of every category after the exact preprocessing, loss tokens highlighted.
+    Each example's loss tokens are decoded and checked against its answer; a mismatch exits 1."""
+    from lorapilot.data.stage import run_inspect
+    from lorapilot.spec import load_pilot
+
+    if split not in ("train", "val"):
+        raise UsageError(f"--split {split!r}: inspect samples train or val (the test split is reserved)")
+    p = load_pilot(pilot, sets)
+    result = run_inspect(p, per_category, split, seed)
+    if not result["ok"]:
+        result["_exit_code"] = 1
+    result["_show"] = _show_inspect
+    if as_json:
+        for ex in result["examples"]:
+            ex.pop("pieces", None)
+    return result
+
+
+def _show_inspect(r: dict) -> None:
+    from rich.text import Text
+
+    for ex in r["examples"]:
+        flag = "[green]match[/]" if ex["match"] else "[red]MISMATCH[/]"
+        cut = f", input cut by {ex['tokens_cut']} tokens" if ex["truncated"] else ""
+        stdout.rule(f"{ex['category']} / {ex['id']} ({ex['source']}): {ex['n_tokens']} tokens{cut}")
+        text = Text()
+        loss = set(ex["loss_positions"])
+        for i, piece in enumerate(ex["pieces"]):
+            style = "bold black on green" if i in loss else ("cyan" if piece.startswith("<|") else "")
+            text.append(piece, style=style)
+        stdout.print(text)
+        stdout.print(f"loss tokens decode to {ex['decoded_target']!r}; expected {ex['expected_target']!r}: {flag}")
+    stdout.print(f"\ncategories: {', '.join(r['categories'])}  (green = tokens that carry the loss)")
+    if not r["ok"]:
+        stdout.print("[red]some examples' loss tokens do not decode to their answer[/]")
+
+
 def main() -> None:
     """Console-script entry point."""
     try:

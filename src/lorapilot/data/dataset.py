@@ -1,0 +1,178 @@
+"""The data path every verb shares: load -> clean -> split -> duplicates/leaks -> version.
+
+`prepare_data` is deterministic: the same files and spec give the same splits and the same
+version id, so `baseline`, `train`, `verify` and the final test all see the data `data` saw.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from lorapilot.data.clean import clean_records
+from lorapilot.data.dedup import DupItem, DupReport, find_duplicates
+from lorapilot.data.format import Encoded, PromptFormatter, answer_text, template_hash
+from lorapilot.data.load import Record, Skipped, load_records
+from lorapilot.data.split import category_counts, split_records
+from lorapilot.errors import CheckFailed
+from lorapilot.fsutil import sha256_json
+from lorapilot.spec import Pilot
+
+SPLITS = ("train", "val", "test")
+
+
+@dataclass
+class PreparedData:
+    """The cleaned, split, leak-checked records of a pilot and what was removed on the way."""
+
+    splits: dict[str, list[Record]]
+    skipped: list[Skipped]
+    dropped: list[dict]
+    duplicates: DupReport
+    leak_dropped: list[dict] = field(default_factory=list)
+    target_excluded: list[dict] = field(default_factory=list)
+    version: str = ""
+    answer_budget: int = 0
+
+    def counts(self) -> dict[str, dict[str, int]]:
+        return category_counts(self.splits)
+
+
+def load_all(pilot: Pilot) -> tuple[list[Record], list[Skipped]]:
+    """Read the spec's data files (one to split, or pre-split files)."""
+    spec = pilot.spec
+    data = spec.data
+    records: list[Record] = []
+    skipped: list[Skipped] = []
+    if data.file:
+        sources = [("data.file", data.file, None)]
+    else:
+        assert data.files is not None
+        sources = [(f"data.files.{s}", getattr(data.files, s), s) for s in SPLITS if getattr(data.files, s)]
+    for key, rel, split in sources:
+        path = pilot.path(rel, key)
+        recs, skips = load_records(path, spec.task, data, split=split, display_path=rel)
+        records += recs
+        skipped += skips
+    return records, skipped
+
+
+def _split(pilot: Pilot, records: list[Record]) -> dict[str, list[Record]]:
+    data = pilot.spec.data
+    if data.file:
+        return split_records(records, data.split.seed, data.split.val, data.split.test)
+    out: dict[str, list[Record]] = {s: [] for s in SPLITS}
+    for r in records:
+        out[r.split or "train"].append(r)
+    return out
+
+
+def data_version(pilot: Pilot, splits: dict[str, list[Record]], tmpl_hash: str) -> str:
+    """Hash of the cleaned records per split, the cleaning rules, split parameters and prompt."""
+    data = pilot.spec.data
+    payload = {
+        "records": {
+            s: [[r.id, r.text, r.label, r.target] for r in sorted(recs, key=lambda r: r.id)]
+            for s, recs in splits.items()
+        },
+        "cleaning": data.cleaning,
+        "max_chars": data.max_chars,
+        "split": data.split.model_dump(),
+        "max_length": data.max_length,
+        "truncation_side": data.truncation_side,
+        "template": tmpl_hash,
+    }
+    return "dv-" + sha256_json(payload)[:16]
+
+
+def prepare_data(pilot: Pilot, tokenizer: Any, *, enforce_leakage: bool = True) -> PreparedData:
+    """Load, clean, split, find duplicates, apply the leakage and truncation policies.
+
+    A cross-split duplicate under `leakage: fail` raises CheckFailed (exit 1) listing the pairs,
+    unless `enforce_leakage` is False (the `data` verb records the report before failing).
+    """
+    spec = pilot.spec
+    data = spec.data
+    records, skipped = load_all(pilot)
+    records, dropped = clean_records(records, data.cleaning, data.max_chars)
+    splits = _split(pilot, records)
+
+    items = [DupItem(r.id, s, r.text) for s, recs in splits.items() for r in recs]
+    dups = find_duplicates(items, threshold=data.near_dup_threshold, seed=data.split.seed)
+    leaks = dups.cross_split()
+    leak_dropped: list[dict] = []
+    if leaks and data.leakage == "drop_from_train":
+        drop_ids = set()
+        for p in leaks:
+            for rid, split in ((p.a_id, p.a_split), (p.b_id, p.b_split)):
+                if split == "train":
+                    drop_ids.add(rid)
+        leak_dropped = [{"id": r.id, "source": r.source} for r in splits["train"] if r.id in drop_ids]
+        splits["train"] = [r for r in splits["train"] if r.id not in drop_ids]
+
+    fmt = formatter_for(pilot, tokenizer)
+    answers = [answer_text(spec.task, r.label, r.target) for recs in splits.values() for r in recs]
+    if spec.task.kind == "classification":
+        answers += list(spec.task.labels or [])
+    budget = fmt.answer_budget_for(answers) if answers else 0
+    target_excluded: list[dict] = []
+    if fmt.max_length - budget < len(fmt._ids(fmt.prompt_text(""))):
+        msg = (
+            f"data.max_length={data.max_length} leaves no room for the input text: the prompt template "
+            f"alone plus the longest answer ({budget} tokens) exceed it"
+        )
+        if data.on_truncated_target == "fail":
+            raise CheckFailed(msg)
+        # exclude: drop the examples whose own answer cannot fit, keep a budget that fits
+        keep_budget = fmt.max_length - len(fmt._ids(fmt.prompt_text(""))) - 1
+        for s in SPLITS:
+            kept = []
+            for r in splits.get(s, []):
+                enc = fmt.encode(r.text, answer_text(spec.task, r.label, r.target), keep_budget)
+                if enc.target_truncated:
+                    target_excluded.append({"id": r.id, "split": s, "source": r.source})
+                else:
+                    kept.append(r)
+            splits[s] = kept
+        budget = keep_budget
+
+    prepared = PreparedData(
+        splits=splits, skipped=skipped, dropped=dropped, duplicates=dups, leak_dropped=leak_dropped,
+        target_excluded=target_excluded, answer_budget=budget,
+    )
+    prepared.version = data_version(pilot, splits, template_hash(tokenizer, spec.task))
+    if enforce_leakage:
+        check_leakage(pilot, prepared)
+    return prepared
+
+
+def remaining_leaks(pilot: Pilot, prepared: PreparedData) -> list[dict]:
+    """Cross-split pairs still present after the policy ran (drop_from_train removes some)."""
+    present = {r.id for recs in prepared.splits.values() for r in recs}
+    out = []
+    for p in prepared.duplicates.cross_split():
+        if p.a_id in present and p.b_id in present:
+            out.append(dataclasses.asdict(p) | {"cross_split": True})
+    return out
+
+
+def check_leakage(pilot: Pilot, prepared: PreparedData) -> None:
+    leaks = remaining_leaks(pilot, prepared)
+    if leaks and pilot.spec.data.leakage == "fail":
+        shown = "; ".join(f"{p['a_split']}:{p['a_id']} ~ {p['b_split']}:{p['b_id']} ({p['kind']}, {p['similarity']:.2f})" for p in leaks[:10])
+        more = f" and {len(leaks) - 10} more" if len(leaks) > 10 else ""
+        raise CheckFailed(
+            f"{len(leaks)} duplicate pair(s) across splits (leaks): {shown}{more}. "
+            "Fix the data, or set data.leakage: drop_from_train (or warn).",
+            {"cross_split": leaks},
+        )
+
+
+def formatter_for(pilot: Pilot, tokenizer: Any) -> PromptFormatter:
+    spec = pilot.spec
+    return PromptFormatter(tokenizer, spec.task, spec.data.max_length, spec.data.truncation_side, spec.train.loss_on)
+
+
+def encode_records(fmt: PromptFormatter, task, records: list[Record], budget: int) -> list[Encoded]:
+    return [fmt.encode(r.text, answer_text(task, r.label, r.target), budget) for r in records]

@@ -1,0 +1,115 @@
+"""`lorapilot data` and `inspect` end to end, as a user runs them (subprocess, --json)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import EXAMPLES, run_cli, run_json
+
+
+@pytest.mark.parametrize("example", ["ticket-triage", "invoice-fields"])
+def test_data_is_stable_and_inspect_matches(example, tmp_path, default_model_dir):
+    pilot = tmp_path / example
+    shutil.copytree(EXAMPLES / example, pilot, ignore=shutil.ignore_patterns("runs"))
+    a = run_json("data", str(pilot))
+    b = run_json("data", str(pilot))
+    assert a["version"] == b["version"] and a["run_id"] != b["run_id"]
+    for key in ("version", "splits", "per_category", "duplicates", "lengths", "skipped", "mask_audit"):
+        assert key in a
+    assert a["duplicates"]["cross_split"] == [] and a["mask_audit"]["ok"]
+    assert a["mask_audit"]["end_of_turn_trained"] and a["mask_audit"]["eval_prompt_is_train_prefix"]
+    rec = json.loads((pilot / "runs" / a["run_id"] / "run.json").read_text())
+    assert rec["status"] == "completed" and rec["data_version"] == a["version"]
+    assert rec["environment"]["libraries"]["torch"]
+
+    ins = run_json("inspect", str(pilot), "--per-category", "1")
+    cats = set(a["per_category"])
+    assert {ex["category"] for ex in ins["examples"]} == cats
+    assert all(ex["match"] for ex in ins["examples"]) and ins["ok"]
+    for ex in ins["examples"]:
+        assert {"id", "category", "n_tokens", "loss_positions", "decoded_target", "expected_target", "match", "truncated"} <= set(ex)
+    # the human view renders too (rich, stdout)
+    human = run_cli("inspect", str(pilot), "--per-category", "1")
+    assert human.returncode == 0 and "<|im_start|>assistant" in human.stdout
+
+
+def _presplit_pilot(tmp_path: Path, leakage: str = "fail") -> Path:
+    spec = yaml.safe_load((EXAMPLES / "ticket-triage" / "pilot.yaml").read_text())
+    lines = (EXAMPLES / "ticket-triage" / "data" / "tickets.jsonl").read_text().splitlines()
+    rows = [json.loads(x) for x in lines[:240]]
+    train, val, test = rows[:160], rows[160:200], rows[200:]
+    leaked = dict(test[0], id="leak-exact")
+    words = test[1]["text"].split()
+    assert len(words) >= 12, "need a longer text for a two-word near copy"
+    words[3], words[-3] = "zebra", "quokka"
+    near = dict(test[1], id="leak-near", text=" ".join(words))
+    train += [leaked, near]
+    spec["data"] = {**spec["data"], "file": None, "files": {"train": "train.jsonl", "val": "val.jsonl", "test": "test.jsonl"},
+                    "leakage": leakage, "near_dup_threshold": 0.6}
+    del spec["data"]["file"]
+    del spec["data"]["split"]
+    pilot = tmp_path / "leaky"
+    pilot.mkdir()
+    (pilot / "pilot.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    for name, part in (("train", train), ("val", val), ("test", test)):
+        (pilot / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in part))
+    return pilot
+
+
+def test_leaks_fail_then_drop_from_train(tmp_path, default_model_dir):
+    pilot = _presplit_pilot(tmp_path)
+    out = run_json("data", str(pilot), expect=1)
+    pairs = {(p["a_id"], p["b_id"]) for p in out["duplicates"]["cross_split"]} | {(p["b_id"], p["a_id"]) for p in out["duplicates"]["cross_split"]}
+    test_ids = {json.loads(x)["id"] for x in (pilot / "test.jsonl").read_text().splitlines()}
+    assert any("leak-exact" in pr and (set(pr) - {"leak-exact"}) <= test_ids for pr in pairs)
+    assert any("leak-near" in pr for pr in pairs)
+    assert {p["kind"] for p in out["duplicates"]["cross_split"]} >= {"exact", "near"}
+    rec = json.loads((pilot / "runs" / out["run_id"] / "run.json").read_text())
+    assert rec["status"] == "failed" and "leak" in rec["error"]
+
+    spec = yaml.safe_load((pilot / "pilot.yaml").read_text())
+    spec["data"]["leakage"] = "drop_from_train"
+    (pilot / "pilot.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    ok = run_json("data", str(pilot))
+    dropped = {d["id"] for d in ok["duplicates"]["dropped_from_train"]}
+    assert {"leak-exact", "leak-near"} <= dropped
+    assert ok["splits"]["train"] == 160 and ok["duplicates"]["cross_split"] == []
+    assert ok["version"] != out["version"]
+
+
+def _broken_pilot(tmp_path: Path, on_error: str) -> Path:
+    spec = yaml.safe_load((EXAMPLES / "ticket-triage" / "pilot.yaml").read_text())
+    spec["data"]["on_error"] = on_error
+    lines = (EXAMPLES / "ticket-triage" / "data" / "tickets.jsonl").read_text().splitlines()[:300]
+    lines[6] = lines[6][:-5]  # line 7: truncated JSON
+    pilot = tmp_path / f"broken-{on_error}"
+    (pilot / "data").mkdir(parents=True)
+    (pilot / "pilot.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    (pilot / "data" / "tickets.jsonl").write_text("\n".join(lines) + "\n")
+    return pilot
+
+
+def test_broken_line_fails_with_its_number(tmp_path, default_model_dir):
+    proc = run_cli("data", str(_broken_pilot(tmp_path, "fail")))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "tickets.jsonl:7" in proc.stderr
+
+
+def test_broken_line_skipped_and_listed(tmp_path, default_model_dir):
+    out = run_json("data", str(_broken_pilot(tmp_path, "skip")))
+    assert [s["line"] for s in out["skipped"]] == [7]
+    assert out["n_examples"] == 299
+
+
+def test_data_refuses_without_permission(tmp_path):
+    spec = yaml.safe_load((EXAMPLES / "ticket-triage" / "pilot.yaml").read_text())
+    del spec["data"]["permission"]
+    pilot = tmp_path / "noperm"
+    shutil.copytree(EXAMPLES / "ticket-triage" / "data", pilot / "data")
+    (pilot / "pilot.yaml").write_text(yaml.safe_dump(spec))
+    out = run_json("data", str(pilot), expect=2)
+    assert "data.permission" in out["error"]
