@@ -309,6 +309,68 @@ def _show_inspect(r: dict) -> None:
         stdout.print("[red]some examples' loss tokens do not decode to their answer[/]")
 
 
+LimitOpt = Annotated[int | None, typer.Option("--limit", help="Evaluate only the first N examples (a quick look; not comparable).")]
+NoProgress = Annotated[bool, typer.Option("--no-progress", help="Hide progress bars.")]
+
+
+@app.command()
+@verb
+def baseline(pilot: PilotArg, as_json: JsonFlag = False, limit: LimitOpt = None, no_progress: NoProgress = False,
+             sets: SetOpt = None) -> dict:
+    """Evaluate the unadapted base model on the validation split; keep its outputs and protocol."""
+    from lorapilot.evaluate.stage import run_evaluation
+    from lorapilot.spec import load_pilot
+
+    p = load_pilot(pilot, sets)
+    result = run_evaluation(p, "baseline", split="val", limit=limit, progress=not no_progress)
+    result["_show"] = _show_eval
+    return result
+
+
+@app.command("eval")
+@verb
+def eval_cmd(
+    pilot: PilotArg,
+    as_json: JsonFlag = False,
+    run: Annotated[str | None, typer.Option("--run", help="Train run whose adapter to evaluate (default: latest completed).")] = None,
+    split: Annotated[str, typer.Option("--split", help="val, or test together with --final.")] = "val",
+    final: Annotated[bool, typer.Option("--final", help="Allow the reserved test split (the access is logged).")] = False,
+    base: Annotated[bool, typer.Option("--base", help="Evaluate the base model instead of an adapter.")] = False,
+    limit: LimitOpt = None,
+    no_progress: NoProgress = False,
+) -> dict:
+    """Evaluate an adapter (or the base) on val, or on the reserved test split with --final."""
+    from lorapilot.evaluate.stage import adapter_of, run_evaluation
+    from lorapilot.spec import load_pilot
+
+    p = load_pilot(pilot)
+    parent, adapter = (None, None) if base else adapter_of(p, run)
+    result = run_evaluation(p, "eval", split=split, adapter_dir=adapter, parent=parent, limit=limit,
+                            progress=not no_progress, final=final)
+    result["_show"] = _show_eval
+    return result
+
+
+def _show_eval(r: dict) -> None:
+    m = r["metrics"]
+    stdout.print(f"[green]{r['split']}[/] n={r['n']}  run {r['run_id']}  protocol {r['eval_protocol']}  "
+                 f"({r['examples_per_s']:.1f} ex/s)")
+    headline = [k for k in ("accuracy", "macro_f1", "json_valid_rate", "schema_valid_rate",
+                            "required_fields_rate", "field_f1", "exact_match", "format_valid_rate") if k in m]
+    stdout.print("  " + "  ".join(f"{k}={m[k]:.3f}" for k in headline))
+    per = m.get("per_category") if "per_field" not in m else m.get("per_field")
+    if per:
+        t = Table(title="per category" if "per_field" not in m else "per field")
+        cols = [c for c in ("precision", "recall", "f1", "accuracy", "support") if any(c in v for v in per.values())]
+        t.add_column("name")
+        for c in cols:
+            t.add_column(c, justify="right")
+        for name, v in per.items():
+            t.add_row(name, *(f"{v[c]:.3f}" if isinstance(v.get(c), float) else str(v.get(c, "")) for c in cols))
+        stdout.print(t)
+    stdout.print(f"  predictions: {r['predictions']}")
+
+
 def main() -> None:
     """Console-script entry point."""
     try:

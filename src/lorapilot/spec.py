@@ -239,6 +239,9 @@ class EvalSpec(_Strict):
         "score", description="Classification: score every label (no parse failures) or generate."
     )
     batch_size: int = Field(16, gt=0)
+    precision: Literal["fp32", "bf16", "fp16"] = Field(
+        "bf16", description="Autocast precision of evaluation (recorded in the eval protocol)."
+    )
     max_new_tokens: int | None = Field(None, gt=0, description="Default: longest target + margin.")
     normalize: EvalNormalize = Field(default_factory=EvalNormalize)
     min_support: int = Field(

@@ -1,0 +1,168 @@
+"""One evaluation procedure for the baseline, every variant, the fresh-process verify and the
+final test: same prompts, same decoding, same metrics, described by an *evaluation protocol*
+whose hash decides whether two results may be compared.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from lorapilot.data.dataset import PreparedData
+from lorapilot.data.format import PromptFormatter, answer_text, template_hash
+from lorapilot.data.load import Record
+from lorapilot.evaluate import predict
+from lorapilot.evaluate.metrics import classification_metrics, extraction_metrics, format_metrics
+from lorapilot.fsutil import sha256_json
+from lorapilot.spec import PilotSpec
+
+GENERATION_MARGIN = 16  # tokens beyond the longest target: room for a slightly longer answer
+
+
+def make_protocol(spec: PilotSpec, tokenizer: Any, prepared: PreparedData) -> dict:
+    """Everything that changes predictions, and its hash `eval_protocol`."""
+    task, ev = spec.task, spec.eval
+    mode = ev.mode if task.kind == "classification" else "generate"
+    max_new = ev.max_new_tokens or (prepared.answer_budget + GENERATION_MARGIN)
+    proto = {
+        "task": task.kind,
+        "mode": mode,
+        "decoding": "label_scoring" if mode == "score" else "greedy",
+        "max_new_tokens": None if mode == "score" else max_new,
+        "batch_size": ev.batch_size,
+        "precision": ev.precision,
+        "normalize": ev.normalize.model_dump(),
+        "template_hash": template_hash(tokenizer, task),
+        "answer_budget": prepared.answer_budget,
+        "max_length": spec.data.max_length,
+        "truncation_side": spec.data.truncation_side,
+        "labels": task.labels,
+        "seed": spec.train.seed,
+        "data_version": prepared.version,
+    }
+    proto["eval_protocol"] = "ep-" + sha256_json(proto)[:16]
+    return proto
+
+
+def cast_for_eval(model: Any, precision: str) -> Any:
+    """Evaluation runs the whole model in the protocol's dtype (weights cast once, no autocast):
+    on CPU this is ~2x faster than autocast, which re-casts every weight at every call, and a
+    fresh-process reload that casts the same saved weights computes exactly the same thing."""
+    import torch
+
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+    if next(model.parameters()).dtype != dtype:
+        model = model.to(dtype)
+    return model
+
+
+@dataclass
+class EvalResult:
+    metrics: dict
+    predictions: list[dict]
+    seconds: float
+    examples_per_s: float
+    protocol: dict = field(default_factory=dict)
+
+
+def _progress(total: int, label: str, enabled: bool):
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
+
+    return Progress(
+        TextColumn(f"[bold]{label}[/]"), BarColumn(), MofNCompleteColumn(),
+        TextColumn("{task.fields[rate]}"), TimeRemainingColumn(),
+        console=Console(stderr=True), disable=not enabled, transient=True,
+    )
+
+
+def evaluate_records(
+    model: Any,
+    tokenizer: Any,
+    fmt: PromptFormatter,
+    spec: PilotSpec,
+    records: list[Record],
+    protocol: dict,
+    *,
+    progress: bool = True,
+    label: str = "eval",
+) -> EvalResult:
+    """Predict every record with the protocol's procedure and compute the task's metrics."""
+    task = spec.task
+    budget = protocol["answer_budget"]
+    model = cast_for_eval(model, protocol["precision"])
+    prompts = [fmt.encode_prompt(r.text, budget) for r in records]
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    t0 = time.perf_counter()
+    done = [0]
+    with _progress(len(records), label, progress) as bar:
+        task_id = bar.add_task(label, total=len(records), rate="")
+
+        def tick(n: int) -> None:
+            done[0] += n
+            rate = done[0] / max(time.perf_counter() - t0, 1e-9)
+            bar.update(task_id, advance=n, rate=f"{rate:.1f} ex/s")
+
+        if protocol["mode"] == "score":
+            encs = [fmt.encode("x", lab, budget) for lab in task.labels]
+            label_ids = [e.input_ids[e.prompt_len:] for e in encs]
+            scores = predict.score_labels(
+                model, prompts, label_ids, batch_size=protocol["batch_size"], pad_id=pad_id,
+                progress=tick,
+            )
+            outputs = None
+        else:
+            stop = sorted({i for i in (tokenizer.eos_token_id, fmt.completion_ids(
+                fmt.prompt_text("x"), fmt.full_text("x", "y"), "y")[1]) if i is not None})
+            gen = predict.generate(
+                model, prompts, max_new_tokens=protocol["max_new_tokens"], stop_ids=stop, pad_id=pad_id,
+                batch_size=protocol["batch_size"], progress=tick,
+            )
+            outputs = [tokenizer.decode(g, skip_special_tokens=True) for g in gen]
+            scores = None
+    seconds = time.perf_counter() - t0
+
+    rows: list[dict] = []
+    if task.kind == "classification":
+        labels = list(task.labels or [])
+        if scores is not None:
+            preds = [labels[int(i)] for i in scores.argmax(axis=1)]
+        else:
+            lookup = {lab.casefold(): lab for lab in labels}
+            preds = [lookup.get(o.strip().casefold()) for o in outputs]
+        gold = [r.label for r in records]
+        metrics = classification_metrics(gold, preds, labels)
+        for i, r in enumerate(records):
+            row = {
+                "id": r.id, "category": r.category, "prompt": tokenizer.decode(prompts[i]),
+                "raw_output": outputs[i] if outputs is not None else preds[i],
+                "parsed": preds[i], "gold": r.label, "correct": preds[i] == r.label,
+            }
+            if scores is not None:
+                row["scores"] = {lab: round(float(s), 6) for lab, s in zip(labels, scores[i], strict=True)}
+            rows.append(row)
+    else:
+        gold = [r.target for r in records]
+        if task.kind == "extraction":
+            metrics = extraction_metrics(gold, outputs, task, spec.eval.normalize)
+        else:
+            metrics = format_metrics(outputs, task, gold, spec.eval.normalize)
+        parsed = metrics.pop("parsed", [None] * len(records))
+        correct = metrics.pop("correct", [False] * len(records))
+        metrics.pop("valid", None)
+        errors = metrics.pop("parse_errors", [None] * len(records))
+        for i, r in enumerate(records):
+            rows.append({
+                "id": r.id, "category": r.category, "prompt": tokenizer.decode(prompts[i]),
+                "raw_output": outputs[i], "parsed": parsed[i], "parse_error": errors[i],
+                "gold": r.target, "gold_answer": answer_text(task, r.label, r.target), "correct": bool(correct[i]),
+            })
+    metrics["n"] = len(records)
+    return EvalResult(metrics, rows, seconds, len(records) / max(seconds, 1e-9), protocol)

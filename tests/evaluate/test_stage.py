@@ -1,0 +1,81 @@
+"""`baseline` and `eval` end to end (subprocess, --json): outputs kept, protocol hashed,
+the test split reserved and every access logged."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import yaml
+from conftest import EXAMPLES, run_cli, run_json
+
+
+def _tiny_pilot(tmp_path, example: str, tiny_model_dir, **overrides):
+    pilot = tmp_path / example
+    shutil.copytree(EXAMPLES / example, pilot, ignore=shutil.ignore_patterns("runs"))
+    spec = yaml.safe_load((pilot / "pilot.yaml").read_text())
+    spec["model"] = {"base": str(tiny_model_dir)}
+    for key, value in overrides.items():
+        section, name = key.split("__")
+        spec.setdefault(section, {})[name] = value
+    (pilot / "pilot.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    return pilot
+
+
+@pytest.mark.slow
+def test_baseline_ticket_triage_real_model(tmp_path, default_model_dir):
+    pilot = tmp_path / "tt"
+    shutil.copytree(EXAMPLES / "ticket-triage", pilot, ignore=shutil.ignore_patterns("runs"))
+    out = run_json("baseline", str(pilot), "--no-progress")
+    m = out["metrics"]
+    labels = yaml.safe_load((pilot / "pilot.yaml").read_text())["task"]["labels"]
+    assert set(m["per_category"]) == set(labels)
+    assert 0 <= m["accuracy"] <= 1 and 0 <= m["macro_f1"] <= 1
+    run_dir = pilot / "runs" / out["run_id"]
+    rows = [json.loads(x) for x in (run_dir / "predictions.jsonl").read_text().splitlines()]
+    data = run_json("data", str(pilot))
+    assert len(rows) == data["splits"]["val"] == m["n"]
+    assert set(rows[0]) >= {"id", "prompt", "raw_output", "parsed", "gold", "correct", "scores"}
+    assert set(rows[0]["scores"]) == set(labels)
+    proto = json.loads((run_dir / "protocol.json").read_text())
+    assert proto["eval_protocol"] == out["eval_protocol"] and proto["data_version"] == data["version"]
+    assert json.loads((run_dir / "metrics.json").read_text())["accuracy"] == m["accuracy"]
+
+
+def test_baseline_extraction_tiny(tmp_path, tiny_model_dir):
+    pilot = _tiny_pilot(tmp_path, "invoice-fields", tiny_model_dir, eval__max_new_tokens=8)
+    out = run_json("baseline", str(pilot), "--limit", "6", "--no-progress")
+    m = out["metrics"]
+    for key in ("json_valid_rate", "required_fields_rate", "per_field", "field_f1", "schema_valid_rate"):
+        assert key in m
+    assert set(m["per_field"]) == {"vendor", "invoice_number", "date", "total", "currency", "due_date", "po_number"}
+    rows = (pilot / "runs" / out["run_id"] / "predictions.jsonl").read_text().splitlines()
+    assert len(rows) == 6 and out["protocol"]["limit"] == 6
+
+
+def test_protocol_is_stable_and_sensitive(tmp_path, tiny_model_dir):
+    pilot = _tiny_pilot(tmp_path, "ticket-triage", tiny_model_dir)
+    a = run_json("baseline", str(pilot), "--limit", "4", "--no-progress")
+    b = run_json("baseline", str(pilot), "--limit", "4", "--no-progress")
+    c = run_json("baseline", str(pilot), "--limit", "4", "--no-progress", "--set", "eval.batch_size=3")
+    assert a["eval_protocol"] == b["eval_protocol"] != c["eval_protocol"]
+    assert a["metrics"] == b["metrics"]
+
+
+def test_test_split_is_reserved_and_logged(tmp_path, tiny_model_dir):
+    pilot = _tiny_pilot(tmp_path, "ticket-triage", tiny_model_dir)
+    refused = run_json("eval", str(pilot), "--base", "--split", "test", expect=2)
+    assert "--final" in refused["error"]
+    first = run_json("eval", str(pilot), "--base", "--split", "test", "--final", "--limit", "3", "--no-progress")
+    assert first["test_accesses_before"] == []
+    second = run_cli("eval", str(pilot), "--base", "--split", "test", "--final", "--limit", "3", "--no-progress", "--json")
+    assert second.returncode == 0 and "already used 1 time" in second.stderr and first["run_id"] in second.stderr
+    ledger = [json.loads(x) for x in (pilot / "runs" / "test_ledger.jsonl").read_text().splitlines()]
+    assert [e["run"] for e in ledger] == [first["run_id"], json.loads(second.stdout)["run_id"]]
+
+
+def test_eval_without_train_run_is_a_clear_error(tmp_path, tiny_model_dir):
+    pilot = _tiny_pilot(tmp_path, "ticket-triage", tiny_model_dir)
+    out = run_json("eval", str(pilot), expect=2)
+    assert "no completed train run" in out["error"]
