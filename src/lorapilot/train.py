@@ -1,0 +1,963 @@
+"""The training loop, readable top to bottom: batches, loss, step, checkpoints, `train`.
+
+Shape of one optimizer step::
+
+    grad_accum micro-batches  ->  loss_sum / target tokens of the WHOLE step  ->  backward
+    -> clip -> optimizer.step -> scheduler.step -> zero_grad
+
+Devices and DDP come from accelerate's `Accelerator`; mixed precision does not. Our loss
+calls the decoder and the LM head separately (so the head runs only where there is a
+target), which bypasses the `model.forward` that accelerate wraps in autocast; and
+accelerate's state is process-global, so a second Accelerator with another precision in the
+same process is refused. We therefore always ask accelerate for `mixed_precision="no"` and
+enter `torch.autocast(device_type)` ourselves, which works the same on CUDA and on CPUs.
+
+On disk, a run folder gets::
+
+    steps.jsonl        one line per optimizer step
+    val.jsonl          validation loss at step 0, every eval_every steps and at the end
+    checkpoints/       step-N/ (weights, optimizer.safetensors, state.json, checksums.json)
+                       and latest.json; the last 2 are kept
+    adapter/           the final adapter (peft save_pretrained), or the full model
+
+Nothing is pickled: tensors go to safetensors, everything else to JSON.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hashlib
+import json
+import math
+import os
+import random
+import shutil
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from lorapilot.data.format import IGNORE_INDEX, Encoded
+from lorapilot.errors import UsageError
+from lorapilot.fsutil import (
+    append_jsonl,
+    atomic_write_json,
+    atomic_write_text,
+    read_jsonl,
+    sha256_file,
+    to_json,
+)
+from lorapilot.registry import StoppedByLimit
+from lorapilot.spec import TrainSpec
+
+MEGA_CHUNK = 50  # micro-batches per length-sorted chunk (the usual group_by_length size)
+KEEP_CHECKPOINTS = 2
+CHECKPOINT_FORMAT = 1
+# Config keys that rescale or transform logits after the LM head. The chunked loss applies
+# the head alone, so a model with one of these set takes the full-logits path instead.
+_LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
+
+Batch = dict[str, torch.Tensor]
+Log = Callable[[str], None]
+
+
+# --------------------------------------------------------------------------- batches
+
+
+def collate(examples: Sequence[Encoded], pad_id: int) -> Batch:
+    """Right-pad to the longest example; padding gets attention 0 and label -100.
+
+    Padding is marked by position, not by `pad_id`: the pad token is often the
+    end-of-turn token, which is also a real, trained label at the end of each answer.
+    """
+    width = max(len(e.input_ids) for e in examples)
+    input_ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
+    labels = torch.full((len(examples), width), IGNORE_INDEX, dtype=torch.long)
+    attention_mask = torch.zeros((len(examples), width), dtype=torch.long)
+    for row, e in enumerate(examples):
+        n = len(e.input_ids)
+        input_ids[row, :n] = torch.tensor(e.input_ids, dtype=torch.long)
+        labels[row, :n] = torch.tensor(e.labels, dtype=torch.long)
+        attention_mask[row, :n] = 1
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+
+
+def count_target_tokens(batch: Batch) -> int:
+    """Tokens that carry loss: label != -100 after the causal shift (position 0 never does)."""
+    return int((batch["labels"][:, 1:] != IGNORE_INDEX).sum())
+
+
+def example_target_tokens(e: Encoded) -> int:
+    return sum(1 for t in e.labels[1:] if t != IGNORE_INDEX)
+
+
+def length_grouped_batches(
+    lengths: Sequence[int], micro_batch: int, seed: int, epoch: int
+) -> list[list[int]]:
+    """Indices grouped into micro-batches of similar length, in a per-(seed, epoch) order.
+
+    Shuffle, cut into mega-chunks of 50 micro-batches, sort each chunk by length (so a
+    micro-batch pads little), then shuffle the order of the micro-batches (so training does
+    not see short examples, then long ones). The batch holding the longest example goes
+    first, so an out-of-memory shows at step 1 rather than hours in. The same
+    (seed, epoch) always gives the same list, which is what makes resuming exact.
+    """
+    rng = random.Random(f"lorapilot-batches-{seed}-{epoch}")  # str seeds hash stably
+    order = list(range(len(lengths)))
+    rng.shuffle(order)
+    mega = micro_batch * MEGA_CHUNK
+    batches: list[list[int]] = []
+    for start in range(0, len(order), mega):
+        chunk = sorted(order[start : start + mega], key=lambda i: -lengths[i])
+        batches.extend(chunk[j : j + micro_batch] for j in range(0, len(chunk), micro_batch))
+    rng.shuffle(batches)
+    if batches:
+        longest = max(range(len(batches)), key=lambda b: max(lengths[i] for i in batches[b]))
+        batches.insert(0, batches.pop(longest))
+    return batches
+
+
+def padding_efficiency(lengths: Sequence[int], batches: Sequence[Sequence[int]]) -> float:
+    """Real tokens / padded tokens (1.0 = no padding at all)."""
+    real = sum(lengths[i] for b in batches for i in b)
+    padded = sum(len(b) * max(lengths[i] for i in b) for b in batches if b)
+    return real / padded if padded else 1.0
+
+
+class MicroBatchStream:
+    """Micro-batches epoch after epoch. Its position (epoch, index) is all a checkpoint
+    needs: each epoch's batch list is rebuilt from (seed, epoch)."""
+
+    def __init__(self, lengths: Sequence[int], micro_batch: int, seed: int):
+        self.lengths, self.micro_batch, self.seed = lengths, micro_batch, seed
+        self.epoch, self.index = 0, 0
+        self._batches = length_grouped_batches(lengths, micro_batch, seed, 0)
+
+    def next(self) -> list[int]:
+        if self.index >= len(self._batches):
+            self.epoch, self.index = self.epoch + 1, 0
+            self._batches = length_grouped_batches(
+                self.lengths, self.micro_batch, self.seed, self.epoch
+            )
+        self.index += 1
+        return self._batches[self.index - 1]
+
+    @property
+    def epoch_float(self) -> float:
+        return self.epoch + self.index / len(self._batches)
+
+    def seek(self, epoch: int, index: int) -> None:
+        self.epoch, self.index = epoch, index
+        self._batches = length_grouped_batches(self.lengths, self.micro_batch, self.seed, epoch)
+
+
+# --------------------------------------------------------------------------- loss
+
+
+def _decoder_and_head(model) -> tuple[Any, Any]:
+    """(decoder, lm_head) of a causal LM, plain or PEFT-wrapped; (None, None) if not found."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    prefix = getattr(base, "base_model_prefix", None)
+    decoder = getattr(base, prefix, None) if prefix else None
+    get_head = getattr(base, "get_output_embeddings", None)
+    head = get_head() if callable(get_head) else None
+    if decoder is None or head is None or decoder is base:
+        return None, None
+    config = getattr(base, "config", None)
+    for key in _LOGIT_TRANSFORMS:
+        value = getattr(config, key, None)
+        if value not in (None, 1, 1.0):
+            return None, None
+    return decoder, head
+
+
+def causal_lm_loss_sum(model, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sum of token cross-entropies in float32, number of target tokens).
+
+    Position t predicts token t+1, so targets are labels shifted left by one. The LM head
+    is applied only at positions with a target: for classification that is a handful of
+    tokens per example, and the head over a 49k vocabulary at every position would be
+    most of the step's compute and memory. Equal to the standard full-logits loss.
+    """
+    labels = batch["labels"][:, 1:]
+    mask = labels != IGNORE_INDEX
+    targets = labels[mask]
+    decoder, head = _decoder_and_head(model)
+    if decoder is None:  # no separable head: full logits, still selected before the upcast
+        logits = model(
+            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False
+        ).logits
+        selected = logits[:, :-1][mask]
+    else:
+        hidden = decoder(
+            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False
+        ).last_hidden_state
+        selected = head(hidden[:, :-1][mask])
+    loss_sum = F.cross_entropy(selected.float(), targets, reduction="sum")
+    return loss_sum, mask.sum()
+
+
+class _LossModule(torch.nn.Module):
+    """DDP only synchronises gradients for work done inside its own forward; the chunked
+    loss calls the decoder and the head separately, so under DDP the whole loss is made
+    one module's forward and that module is what DDP wraps."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, batch: Batch):
+        return causal_lm_loss_sum(self.model, batch)
+
+
+def _call_module(module, batch: Batch):
+    return module(batch)
+
+
+def autocast(device_type: str, precision: str):
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    return torch.autocast(device_type=device_type, dtype=dtype)
+
+
+# --------------------------------------------------------------------------- one step
+
+
+def train_step(
+    model,
+    optimizer,
+    scheduler,
+    micro_batches: Sequence[Batch],
+    total_target_tokens: int,
+    precision: str,
+    max_grad_norm: float | None,
+    accelerator=None,
+    *,
+    loss_fn: Callable | None = None,
+    scaler=None,
+) -> dict:
+    """One optimizer step over `micro_batches` (gradient accumulation).
+
+    `total_target_tokens` counts the target tokens of the whole step across all
+    micro-batches (and all ranks). `loss_fn(model, batch) -> (loss_sum, n_targets)`
+    defaults to `causal_lm_loss_sum`. Returns {loss (mean per target token), grad_norm,
+    lr (used by this step), tokens, padded_tokens, target_tokens}.
+    """
+    loss_fn = loss_fn or causal_lm_loss_sum
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    device = params[0].device
+    world = accelerator.num_processes if accelerator is not None else 1
+    # Each micro-batch's *summed* loss is divided by the target tokens of the WHOLE step,
+    # not by its own: the accumulated gradient is then exactly the gradient of the mean
+    # loss over every answer token in the step, as one batch of micro_batch * grad_accum
+    # would give. Averaging per-micro-batch means instead over-weights tokens in
+    # micro-batches with short answers. Under DDP the gradients are averaged over ranks,
+    # so the world size is multiplied back in.
+    scale = world / max(int(total_target_tokens), 1)
+    lr = optimizer.param_groups[0]["lr"]
+    loss_sum = torch.zeros((), dtype=torch.float32, device=device)
+    tokens = padded = 0
+    for i, mb in enumerate(micro_batches):
+        tokens += int(mb["attention_mask"].sum())  # counted on the host, before the copy
+        padded += mb["attention_mask"].numel()
+        mb = {k: v.to(device, non_blocking=True) for k, v in mb.items()}
+        last = i == len(micro_batches) - 1
+        # Skip DDP's all-reduce on all but the last micro-batch: one sync per step.
+        sync = (
+            contextlib.nullcontext() if last or accelerator is None else accelerator.no_sync(model)
+        )
+        with sync:
+            with autocast(device.type, precision):
+                mb_loss, _ = loss_fn(model, mb)
+            loss = mb_loss * scale
+            (scaler.scale(loss) if scaler is not None else loss).backward()
+        loss_sum += mb_loss.detach().float()
+        del mb_loss, loss  # free the graph now, otherwise the next forward peaks memory
+    if scaler is not None:
+        scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
+    clip = torch.nn.utils.clip_grad_norm_
+    if accelerator is not None and world > 1:
+        clip = accelerator.clip_grad_norm_
+    grad_norm = clip(params, max_grad_norm if max_grad_norm is not None else float("inf"))
+    if scaler is not None:
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        optimizer.step()
+    if scheduler is not None:
+        scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    if world > 1:
+        totals = torch.tensor([float(loss_sum), tokens, padded], device=device)
+        totals = accelerator.reduce(totals, reduction="sum")
+        loss_sum, tokens, padded = totals[0], int(totals[1]), int(totals[2])
+    return {
+        "loss": float(loss_sum) / max(int(total_target_tokens), 1),
+        "grad_norm": float(grad_norm),
+        "lr": lr,
+        "tokens": tokens,
+        "padded_tokens": padded,
+        "target_tokens": int(total_target_tokens),
+    }
+
+
+def make_optimizer(model, cfg: TrainSpec) -> torch.optim.Optimizer:
+    """AdamW over the trainable parameters only. Weight decay applies to matrices, not to
+    norms and biases (decaying a norm's gain towards 0 is not regularisation)."""
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    if not trainable:
+        raise UsageError("nothing is trainable: check adapter.target_modules")
+    decay = [p for p in trainable if p.ndim >= 2]
+    no_decay = [p for p in trainable if p.ndim < 2]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}]
+    if no_decay:
+        groups.append({"params": no_decay, "weight_decay": 0.0})
+    return torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+
+def make_scheduler(optimizer, schedule: str, warmup_steps: int, total_steps: int):
+    """Linear warmup then cosine / linear decay to 0, or constant. The first step already
+    uses lr/warmup (a schedule starting at lr 0 spends step 1 doing nothing)."""
+
+    def factor(step: int) -> float:  # step = optimizer steps taken so far
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        if schedule == "constant":
+            return 1.0
+        progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+        if schedule == "cosine":
+            return 0.5 * (1.0 + math.cos(math.pi * progress))
+        return 1.0 - progress
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+# --------------------------------------------------------------------------- validation
+
+
+@torch.no_grad()
+def validation_loss(
+    model,
+    examples: Sequence[Encoded],
+    micro_batch: int,
+    pad_id: int,
+    precision: str,
+    accelerator=None,
+) -> float | None:
+    """Mean loss per target token over `examples` (None when there are none)."""
+    if not examples:
+        return None
+    device = next(model.parameters()).device
+    order = sorted(range(len(examples)), key=lambda i: examples[i].n_tokens)
+    chunks = [order[i : i + micro_batch] for i in range(0, len(order), micro_batch)]
+    world = accelerator.num_processes if accelerator is not None else 1
+    if world > 1:
+        chunks = chunks[accelerator.process_index :: world]
+    was_training = model.training
+    model.eval()
+    total = torch.zeros(2, dtype=torch.float64, device=device)
+    for chunk in chunks:
+        batch = {k: v.to(device) for k, v in collate([examples[i] for i in chunk], pad_id).items()}
+        with autocast(device.type, precision):
+            loss_sum, n = causal_lm_loss_sum(model, batch)
+        total += torch.stack([loss_sum.double(), n.double()])
+    model.train(was_training)
+    if world > 1:
+        total = accelerator.reduce(total, reduction="sum")
+    return float(total[0] / total[1]) if total[1] > 0 else None
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+
+def _is_peft(model) -> bool:
+    return hasattr(model, "peft_config") and hasattr(model, "get_base_model")
+
+
+def save_weights(model, folder: Path) -> None:
+    """LoRA: adapter_model.safetensors + adapter_config.json; full: model.safetensors + config."""
+    if _is_peft(model):
+        # The vocabulary is never resized here, so the base embeddings are not saved (and
+        # peft does not go looking for the base config on the hub to decide).
+        model.save_pretrained(folder, safe_serialization=True, save_embedding_layers=False)
+    else:
+        model.save_pretrained(folder, safe_serialization=True)
+
+
+def _rng_state() -> dict:
+    def b64(t: torch.Tensor) -> str:
+        return base64.b64encode(t.cpu().numpy().tobytes()).decode("ascii")
+
+    version, internal, gauss = random.getstate()
+    name, key, pos, has_gauss, cached = np.random.get_state(legacy=True)
+    state = {
+        "python": [version, list(internal), gauss],
+        "numpy": [name, key.tolist(), int(pos), int(has_gauss), float(cached)],
+        "torch": b64(torch.get_rng_state()),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = [b64(s) for s in torch.cuda.get_rng_state_all()]
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    def unb64(s: str) -> torch.Tensor:
+        return torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8)
+
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    name, key, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, np.asarray(key, dtype=np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(unb64(state["torch"]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([unb64(s) for s in state["cuda"]])
+
+
+def _fsync_tree(folder: Path) -> None:
+    for p in sorted(folder.rglob("*")):
+        if p.is_file():
+            fd = os.open(p, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+
+def _checkpoint_step(path: Path) -> int | None:
+    name = path.name
+    if path.is_dir() and name.startswith("step-") and name[5:].isdigit():
+        return int(name[5:])
+    return None
+
+
+def save_checkpoint(
+    root: Path, step: int, model, optimizer, scheduler, scaler, state: dict
+) -> Path:
+    """Write checkpoints/step-N atomically (temp folder + rename), then latest.json."""
+    from safetensors.torch import save_file
+
+    tmp = root / f".tmp-step-{step}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    save_weights(model, tmp)
+    # Optimizer: tensors to safetensors as state.{param_index}.{key}; the rest to JSON.
+    opt = optimizer.state_dict()
+    tensors, scalars = {}, {}
+    for index, per_param in opt["state"].items():
+        for key, value in per_param.items():
+            if torch.is_tensor(value):
+                tensors[f"state.{index}.{key}"] = value.detach().contiguous().cpu()
+            else:
+                scalars[f"{index}.{key}"] = value
+    save_file(tensors, tmp / "optimizer.safetensors")
+    sched = {k: v for k, v in scheduler.state_dict().items() if k != "lr_lambdas"}
+    body = {
+        "format": CHECKPOINT_FORMAT,
+        **state,
+        "optimizer": {"param_groups": opt["param_groups"], "scalars": scalars},
+        "scheduler": sched,
+        "scaler": scaler.state_dict() if scaler is not None else None,
+        "rng": _rng_state(),
+    }
+    (tmp / "state.json").write_text(to_json(body), encoding="utf-8")
+    files = sorted(p.relative_to(tmp).as_posix() for p in tmp.rglob("*") if p.is_file())
+    checksums = {"algorithm": "sha256", "files": {f: sha256_file(tmp / f) for f in files}}
+    (tmp / "checksums.json").write_text(to_json(checksums), encoding="utf-8")
+    _fsync_tree(tmp)
+    final = root / f"step-{step}"
+    old = root / f".old-step-{step}-{uuid.uuid4().hex[:8]}"
+    if final.exists():
+        os.replace(final, old)
+    os.replace(tmp, final)
+    shutil.rmtree(old, ignore_errors=True)
+    atomic_write_json(root / "latest.json", {"step": step})
+    steps = sorted(s for s in (_checkpoint_step(p) for p in root.iterdir()) if s is not None)
+    for s in steps[:-KEEP_CHECKPOINTS]:
+        shutil.rmtree(root / f"step-{s}", ignore_errors=True)
+    return final
+
+
+def verify_checkpoint(folder: Path) -> list[str]:
+    """Problems with a checkpoint folder; [] means every file matches checksums.json."""
+    try:
+        listed = json.loads((folder / "checksums.json").read_text(encoding="utf-8"))["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return ["checksums.json is missing or unreadable"]
+    problems = []
+    for rel, expected in sorted(listed.items()):
+        path = folder / rel
+        if not path.is_file():
+            problems.append(f"{rel} is missing")
+        elif sha256_file(path) != expected:
+            problems.append(f"{rel} does not match its checksum")
+    if "state.json" not in listed or "optimizer.safetensors" not in listed:
+        problems.append("state.json or optimizer.safetensors is not listed")
+    if "adapter_model.safetensors" not in listed and not any(
+        f.endswith(".safetensors") and f.startswith("model") for f in listed
+    ):
+        problems.append("no weights are listed")
+    return problems
+
+
+def find_checkpoint(root: Path, log: Log) -> Path | None:
+    """The newest checkpoint that passes its checksums, starting from latest.json.
+
+    A truncated or corrupted checkpoint is never loaded: it is reported and the previous
+    one is tried. Newer checkpoints than the one returned are deleted, since training
+    continues from the returned one and they belong to a history that no longer exists.
+    """
+    if not root.is_dir():
+        return None
+    for p in root.glob(".*-step-*"):  # .tmp-/.old- folders a killed save left behind
+        shutil.rmtree(p, ignore_errors=True)
+    steps = sorted(
+        (s for s in (_checkpoint_step(p) for p in root.iterdir()) if s is not None), reverse=True
+    )
+    try:
+        latest = int(json.loads((root / "latest.json").read_text(encoding="utf-8"))["step"])
+        steps = [s for s in steps if s <= latest]
+    except (OSError, ValueError, KeyError, TypeError):
+        log(f"{root / 'latest.json'} is missing or unreadable; trying every checkpoint")
+    for s in steps:
+        folder = root / f"step-{s}"
+        problems = verify_checkpoint(folder)
+        if not problems:
+            for p in list(root.iterdir()):
+                newer = _checkpoint_step(p)
+                if newer is not None and newer > s:
+                    shutil.rmtree(p, ignore_errors=True)
+            atomic_write_json(root / "latest.json", {"step": s})
+            return folder
+        log(
+            f"checkpoint {folder.name} is not usable ({'; '.join(problems)}); "
+            "falling back to the previous one"
+        )
+    return None
+
+
+def load_checkpoint(folder: Path, model, optimizer, scheduler, scaler) -> dict:
+    """Restore weights, optimizer, scheduler, scaler and RNG; returns state.json."""
+    from safetensors.torch import load_file
+
+    state = json.loads((folder / "state.json").read_text(encoding="utf-8"))
+    if _is_peft(model):
+        from peft import set_peft_model_state_dict
+
+        result = set_peft_model_state_dict(model, load_file(folder / "adapter_model.safetensors"))
+        if getattr(result, "unexpected_keys", None):
+            raise UsageError(
+                f"checkpoint {folder} does not fit this adapter: "
+                f"unexpected keys {result.unexpected_keys[:5]}"
+            )
+    else:
+        _load_full_weights(model, folder)
+    names = _param_names(model, optimizer)
+    if state.get("param_names") != names:
+        raise UsageError(
+            f"checkpoint {folder} was written for other trainable parameters "
+            "(the adapter settings changed since); start a new run"
+        )
+    tensors = load_file(folder / "optimizer.safetensors")
+    per_param: dict[int, dict] = {}
+    for key, value in tensors.items():
+        _, index, name = key.split(".", 2)
+        per_param.setdefault(int(index), {})[name] = value
+    for key, value in state["optimizer"]["scalars"].items():
+        index, name = key.split(".", 1)
+        per_param.setdefault(int(index), {})[name] = value
+    optimizer.load_state_dict(
+        {"state": per_param, "param_groups": state["optimizer"]["param_groups"]}
+    )
+    scheduler.load_state_dict(
+        {**state["scheduler"], "lr_lambdas": [None] * len(optimizer.param_groups)}
+    )
+    if scaler is not None and state.get("scaler"):
+        scaler.load_state_dict(state["scaler"])
+    _set_rng_state(state["rng"])
+    return state
+
+
+def _load_full_weights(model, folder: Path) -> None:
+    from safetensors.torch import load_file
+
+    loaded: dict[str, torch.Tensor] = {}
+    for f in sorted(folder.glob("model*.safetensors")):
+        loaded.update(load_file(f))
+    missing, unexpected = model.load_state_dict(loaded, strict=False)
+    # A tied tensor (lm_head = embeddings) is saved once; it is "missing" but loaded.
+    own = model.state_dict()
+    loaded_ptrs = {own[k].data_ptr() for k in loaded if k in own}
+    really_missing = [k for k in missing if own[k].data_ptr() not in loaded_ptrs]
+    if really_missing or unexpected:
+        raise UsageError(
+            f"checkpoint {folder} does not fit this model: missing "
+            f"{really_missing[:5]}, unexpected {list(unexpected)[:5]}"
+        )
+
+
+def _param_names(model, optimizer) -> list[str]:
+    """Names of the optimizer's parameters in its own order (the state_dict's indices)."""
+    by_id = {id(p): n for n, p in model.named_parameters()}
+    return [by_id.get(id(p), "?") for g in optimizer.param_groups for p in g["params"]]
+
+
+def _keep_records_up_to(path: Path, step: int) -> None:
+    """Drop log lines past `step`, so a resumed run never logs a step twice."""
+    if path.exists():
+        kept = [r for r in read_jsonl(path) if r.get("step", 0) <= step]
+        atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in kept))
+
+
+def _write_final(model, out_dir: Path) -> Path:
+    """out_dir/adapter, swapped in whole: a reader never sees half an adapter."""
+    final = out_dir / "adapter"
+    tmp = out_dir / f".adapter-tmp-{uuid.uuid4().hex[:8]}"
+    old = out_dir / f".adapter-old-{uuid.uuid4().hex[:8]}"
+    try:
+        save_weights(model, tmp)
+        _fsync_tree(tmp)
+        if final.exists():
+            os.replace(final, old)
+        os.replace(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _accelerator():
+    from accelerate import Accelerator
+
+    try:
+        return Accelerator(mixed_precision="no")
+    except ValueError:  # the process-global state exists with other settings: reuse it
+        return Accelerator()
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)  # also seeds every CUDA device
+
+
+def _data_hash(examples: Sequence[Encoded]) -> str:
+    h = hashlib.sha256()
+    for e in examples:
+        h.update(np.asarray(e.input_ids, dtype=np.int64).tobytes())
+        h.update(np.asarray(e.labels, dtype=np.int64).tobytes())
+        h.update(b"|")
+    return h.hexdigest()
+
+
+class _PeakMemory:
+    """CUDA: max allocated. CPU: the largest RSS seen at a step end (psutil), which is
+    what a machine's memory limit is measured against."""
+
+    def __init__(self, device: torch.device):
+        self.device, self.peak = device, 0
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+
+    def __call__(self) -> int:
+        if self.device.type == "cuda":
+            return int(torch.cuda.max_memory_allocated(self.device))
+        import psutil
+
+        self.peak = max(self.peak, psutil.Process().memory_info().rss)
+        return self.peak
+
+
+def _progress_bar(enabled: bool, total: int, start: int):
+    if not enabled:
+        return None
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    bar = Progress(
+        TextColumn("train"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("loss {task.fields[loss]}"),
+        TextColumn("{task.fields[tps]} tok/s"),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+        console=Console(stderr=True),
+    )
+    bar.start()
+    bar.add_task("train", total=total, completed=start, loss="-", tps="-")
+    return bar
+
+
+# --------------------------------------------------------------------------- train
+
+
+def train(
+    model,
+    train_examples: list[Encoded],
+    val_examples: list[Encoded],
+    cfg: TrainSpec,
+    out_dir: Path,
+    *,
+    pad_id: int,
+    resume: bool = False,
+    eval_fn: Callable[[Any], dict] | None = None,
+    deadline: float | None = None,
+    cost_check: Callable[[dict], str | None] | None = None,
+    progress: bool = True,
+    log: Log = print,
+) -> dict:
+    """Train `model` (already adapted by audit.build_adapter) and write the run folder.
+
+    `deadline` is a time.time() limit and `cost_check(status) -> reason | None` is asked
+    after every step (status: step, total_steps, wall_s, total_wall_s, tokens); either one
+    stopping the run saves a checkpoint and raises registry.StoppedByLimit, and
+    `resume=True` later continues from it bit for bit. `eval_fn(model) -> dict` runs at
+    every validation point; its result is logged in val.jsonl under "eval".
+
+    Returns {steps, total_steps, warmup_steps, final_loss, final_val_loss,
+    initial_val_loss (step 0), final_eval, tokens, target_tokens, wall_s (this call),
+    train_wall_s (all calls), checkpoint, adapter, resumed_from, padding_efficiency,
+    train_tokens_per_s, world_size}. Only rank 0 writes files.
+    """
+    t_call = time.time()
+    out_dir = Path(out_dir)
+    if not train_examples:
+        raise UsageError("no training examples")
+    ckpt_root = out_dir / "checkpoints"
+    steps_path, val_path = out_dir / "steps.jsonl", out_dir / "val.jsonl"
+
+    # -- setup: devices, seeds, optimizer, schedule -----------------------------------
+    acc = _accelerator()
+    main, world, rank = acc.is_main_process, acc.num_processes, acc.process_index
+    device = acc.device
+    seed_everything(cfg.seed)
+    model.to(device)
+    if cfg.grad_checkpointing:
+        # Non-reentrant checkpointing needs no input that requires grad (LoRA's inputs don't).
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    optimizer = make_optimizer(model, cfg)
+    per_step = cfg.micro_batch * cfg.grad_accum * world
+    total_steps = cfg.max_steps or max(1, math.ceil(cfg.epochs * len(train_examples) / per_step))
+    warmup = round(cfg.warmup_ratio * total_steps)
+    scheduler = make_scheduler(optimizer, cfg.schedule, warmup, total_steps)
+    # fp16 has too few exponent bits for small gradients: scale the loss up, unscale later.
+    scaler = torch.amp.GradScaler(device.type) if cfg.precision == "fp16" else None
+    if world > 1:
+        step_model, loss_fn = acc.prepare(_LossModule(model)), _call_module
+    else:
+        step_model, loss_fn = model, causal_lm_loss_sum
+    lengths = [e.n_tokens for e in train_examples]
+    n_targets = [example_target_tokens(e) for e in train_examples]
+    stream = MicroBatchStream(lengths, cfg.micro_batch, cfg.seed)
+    data_hash = _data_hash(train_examples)
+    totals = {"tokens": 0, "padded_tokens": 0, "target_tokens": 0, "wall_s": 0.0}
+    step, resumed_from = 0, None
+
+    # -- resume: weights, optimizer, scheduler, RNG, data position, logs ----------------
+    if resume:
+        folder = find_checkpoint(ckpt_root, log)
+        if folder is None:
+            log(f"no usable checkpoint in {ckpt_root}; starting from step 0")
+        else:
+            saved = load_checkpoint(folder, model, optimizer, scheduler, scaler)
+            if saved.get("data_hash") != data_hash:
+                raise UsageError(
+                    f"the training data differs from the data checkpoint "
+                    f"{folder} was trained on; start a new run"
+                )
+            if saved.get("total_steps") != total_steps:
+                log(f"total steps changed from {saved.get('total_steps')} to {total_steps}")
+            step, resumed_from = saved["step"], saved["step"]
+            stream.seek(saved["epoch"], saved["batch_index"])
+            totals.update(saved["totals"])
+            log(f"resumed from {folder} (step {step} of {total_steps})")
+        if main:
+            _keep_records_up_to(steps_path, step)
+            _keep_records_up_to(val_path, step if step > 0 else -1)
+    elif ckpt_root.exists() or steps_path.exists():
+        raise UsageError(f"{out_dir} already holds a training run; resume it or use a new folder")
+    acc.wait_for_everyone()
+
+    def evaluate(at_step: int) -> dict:
+        """Validation loss (+ eval_fn) at `at_step`. The RNG is forked so that evaluation
+        never shifts the dropout draws of training (resumed runs must match exactly)."""
+        fork = [device.index or 0] if device.type == "cuda" else []
+        with torch.random.fork_rng(devices=fork):
+            record = {
+                "step": at_step,
+                "val_loss": validation_loss(
+                    model, val_examples, cfg.micro_batch, pad_id, cfg.precision, acc
+                ),
+            }
+            if eval_fn is not None:
+                model.eval()
+                record["eval"] = eval_fn(model)
+                model.train()
+        record["time"] = time.time()
+        if main:
+            append_jsonl(val_path, record)
+        return record
+
+    def checkpoint(at_step: int) -> Path:
+        state = {
+            "step": at_step,
+            "total_steps": total_steps,
+            "epoch": stream.epoch,
+            "batch_index": stream.index,
+            "totals": totals,
+            "data_hash": data_hash,
+            "param_names": _param_names(model, optimizer),
+            "train_spec": cfg.model_dump(mode="json"),
+        }
+        path = ckpt_root / f"step-{at_step}"
+        if main:
+            path = save_checkpoint(ckpt_root, at_step, model, optimizer, scheduler, scaler, state)
+        acc.wait_for_everyone()
+        return path
+
+    val_records = read_jsonl(val_path) if resumed_from is not None else []
+    if resumed_from is None:
+        val_records.append(evaluate(0))  # the baseline "val loss went down" is judged against
+    initial_val = next((r["val_loss"] for r in val_records if r["step"] == 0), None)
+    last_saved = resumed_from
+    last_ckpt = ckpt_root / f"step-{resumed_from}" if resumed_from else None
+    last_record = (read_jsonl(steps_path) or [None])[-1] if resumed_from else None
+    peak_memory = _PeakMemory(device)
+    bar = _progress_bar(progress and main, total_steps, step)
+    call_tokens, call_train_s = 0, 0.0
+
+    # -- the loop -----------------------------------------------------------------------
+    model.train()
+    try:
+        while step < total_steps:
+            t0 = time.perf_counter()
+            # Every rank draws the same global list of micro-batches and takes its own
+            # slice, so ranks see distinct shards and agree on the step's target tokens.
+            global_mbs = [stream.next() for _ in range(cfg.grad_accum * world)]
+            step_targets = sum(n_targets[i] for mb in global_mbs for i in mb)
+            mine = [
+                collate([train_examples[i] for i in mb], pad_id) for mb in global_mbs[rank::world]
+            ]
+            out = train_step(
+                step_model,
+                optimizer,
+                scheduler,
+                mine,
+                step_targets,
+                cfg.precision,
+                cfg.max_grad_norm,
+                acc,
+                loss_fn=loss_fn,
+                scaler=scaler,
+            )
+            step += 1
+            dt = time.perf_counter() - t0
+            call_tokens += out["tokens"]
+            call_train_s += dt
+            totals["tokens"] += out["tokens"]
+            totals["padded_tokens"] += out["padded_tokens"]
+            totals["target_tokens"] += out["target_tokens"]
+            totals["wall_s"] += dt
+            last_record = {
+                "step": step,
+                "epoch": round(stream.epoch_float, 6),
+                "loss": out["loss"],
+                "lr": out["lr"],
+                "grad_norm": out["grad_norm"],
+                "tokens": out["tokens"],
+                "target_tokens": out["target_tokens"],
+                "step_time_s": dt,
+                "peak_memory_bytes": peak_memory(),
+                "padding_efficiency": out["tokens"] / max(out["padded_tokens"], 1),
+                "time": time.time(),
+            }
+            if main:
+                append_jsonl(steps_path, last_record)
+            if bar is not None:
+                bar.update(
+                    bar.task_ids[0],
+                    completed=step,
+                    loss=f"{out['loss']:.4f}",
+                    tps=f"{call_tokens / max(call_train_s, 1e-9):,.0f}",
+                )
+            if cfg.eval_every and step % cfg.eval_every == 0 and step < total_steps:
+                val_records.append(evaluate(step))
+            if cfg.save_every and step % cfg.save_every == 0 and step < total_steps:
+                last_ckpt, last_saved = checkpoint(step), step
+
+            # Limits: stop between steps, with a checkpoint to resume from.
+            reason = None
+            if deadline is not None and time.time() >= deadline:
+                reason = "the time limit was reached"
+            elif cost_check is not None:
+                reason = cost_check(
+                    {
+                        "step": step,
+                        "total_steps": total_steps,
+                        "wall_s": time.time() - t_call,
+                        "total_wall_s": totals["wall_s"],
+                        "tokens": totals["tokens"],
+                    }
+                )
+            if world > 1:  # all ranks must stop at the same step
+                flag = acc.reduce(torch.tensor([1.0 if reason else 0.0], device=device), "sum")
+                reason = reason or ("another rank hit a limit" if flag.item() > 0 else None)
+            if reason:
+                if last_saved != step:
+                    last_ckpt, last_saved = checkpoint(step), step
+                err = StoppedByLimit(
+                    f"{reason} after step {step} of {total_steps}; checkpoint "
+                    f"{last_ckpt} (continue with resume)"
+                )
+                err.checkpoint = last_ckpt
+                err.step = step
+                raise err
+    finally:
+        if bar is not None:
+            bar.stop()
+
+    # -- the end: validation, checkpoint, final adapter ---------------------------------
+    if not any(r["step"] == step for r in val_records):
+        val_records.append(evaluate(step))
+    if last_saved != step:
+        last_ckpt = checkpoint(step)
+    adapter_dir = _write_final(model, out_dir) if main else out_dir / "adapter"
+    acc.wait_for_everyone()
+    final_val = next(r for r in reversed(val_records) if r["step"] == step)
+    return {
+        "steps": step,
+        "total_steps": total_steps,
+        "warmup_steps": warmup,
+        "final_loss": last_record["loss"] if last_record else None,
+        "final_val_loss": final_val["val_loss"],
+        "initial_val_loss": initial_val,
+        "final_eval": final_val.get("eval"),
+        "tokens": totals["tokens"],
+        "target_tokens": totals["target_tokens"],
+        "wall_s": time.time() - t_call,
+        "train_wall_s": totals["wall_s"],
+        "checkpoint": str(last_ckpt) if last_ckpt else None,
+        "adapter": str(adapter_dir),
+        "resumed_from": resumed_from,
+        "padding_efficiency": totals["tokens"] / max(totals["padded_tokens"], 1),
+        "train_tokens_per_s": call_tokens / call_train_s if call_train_s else None,
+        "world_size": world,
+    }
