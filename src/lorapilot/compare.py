@@ -1,0 +1,232 @@
+"""Comparing runs and deciding GO / NO-GO / INCONCLUSIVE (pure: takes metrics and rows).
+
+The decision rule is pre-registered in the spec (success criterion, guards, min_support)
+and applied here mechanically, with the numbers behind it written into the reasons, so a
+reader can redo the decision by hand. A gain that the paired bootstrap cannot tell from
+noise is never a GO.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict
+from typing import Literal
+
+from lorapilot.evaluate.guards import RuleResult, check_guards, check_success
+from lorapilot.evaluate.metrics import paired_bootstrap, paired_bootstrap_macro_f1
+from lorapilot.spec import GuardSpec, SuccessSpec, variant_label
+
+Decision = Literal["GO", "NO-GO", "INCONCLUSIVE"]
+N_BOOT = 1000
+
+# `base` / `one_change` / `combined`: the one-change rule lives with the spec's parameter
+# groups; this name is what comparison code reads.
+one_change_check = variant_label
+
+
+def comparable(
+    a_protocol: str | None, a_data: str | None, b_protocol: str | None, b_data: str | None
+) -> tuple[bool, str | None]:
+    """Two results can be set side by side only with the same evaluation protocol (prompts,
+    decoding, metrics) on the same data version -> (True, None) or (False, why not)."""
+    problems = []
+    for what, a, b in (
+        ("evaluation protocol", a_protocol, b_protocol),
+        ("data version", a_data, b_data),
+    ):
+        if not a or not b:
+            problems.append(
+                f"{what} not recorded for {'both runs' if not a and not b else 'one run'}"
+            )
+        elif a != b:
+            problems.append(f"{what}s differ ({a} vs {b})")
+    return (not problems, "; ".join(problems) or None)
+
+
+def _by_id(rows: Sequence[dict], which: str) -> dict:
+    out: dict = {}
+    for n, row in enumerate(rows):
+        if "id" not in row:
+            raise ValueError(f"{which} row {n} has no 'id': rows are paired by example id")
+        if row["id"] in out:
+            raise ValueError(f"{which} rows repeat the id {row['id']!r}")
+        out[row["id"]] = row
+    return out
+
+
+def _pairs(base_rows: Sequence[dict], cand_rows: Sequence[dict]) -> list[tuple[dict, dict]]:
+    """(base row, candidate row) for every id in both, in the baseline's order."""
+    cand = _by_id(cand_rows, "candidate")
+    return [(row, cand[key]) for key, row in _by_id(base_rows, "baseline").items() if key in cand]
+
+
+def flips(base_rows: list[dict], cand_rows: list[dict]) -> dict:
+    """Examples whose correctness changed, by id: what the adapter fixed and what it broke.
+
+    -> {fixed: [ids wrong in base, right in candidate], broken: [the reverse], n_common,
+    only_base, only_candidate (counts of unpaired rows)}; ids in the baseline's order.
+    """
+    pairs = _pairs(base_rows, cand_rows)
+    fixed = [b["id"] for b, c in pairs if not b.get("correct") and c.get("correct")]
+    broken = [b["id"] for b, c in pairs if b.get("correct") and not c.get("correct")]
+    return {
+        "fixed": fixed,
+        "broken": broken,
+        "n_common": len(pairs),
+        "only_base": len(base_rows) - len(pairs),
+        "only_candidate": len(cand_rows) - len(pairs),
+    }
+
+
+# --------------------------------------------------------------------------- bootstrap
+
+
+def bootstrap_for(
+    task_kind: str,
+    metric: str,
+    base_rows: list[dict],
+    cand_rows: list[dict],
+    labels: list[str] | None,
+    *,
+    n_boot: int = N_BOOT,
+    seed: int = 0,
+) -> dict | None:
+    """Paired bootstrap CI of the candidate's gain on `metric`, rows paired by example id.
+
+    Classification: macro_f1 is bootstrapped as itself (from gold and parsed labels),
+    accuracy as the mean of `correct`. Any other metric has no per-example paired form
+    here, so the per-example `correct` flag is bootstrapped in its place (exact match of
+    the whole answer: `exact_match` for extraction, `correct` for format tasks, `accuracy`
+    for classification) and the result says so: "stat" names what was bootstrapped and
+    "proxy" is True. None when no example is in both.
+    """
+    pairs = _pairs(base_rows, cand_rows)
+    if not pairs:
+        return None
+    for b, c in pairs:
+        if b.get("gold") != c.get("gold"):
+            raise ValueError(f"example {b['id']!r} has different gold answers in the two runs")
+    if task_kind == "classification" and metric == "macro_f1":
+        if not labels:
+            raise ValueError("macro_f1 needs the task's labels")
+        result = paired_bootstrap_macro_f1(
+            [b["gold"] for b, _ in pairs],
+            [b.get("parsed") for b, _ in pairs],
+            [c.get("parsed") for _, c in pairs],
+            labels,
+            n_boot=n_boot,
+            seed=seed,
+        )
+        stat = "macro_f1"
+    else:
+        result = paired_bootstrap(
+            [float(bool(b.get("correct"))) for b, _ in pairs],
+            [float(bool(c.get("correct"))) for _, c in pairs],
+            n_boot=n_boot,
+            seed=seed,
+        )
+        stat = {"classification": "accuracy", "extraction": "exact_match"}.get(task_kind, "correct")
+    proxy = stat != metric
+    note = (
+        f"CI of the {stat} gain, a proxy for {metric}: {metric} is not bootstrapped per example"
+        if proxy
+        else None
+    )
+    return {**result, "metric": metric, "stat": stat, "proxy": proxy, "n": len(pairs), "note": note}
+
+
+# --------------------------------------------------------------------------- decision
+
+
+def _ci_text(bootstrap: dict) -> str:
+    level = f"{100 * bootstrap.get('ci', 0.95):g}%"
+    what = "the gain"
+    if bootstrap.get("proxy"):
+        what = f"the {bootstrap['stat']} gain (a proxy for {bootstrap['metric']})"
+    return f"{level} CI of {what} [{bootstrap['ci_low']:+.3f}, {bootstrap['ci_high']:+.3f}]"
+
+
+def _success_line(success: RuleResult, bootstrap: dict | None) -> str:
+    if success.baseline is None or success.candidate is None:
+        return success.detail
+    gain = success.candidate - success.baseline
+    verb = "gained" if gain >= 0 else "changed"
+    line = (
+        f"{success.metric} {verb} {gain:+.3f} ({success.baseline:.3f} -> {success.candidate:.3f}),"
+        f" needs {success.threshold:+.3f}"
+    )
+    return line + (f"; {_ci_text(bootstrap)}" if bootstrap else "; no bootstrap CI")
+
+
+def decide(
+    spec_success: SuccessSpec,
+    guards: list[GuardSpec],
+    min_support: int,
+    baseline_metrics: dict,
+    candidate_metrics: dict,
+    *,
+    bootstrap: dict | None,
+) -> dict:
+    """The pre-registered decision, with the reasons and the numbers behind it.
+
+    - NO-GO: a guard fails; or the success criterion fails and even the top of the
+      bootstrap CI of the gain is below min_gain (clearly not met, not noise).
+    - GO: the success criterion passes, the CI's lower bound is above 0 (the gain is not
+      noise), and every guard passes (none fails, none has insufficient data).
+    - INCONCLUSIVE: everything else: a gain within noise (CI includes 0), a miss the CI
+      cannot confirm (its top reaches min_gain), a guarded category with fewer than
+      min_support examples, a success metric that cannot be read, or no bootstrap.
+
+    `bootstrap` is a paired bootstrap summary (`bootstrap_for`) with ci_low/ci_high.
+    -> {decision, reasons, success, guards, bootstrap}, rule results as dicts.
+    """
+    success = check_success(spec_success, baseline_metrics, candidate_metrics)
+    results = check_guards(guards, baseline_metrics, candidate_metrics, min_support)
+    failed = [g for g in results if g.status == "fail"]
+    thin = [g for g in results if g.status == "insufficient_data"]
+    min_gain = float(spec_success.min_gain)
+    readable = success.baseline is not None and success.candidate is not None
+    low = bootstrap.get("ci_low") if bootstrap else None
+    high = bootstrap.get("ci_high") if bootstrap else None
+
+    reasons = [_success_line(success, bootstrap)]
+    decision: Decision
+    if failed:
+        decision = "NO-GO"
+        reasons += [f"guard failed: {g.detail}" for g in failed]
+    elif readable and success.status == "fail" and high is not None and high < min_gain:
+        decision = "NO-GO"
+        reasons.append(
+            f"success not met: even the top of the CI ({high:+.3f}) is below the required "
+            f"gain {min_gain:+.3f}"
+        )
+    elif success.status == "pass" and low is not None and low > 0 and not thin:
+        decision = "GO"
+        checks = f"all {len(results)} guard checks pass" if results else "no guards set"
+        reasons.append(f"success met and above noise (CI low {low:+.3f} > 0); {checks}")
+    else:
+        decision = "INCONCLUSIVE"
+        if not readable:
+            reasons.append("the success metric cannot be read from both runs")
+        elif low is None or high is None:
+            reasons.append("no bootstrap CI: the gain cannot be told from noise")
+        elif success.status == "pass" and low <= 0:
+            reasons.append(f"gain within noise: the CI includes 0 (low {low:+.3f})")
+        elif success.status == "fail":
+            reasons.append(
+                f"success not met by the point estimate, but the CI reaches the required gain "
+                f"(high {high:+.3f} >= {min_gain:+.3f}): the miss may be noise"
+            )
+        reasons += [f"insufficient data: {g.detail}" for g in thin]
+    if results and decision == "INCONCLUSIVE":
+        reasons.append(
+            f"guards: {len(results) - len(thin)} pass, {len(thin)} with insufficient data"
+            f" (min_support {min_support})"
+        )
+    return {
+        "decision": decision,
+        "reasons": reasons,
+        "success": asdict(success),
+        "guards": [asdict(g) for g in results],
+        "bootstrap": bootstrap,
+    }

@@ -1,0 +1,156 @@
+"""Budget arithmetic, checked against figures worked out by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from lorapilot.budget import (
+    ProbeFigures,
+    check_limits,
+    compare_estimate,
+    estimate_run,
+    plans,
+    rental_plan,
+)
+from lorapilot.memory import GIB
+from lorapilot.spec import LimitsSpec
+
+FIG = ProbeFigures(
+    later_step_s=2.0, eval_examples_per_s=10.0, checkpoint_save_s=5.0, model_load_s=30.0,
+    peak_memory_bytes=20 * GIB,
+)  # fmt: skip
+
+
+def run(**kw) -> dict:
+    args = dict(
+        n_train=1000, n_val=200, epochs=2, max_steps=None, micro_batch=8, grad_accum=2,
+        eval_every=None, save_every=None, margin=0.2, usd_per_hour=3.0,
+    )  # fmt: skip
+    return estimate_run(FIG, **{**args, **kw})
+
+
+def test_epochs_give_the_steps_and_every_part():
+    est = run()
+    # ceil(2 x 1000 / 16) = 125 steps
+    assert est["steps"] == 125
+    assert est["train_s"] == 250.0
+    # no eval_every: final + verify = 2 evaluations of 200 examples at 10/s
+    assert est["n_evals"] == 2 and est["eval_s"] == 40.0
+    assert est["n_checkpoints"] == 1 and est["checkpoint_s"] == 5.0
+    assert est["setup_s"] == 30.0
+    # margin 20% of 250 + 40 + 5 + 30 = 325
+    assert est["margin_s"] == pytest.approx(65.0)
+    assert est["total_s"] == pytest.approx(390.0)
+    assert est["cost_usd"] == pytest.approx(390 / 3600 * 3.0)
+    assert est["usd_per_hour"] == 3.0
+
+
+def test_max_steps_overrides_epochs_and_sets_eval_and_save_counts():
+    est = run(max_steps=100, eval_every=30, save_every=25)
+    assert est["steps"] == 100
+    assert est["n_evals"] == 3 + 2  # steps 30, 60, 90 + final + verify
+    assert est["eval_s"] == 5 * 200 / 10
+    assert est["n_checkpoints"] == 4 + 1  # steps 25, 50, 75, 100 + the final adapter
+    assert est["checkpoint_s"] == 25.0
+
+
+def test_world_size_divides_steps_and_fractional_epochs_round_up():
+    assert run(world_size=4)["steps"] == 32  # ceil(2000 / 64)
+    assert run(epochs=0.5, n_train=10)["steps"] == 1  # at least one step
+    assert run(epochs=1.5, n_train=100, micro_batch=4, grad_accum=1)["steps"] == 38
+
+
+def test_zero_margin_and_free_machine():
+    est = run(margin=0.0, usd_per_hour=0.0)
+    assert est["margin_s"] == 0
+    assert est["total_s"] == 250 + 40 + 5 + 30
+    assert est["cost_usd"] == 0
+
+
+def test_probe_figures_are_checked():
+    with pytest.raises(ValueError, match="later_step_s"):
+        ProbeFigures(0.0, 1.0, 0.0, 0.0, None)
+    with pytest.raises(ValueError, match="eval_examples_per_s"):
+        ProbeFigures(1.0, 0.0, 0.0, 0.0, None)
+    with pytest.raises(ValueError, match="model_load_s"):
+        ProbeFigures(1.0, 1.0, 0.0, -1.0, None)
+    with pytest.raises(ValueError):
+        run(micro_batch=0)
+
+
+# --------------------------------------------------------------------------- limits
+
+
+def test_limits_within():
+    est = run()
+    out = check_limits(est, 20 * GIB, LimitsSpec(memory_gb=24, time_hours=1, cost_cap_usd=5))
+    assert out["ok"] is True
+    assert out["memory_gb"] == {"limit": 24, "value": 20.0, "ok": True, "detail": "20 <= 24"}
+    assert out["time_hours"]["value"] == pytest.approx(390 / 3600)
+    assert out["cost_cap_usd"]["ok"] is True
+
+
+def test_limits_exceeded_each_reported():
+    est = run(max_steps=10_000)  # 20,000 s of training
+    out = check_limits(est, 30 * GIB, LimitsSpec(memory_gb=24, time_hours=1, cost_cap_usd=5))
+    assert out["ok"] is False
+    assert [k for k in ("memory_gb", "time_hours", "cost_cap_usd") if not out[k]["ok"]] == [
+        "memory_gb", "time_hours", "cost_cap_usd",
+    ]  # fmt: skip
+    assert ">" in out["memory_gb"]["detail"]
+
+
+def test_only_limits_that_are_set_and_unmeasured_memory_fails():
+    est = run()
+    assert check_limits(est, None, LimitsSpec()) == {"ok": True}
+    out = check_limits(est, None, LimitsSpec(memory_gb=24))
+    assert set(out) == {"memory_gb", "ok"}
+    assert out["memory_gb"]["ok"] is False and out["memory_gb"]["value"] is None
+    assert out["ok"] is False
+
+
+# --------------------------------------------------------------------------- rental plans
+
+
+def test_rental_plan_phases_by_hand():
+    est = run(max_steps=1800)  # 3600 s train; total = 1.2 x (3600 + 40 + 5 + 30) = 4410 s
+    plan = rental_plan(est, 3, setup_hours=1.0)
+    ph = plan["phases"]
+    assert plan["rental_hours"] == 72
+    assert ph["initial_check"] == pytest.approx(1 + (30 + 20) / 3600)  # load + one eval
+    assert ph["evaluation"] == pytest.approx(2 * 40 / 3600)
+    assert ph["resumption_margin"] == pytest.approx(0.15 * 72)
+    assert ph["export"] == 0.5
+    assert sum(ph.values()) == pytest.approx(72)
+    assert plan["run_hours"] == pytest.approx(4410 / 3600)
+    assert plan["variants_fit"] == int(ph["experiments"] // (4410 / 3600))
+    assert plan["variants_fit"] == 48
+    assert plan["cost_usd"] == pytest.approx(72 * 3.0)
+
+
+def test_plans_for_3_7_30_days_grow_with_days():
+    out = plans(run(max_steps=1800))
+    assert list(out) == ["3", "7", "30"]
+    fits = [out[d]["variants_fit"] for d in ("3", "7", "30")]
+    assert fits == sorted(fits) and fits[0] < fits[2]
+    assert [out[d]["days"] for d in out] == [3, 7, 30]
+
+
+def test_a_run_longer_than_the_rental_fits_zero_times():
+    est = run(max_steps=200_000)  # ~111 h
+    plan = rental_plan(est, 3)
+    assert plan["variants_fit"] == 0
+    assert plan["phases"]["experiments"] > 0
+
+
+# --------------------------------------------------------------------------- estimate vs actual
+
+
+def test_compare_estimate_errors():
+    est = {"train_s": 100.0, "eval_s": 40.0, "steps": 50, "note": "x", "only_here": 1.0}
+    actual = {"train_s": 125.0, "eval_s": 0.0, "steps": 50, "note": "y", "peak": 3.0}
+    out = compare_estimate(est, actual)
+    assert set(out) == {"train_s", "eval_s", "steps"}
+    assert out["train_s"] == {"estimate": 100.0, "actual": 125.0, "error": 25.0, "rel_error": 0.2}
+    assert out["eval_s"]["error"] == -40.0 and out["eval_s"]["rel_error"] is None
+    assert out["steps"]["error"] == 0 and out["steps"]["rel_error"] == 0

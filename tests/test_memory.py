@@ -1,0 +1,231 @@
+"""The analytic memory model: shapes from configs, components, and how they scale."""
+
+from __future__ import annotations
+
+import pytest
+
+from lorapilot.memory import (
+    COMPONENTS,
+    GIB,
+    ModelShape,
+    estimate_step_memory,
+    layer_activation_bytes,
+    llama_param_count,
+    to_gib,
+)
+
+LLAMA2_7B = {
+    "num_hidden_layers": 32,
+    "hidden_size": 4096,
+    "intermediate_size": 11008,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 32,
+    "vocab_size": 32000,
+    "tie_word_embeddings": False,
+}
+SMOLLM2_135M = {
+    "num_hidden_layers": 30,
+    "hidden_size": 576,
+    "intermediate_size": 1536,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "vocab_size": 49152,
+    "tie_word_embeddings": True,
+}
+TINY = ModelShape(
+    n_params=1_000_000, n_layers=2, hidden=256, intermediate=688, n_heads=8, n_kv_heads=4,
+    vocab=1000, tied_embeddings=True,
+)  # fmt: skip
+
+
+def step(shape: ModelShape = TINY, **kw) -> dict:
+    args = dict(
+        trainable_params=10_000,
+        weight_dtype_bytes=4,
+        micro_batch=4,
+        seq_len=256,
+        precision="bf16",
+        grad_checkpointing=False,
+    )
+    return estimate_step_memory(shape, **{**args, **kw})
+
+
+# --------------------------------------------------------------------------- shapes
+
+
+def test_param_counts_of_known_models():
+    llama = ModelShape.from_config(LLAMA2_7B)
+    assert llama.n_params == 6_738_415_616  # Llama-2-7b's published count
+    assert llama.head_dim == 128 and llama.kv_dim == 4096
+    smol = ModelShape.from_config(SMOLLM2_135M)
+    assert 134e6 < smol.n_params < 135e6  # SmolLM2-135M (tied head counted once)
+    assert smol.head_dim == 64 and smol.kv_dim == 192
+
+
+def test_from_config_takes_a_given_count_defaults_and_text_config():
+    shape = ModelShape.from_config(LLAMA2_7B, n_params=7)
+    assert shape.n_params == 7
+    no_kv = {k: v for k, v in LLAMA2_7B.items() if k != "num_key_value_heads"}
+    assert ModelShape.from_config(no_kv).n_kv_heads == 32
+    nested = ModelShape.from_config({"model_type": "llava", "text_config": SMOLLM2_135M})
+    assert nested == ModelShape.from_config(SMOLLM2_135M)
+    untied = llama_param_count(**{**_kwargs(SMOLLM2_135M), "tied_embeddings": False})
+    assert untied - ModelShape.from_config(SMOLLM2_135M).n_params == 49152 * 576
+
+
+def _kwargs(cfg: dict) -> dict:
+    s = ModelShape.from_config(cfg)
+    return dict(
+        n_layers=s.n_layers, hidden=s.hidden, intermediate=s.intermediate, n_heads=s.n_heads,
+        n_kv_heads=s.n_kv_heads, vocab=s.vocab, tied_embeddings=s.tied_embeddings,
+    )  # fmt: skip
+
+
+def test_from_config_names_a_missing_key_and_checks_values():
+    with pytest.raises(ValueError, match="hidden_size"):
+        ModelShape.from_config({k: v for k, v in LLAMA2_7B.items() if k != "hidden_size"})
+    with pytest.raises(ValueError, match="n_layers"):
+        ModelShape.from_config({**LLAMA2_7B, "num_hidden_layers": 0})
+    with pytest.raises(ValueError, match="multiple"):
+        ModelShape.from_config({**LLAMA2_7B, "num_key_value_heads": 5})
+
+
+# --------------------------------------------------------------------------- components
+
+
+def test_components_sum_to_total():
+    for kw in ({}, {"grad_checkpointing": True}, {"adapter": "full", "trainable_params": 10**6}):
+        est = step(**kw)
+        assert set(est) == {*COMPONENTS, "total"}
+        assert sum(est[k] for k in COMPONENTS) == est["total"]
+        assert all(isinstance(v, int) and v >= 0 for v in est.values())
+
+
+def test_7b_weights_in_bf16_are_13_to_14_gb():
+    shape = ModelShape.from_config(LLAMA2_7B)
+    est = step(shape, weight_dtype_bytes=2, trainable_params=40_000_000)
+    assert 13e9 < est["weights"] < 14e9
+    # LoRA: adapter in fp32 + fp32 gradient + AdamW's two fp32 states = 16 bytes per param
+    assert est["trainable_master"] == est["gradients"] == 4 * 40_000_000
+    assert est["optimizer_states"] == 8 * 40_000_000
+
+
+def test_full_fine_tuning_keeps_states_in_the_weight_dtype():
+    n = TINY.n_params
+    fp32 = step(adapter="full", trainable_params=n)
+    assert fp32["trainable_master"] == 0
+    assert fp32["gradients"] == 4 * n and fp32["optimizer_states"] == 8 * n
+    bf16 = step(adapter="full", trainable_params=n, weight_dtype_bytes=2)
+    assert bf16["gradients"] == 2 * n and bf16["optimizer_states"] == 4 * n
+    assert step(optimizer="sgd")["optimizer_states"] == 0
+
+
+def test_workspace_is_the_stated_fraction():
+    est = step(workspace_fraction=0.25)
+    rest = sum(est[k] for k in COMPONENTS if k != "workspace")
+    assert est["workspace"] == int(0.25 * rest)
+    assert step(workspace_fraction=0.0)["workspace"] == 0
+
+
+# --------------------------------------------------------------------------- scaling
+
+
+def test_activations_are_linear_in_batch_and_length_with_sdpa():
+    a = step(micro_batch=2, seq_len=256)["activations"]
+    assert step(micro_batch=4, seq_len=256)["activations"] == pytest.approx(2 * a, rel=1e-6)
+    assert step(micro_batch=2, seq_len=512)["activations"] == pytest.approx(2 * a, rel=1e-6)
+
+
+def test_eager_attention_grows_quadratically_in_length():
+    def attn(s):
+        return layer_activation_bytes(
+            TINY,
+            micro_batch=1,
+            seq_len=s,
+            precision="bf16",
+            weight_dtype_bytes=4,
+            attention="eager",
+        )["attention"]
+
+    per_token = 3 * 2 * TINY.q_dim  # q and k, v repeated to every head, in bf16
+    probs = (4 + 2) * TINY.n_heads  # fp32 softmax + its bf16 cast, per token per key
+    for s in (128, 1024):
+        assert attn(s) == s * per_token + s * s * probs
+    sdpa = step(seq_len=2048)["activations"]
+    assert step(seq_len=2048, attention="eager")["activations"] > 2 * sdpa
+
+
+def test_checkpointing_reduces_activations():
+    shape = ModelShape.from_config(SMOLLM2_135M)
+    full = step(shape, micro_batch=8, seq_len=1024)
+    ckpt = step(shape, micro_batch=8, seq_len=1024, grad_checkpointing=True)
+    assert ckpt["activations"] < full["activations"] / 5
+    assert ckpt["total"] < full["total"]
+    # what is kept: each layer's fp32 input + one layer recomputed + the final norm
+    layer = layer_activation_bytes(
+        shape, micro_batch=8, seq_len=1024, precision="bf16", weight_dtype_bytes=4
+    )["total"]
+    tokens = 8 * 1024
+    assert ckpt["activations"] == 30 * 4 * 576 * tokens + layer + 4 * 576 * tokens
+
+
+def test_lm_head_at_loss_positions_reduces_logits():
+    full = step(seq_len=512)
+    at_answer = step(seq_len=512, loss_positions_per_example=8)
+    assert full["logits"] == 4 * 512 * 1000 * 12
+    assert at_answer["logits"] == 4 * 8 * 1000 * 12
+    assert at_answer["total"] < full["total"]
+    # more positions than tokens is capped at the sequence
+    assert step(seq_len=16, loss_positions_per_example=64)["logits"] == step(seq_len=16)["logits"]
+
+
+def test_layer_formula_for_lora_all_linear_in_bf16():
+    """The per-token count written out by hand (it matched autograd's saved tensors to
+    <0.1% for this shape; see layer_activation_bytes)."""
+    h, i, a, kv, r = 256, 688, 8, 128, 16
+    expected = (
+        2 * 4 * h  # two RMSNorm fp32 inputs
+        + 2 * (h + 2 * kv)
+        + 2 * h
+        + 4 * a  # q, k, v, output, log-sum-exp
+        + 3 * 2 * i  # SiLU in/out, up
+        + 2 * (6 * h + i)
+        + 7 * 2 * r  # each adapter's own input copy + its rank-r output
+    )
+    got = layer_activation_bytes(
+        TINY, micro_batch=3, seq_len=100, precision="bf16", weight_dtype_bytes=4, lora_rank=r
+    )
+    assert got["total"] == expected * 300
+    dropout = layer_activation_bytes(
+        TINY, micro_batch=3, seq_len=100, precision="bf16", weight_dtype_bytes=4, lora_rank=r,
+        lora_dropout=0.1,
+    )  # fmt: skip
+    assert dropout["total"] - got["total"] == 1 * (6 * h + i) * 300  # a 1-byte mask each
+    fewer = layer_activation_bytes(
+        TINY, micro_batch=3, seq_len=100, precision="bf16", weight_dtype_bytes=4, lora_rank=r,
+        adapted_modules=["model.layers.0.self_attn.q_proj", "v_proj", "lm_head"],
+    )  # fmt: skip
+    assert got["adapter"] - fewer["adapter"] == 300 * 2 * (4 * h + i + 5 * r)
+
+
+def test_fp32_shares_inputs_and_16_bit_compute_halves_them():
+    fp32 = step(precision="fp32")["activations"]
+    bf16 = step(precision="bf16")["activations"]
+    assert bf16 < fp32
+
+
+def test_bad_arguments_are_refused():
+    with pytest.raises(ValueError, match="precision"):
+        step(precision="fp8")
+    with pytest.raises(ValueError, match="attention"):
+        step(attention="ring")
+    with pytest.raises(ValueError, match="optimizer"):
+        step(optimizer="lion")
+    with pytest.raises(ValueError, match="loss_positions"):
+        step(loss_positions_per_example=0)
+    with pytest.raises(ValueError, match="adapter"):
+        step(adapter="ia3")
+
+
+def test_to_gib():
+    assert to_gib(3 * GIB) == 3.0
