@@ -1,0 +1,251 @@
+"""The shipped example pilots: valid specs, reproducible data, and data that poses a real task."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+import subprocess
+import sys
+from collections import Counter, defaultdict
+from itertools import combinations
+from pathlib import Path
+
+import pytest
+
+from lorapilot.spec import load_spec_file
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+TICKETS_DIR = EXAMPLES / "ticket-triage"
+INVOICES_DIR = EXAMPLES / "invoice-fields"
+TICKETS = TICKETS_DIR / "data" / "tickets.jsonl"
+INVOICES = INVOICES_DIR / "data" / "invoices.jsonl"
+INVOICE_KEYS = ["vendor", "invoice_number", "date", "total", "currency", "due_date", "po_number"]
+ISO_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+WORD_RE = re.compile(r"[a-z0-9']+")
+NEAR_DUP_JACCARD = 0.8  # the default data.near_dup_threshold of a pilot spec
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    with path.open(encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
+
+
+def _words(text: str) -> set[str]:
+    return set(WORD_RE.findall(text.lower()))
+
+
+def _max_jaccard(texts: list[str]) -> tuple[float, str, str]:
+    sets = [frozenset(_words(t)) for t in texts]
+    best = (0.0, "", "")
+    for i, j in combinations(range(len(sets)), 2):
+        a, b = sets[i], sets[j]
+        inter = len(a & b)
+        if inter / (len(a) + len(b) - inter) > best[0]:
+            best = (inter / (len(a) + len(b) - inter), texts[i], texts[j])
+    return best
+
+
+@pytest.fixture(scope="module")
+def tickets() -> list[dict]:
+    return _read_jsonl(TICKETS)
+
+
+@pytest.fixture(scope="module")
+def invoices() -> list[dict]:
+    return _read_jsonl(INVOICES)
+
+
+# --------------------------------------------------------------------------- both examples
+
+
+@pytest.mark.parametrize("folder", [TICKETS_DIR, INVOICES_DIR], ids=lambda p: p.name)
+def test_spec_is_valid_and_points_at_the_data(folder: Path) -> None:
+    spec, raw = load_spec_file(folder / "pilot.yaml")
+    assert spec.name == folder.name
+    assert spec.data.file and (folder / spec.data.file).is_file()
+    assert spec.model.base == "smollm2-135m-instruct"
+    assert spec.success is not None and spec.success.min_gain > 0
+    assert spec.guards
+
+
+@pytest.mark.parametrize(
+    "folder, data",
+    [(TICKETS_DIR, TICKETS), (INVOICES_DIR, INVOICES)],
+    ids=["ticket-triage", "invoice-fields"],
+)
+def test_generator_is_deterministic(folder: Path, data: Path, tmp_path: Path) -> None:
+    subprocess.run(
+        [sys.executable, str(folder / "generate.py"), "--out", str(tmp_path)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    assert (tmp_path / data.name).read_bytes() == data.read_bytes(), (
+        f"{data} is stale: rerun python {folder / 'generate.py'}"
+    )
+
+
+@pytest.mark.parametrize("path", [TICKETS, INVOICES], ids=["tickets", "invoices"])
+def test_ids_unique_and_no_duplicate_texts(path: Path) -> None:
+    rows = _read_jsonl(path)
+    ids = [r["id"] for r in rows]
+    assert len(set(ids)) == len(ids)
+    texts = [r["text"] for r in rows]
+    assert len(set(texts)) == len(texts)
+    normalized = [" ".join(WORD_RE.findall(t.lower())) for t in texts]
+    assert len(set(normalized)) == len(normalized), "texts differ only in case or punctuation"
+
+
+@pytest.mark.parametrize("path", [TICKETS, INVOICES], ids=["tickets", "invoices"])
+def test_no_near_duplicates(path: Path) -> None:
+    score, a, b = _max_jaccard([r["text"] for r in _read_jsonl(path)])
+    assert score < NEAR_DUP_JACCARD, f"near duplicates ({score:.2f}):\n{a}\n---\n{b}"
+
+
+# --------------------------------------------------------------------------- ticket-triage
+
+
+def test_ticket_counts(tickets: list[dict]) -> None:
+    spec, _ = load_spec_file(TICKETS_DIR / "pilot.yaml")
+    counts = Counter(r["label"] for r in tickets)
+    assert len(tickets) >= 600
+    assert set(counts) == set(spec.task.labels)
+    assert len(counts) >= 5 and min(counts.values()) >= 80, counts
+    assert all(set(r) == {"id", "text", "label"} for r in tickets)
+    assert all(re.fullmatch(r"t\d{4}", r["id"]) for r in tickets)
+
+
+def test_ticket_lengths_span_short_to_paragraph(tickets: list[dict]) -> None:
+    n_words = [len(r["text"].split()) for r in tickets]
+    assert min(n_words) < 12
+    assert max(n_words) > 60
+    assert max(n_words) <= 150
+    assert sorted(n_words)[len(n_words) // 2] <= 80, "most tickets should stay under ~80 words"
+
+
+def test_no_single_keyword_gives_the_label_away(tickets: list[dict]) -> None:
+    """A word that is a strong cue for a category (precision >= 0.8) covers < 70% of it.
+
+    In particular the category's most label-predictive word (among words in >= 20 tickets)
+    leaves most of the category to be recognised by intent, not by one keyword.
+    """
+    n_label = Counter(r["label"] for r in tickets)
+    df: Counter[str] = Counter()
+    df_label: dict[str, Counter[str]] = defaultdict(Counter)
+    for r in tickets:
+        for w in _words(r["text"]):
+            df[w] += 1
+            df_label[w][r["label"]] += 1
+    frequent = [w for w, n in df.items() if n >= 20]
+    for label in n_label:
+        scored = [(df_label[w][label] / df[w], df_label[w][label] / n_label[label], w) for w in frequent]
+        precision, coverage, word = max(scored)
+        assert coverage < 0.7, f"{label}: the most predictive word {word!r} covers {coverage:.0%}"
+        for precision, coverage, word in scored:
+            if precision >= 0.8:
+                assert coverage < 0.7, (
+                    f"{label}: {word!r} has precision {precision:.0%} and covers {coverage:.0%}"
+                )
+
+
+def test_shared_vocabulary_across_categories(tickets: list[dict]) -> None:
+    """Words that sound like one queue appear in several, so intent decides."""
+
+    def labels_with(phrase: str) -> set[str]:
+        return {r["label"] for r in tickets if phrase in r["text"].lower()}
+
+    assert {"billing", "refund"} <= labels_with("charged")
+    assert {"shipping", "refund"} <= labels_with("order")
+    assert {"account", "technical"} <= labels_with("login") | labels_with("log in")
+    assert {"feature_request", "technical", "account"} <= labels_with("can you add")
+    assert {"refund", "billing", "shipping"} <= labels_with("refund")
+
+
+# --------------------------------------------------------------------------- invoice-fields
+
+_MONTHS = ["January", "February", "March", "April", "May", "June", "July", "August",
+           "September", "October", "November", "December"]
+
+
+def _date_renderings(iso: str) -> set[str]:
+    d = dt.date.fromisoformat(iso)
+    mon = _MONTHS[d.month - 1]
+    day_suffix = "th" if 11 <= d.day <= 13 else {1: "st", 2: "nd", 3: "rd"}.get(d.day % 10, "th")
+    return {
+        iso, f"{mon} {d.day}, {d.year}", f"{mon[:3]} {d.day}, {d.year}", f"{d.day} {mon} {d.year}",
+        f"{d.day} {mon[:3]} {d.year}", f"{d.day}{day_suffix} {mon} {d.year}",
+        f"{d.day:02d}-{mon[:3]}-{d.year}", f"{d.month:02d}/{d.day:02d}/{d.year}",
+        f"{d.day:02d}/{d.month:02d}/{d.year}", f"{d.day:02d}.{d.month:02d}.{d.year}",
+        f"{d.year}/{d.month:02d}/{d.day:02d}",
+    }
+
+
+def _shows_date(text: str, iso: str) -> bool:
+    low = text.lower()
+    return any(r.lower() in low for r in _date_renderings(iso))
+
+
+def _shows_amount(text: str, amount: float) -> bool:
+    """The total's digits appear in the text, whatever the separators ('1.234,50', "1'234.50")."""
+    digits = f"{amount:.2f}".replace(".", "") if amount != int(amount) else str(int(amount))
+    cents = f"{amount:.2f}".replace(".", "")
+    squeezed = re.sub(r"(?<=\d)[,.' ](?=\d)", "", text)
+    return bool(re.search(rf"(?<!\d)({digits}|{cents})(?!\d)", squeezed))
+
+
+def test_invoice_counts_and_shape(invoices: list[dict]) -> None:
+    spec, _ = load_spec_file(INVOICES_DIR / "pilot.yaml")
+    assert len(invoices) >= 400
+    assert [f.name for f in spec.task.fields] == INVOICE_KEYS
+    for r in invoices:
+        assert set(r) == {"id", "text", "target"}
+        assert re.fullmatch(r"inv\d{4}", r["id"])
+        assert list(r["target"]) == INVOICE_KEYS, r["id"]
+
+
+def test_invoice_targets_are_valid(invoices: list[dict]) -> None:
+    for r in invoices:
+        t, rid = r["target"], r["id"]
+        for key in ["vendor", "invoice_number", "date", "total", "currency"]:
+            assert t[key] is not None, (rid, key)
+        for key in ["date", "due_date"]:
+            if t[key] is not None:
+                assert ISO_DATE.match(t[key]), (rid, key, t[key])
+                dt.date.fromisoformat(t[key])
+        if t["due_date"] is not None:
+            assert t["due_date"] >= t["date"], rid
+        assert isinstance(t["total"], int | float) and not isinstance(t["total"], bool), rid
+        assert t["total"] > 0, rid
+        assert re.fullmatch(r"[A-Z]{3}", t["currency"]), (rid, t["currency"])
+        for key in ["vendor", "invoice_number", "po_number"]:
+            assert t[key] is None or isinstance(t[key], str) and t[key].strip(), (rid, key)
+
+
+def test_invoice_task_is_solvable_from_the_text(invoices: list[dict]) -> None:
+    for r in invoices:
+        text, t, rid = r["text"], r["target"], r["id"]
+        assert t["vendor"].lower() in text.lower(), (rid, "vendor")
+        assert t["invoice_number"] in text, (rid, "invoice_number")
+        if t["po_number"] is not None:
+            assert t["po_number"] in text, (rid, "po_number")
+        assert _shows_date(text, t["date"]), (rid, "date")
+        if t["due_date"] is not None:
+            assert _shows_date(text, t["due_date"]), (rid, "due_date")
+        assert _shows_amount(text, t["total"]), (rid, "total")
+
+
+def test_invoice_variety(invoices: list[dict]) -> None:
+    n = len(invoices)
+    for key in ["due_date", "po_number"]:
+        present = sum(r["target"][key] is not None for r in invoices)
+        assert 0.2 * n <= present <= 0.8 * n, (key, present)
+    currencies = Counter(r["target"]["currency"] for r in invoices)
+    assert len(currencies) >= 5 and {"USD", "EUR", "GBP"} <= set(currencies)
+    n_lines = [len(r["text"].splitlines()) for r in invoices]
+    n_words = [len(r["text"].split()) for r in invoices]
+    assert min(n_lines) <= 2 and max(n_lines) >= 12
+    assert max(n_words) <= 150
+    # The invoice date is written in several formats, not only ISO.
+    iso_only = sum(r["target"]["date"] in r["text"] for r in invoices)
+    assert iso_only < 0.3 * n
