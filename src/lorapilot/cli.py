@@ -371,6 +371,144 @@ def _show_eval(r: dict) -> None:
     stdout.print(f"  predictions: {r['predictions']}")
 
 
+@app.command("train")
+@verb
+def train_cmd(
+    pilot: PilotArg,
+    as_json: JsonFlag = False,
+    sets: SetOpt = None,
+    resume: Annotated[str | None, typer.Option("--resume", help="Continue this interrupted train run from its last checkpoint.")] = None,
+    no_progress: NoProgress = False,
+) -> dict:
+    """One experiment: adapter, update audit, training, saved adapter, validation metrics.
+    `--set key=value` makes it a variant (labelled one_change or combined)."""
+    from lorapilot.experiment import run_train
+    from lorapilot.spec import load_pilot
+
+    p = load_pilot(pilot, sets)
+    con = log_console(as_json)
+    result = run_train(p, resume=resume, progress=not no_progress, log=lambda m: con.print(f"[dim]{m}[/]"))
+    result["_show"] = _show_train
+    return result
+
+
+def _show_train(r: dict) -> None:
+    a = r["update_audit"] or {}
+    stdout.print(f"[green]train {r['status']}[/] run {r['run_id']} ({r['variant']}) in {r['wall_s']:.0f} s, {r['steps']} steps")
+    stdout.print(f"  trainable params: {r['trainable_params']:,} of {r['total_params']:,}; "
+                 f"{len(r['target_modules'])} adapted modules; update audit: {'ok' if a.get('ok') else a or 'n/a (resumed)'}")
+    stdout.print(f"  val loss {r['initial_val_loss']:.4f} -> {r['final_val_loss']:.4f}")
+    m = r["metrics"]
+    stdout.print("  " + "  ".join(f"{k}={m[k]:.3f}" for k in ("accuracy", "macro_f1", "json_valid_rate", "field_f1") if k in m))
+    stdout.print(f"  adapter: {r['adapter_path']}")
+
+
+@app.command()
+@verb
+def smoke(
+    pilot: PilotArg,
+    as_json: JsonFlag = False,
+    per_category: Annotated[int, typer.Option("--per-category", min=1, help="Examples per category to overfit.")] = 2,
+    steps: Annotated[int, typer.Option("--steps", min=1, help="Optimizer steps.")] = 40,
+    no_progress: NoProgress = False,
+    sets: SetOpt = None,
+) -> dict:
+    """Overfit a few examples through the real train and eval code: proves wiring, not quality."""
+    from lorapilot.experiment import run_smoke
+    from lorapilot.spec import load_pilot
+
+    p = load_pilot(pilot, sets)
+    con = log_console(as_json)
+    result = run_smoke(p, per_category=per_category, max_steps=steps, progress=not no_progress,
+                       log=lambda m: con.print(f"[dim]{m}[/]"))
+    if not result["ok"]:
+        result["_exit_code"] = 1
+
+    def show(r: dict) -> None:
+        verdict = "[green]ok[/]" if r["ok"] else "[red]FAILED[/]"
+        stdout.print(f"smoke {verdict}: loss {r['initial_loss']:.3f} -> {r['final_loss']:.4f}, "
+                     f"{r['n_correct']}/{r['n_examples']} memorised examples predicted right ({r['note']})")
+
+    result["_show"] = show
+    return result
+
+
+@app.command()
+@verb
+def probe(
+    pilot: PilotArg,
+    as_json: JsonFlag = False,
+    search_batch: Annotated[bool, typer.Option("--search-batch", help="Double the micro-batch until the memory limit or out-of-memory.")] = False,
+    estimate_only: Annotated[bool, typer.Option("--estimate-only", help="Only the analytic memory estimate: no weights loaded, no steps run.")] = False,
+    steps: Annotated[int, typer.Option("--steps", min=5, help="Measured steps per configuration (after 1 warm-up).")] = 5,
+    no_progress: NoProgress = False,
+    sets: SetOpt = None,
+) -> dict:
+    """Size a full training step (forward, backward, update) at typical and long lengths,
+    checkpointing off and on: first/later step time and peak memory, beside an estimate."""
+    from lorapilot.probe import run_probe
+    from lorapilot.spec import load_pilot
+
+    p = load_pilot(pilot, sets)
+    con = log_console(as_json)
+    result = run_probe(p, search_batch=search_batch, estimate_only=estimate_only, steps=steps,
+                       progress=not no_progress, log=lambda m: con.print(f"[dim]{m}[/]"))
+    result["_show"] = _show_probe
+    return result
+
+
+def _gib(b) -> str:
+    return f"{b / 2**30:.2f} GiB" if isinstance(b, (int, float)) else "-"
+
+
+def _show_probe(r: dict) -> None:
+    t = Table(title=f"probe {r['run_id']}" + (" (estimate only)" if r.get("estimate_only") else ""))
+    for col in ("seq_len", "micro_batch", "ckpt", "first step", "later step", "tokens/s", "peak mem", "estimate", "error", "ok"):
+        t.add_column(col, justify="right")
+    for m in r["measurements"]:
+        f = lambda v, fmt: fmt.format(v) if isinstance(v, (int, float)) else "-"  # noqa: E731
+        t.add_row(str(m.get("seq_len")), str(m.get("micro_batch")), "on" if m.get("grad_checkpointing") else "off",
+                  f(m.get("first_step_s"), "{:.2f}s"), f(m.get("later_step_s"), "{:.2f}s"), f(m.get("tokens_per_s"), "{:,.0f}"),
+                  _gib(m.get("peak_memory_bytes")), _gib(m.get("estimated_peak_memory_bytes")),
+                  f(m.get("estimate_error"), "{:+.0%}"), "yes" if m.get("ok", True) else f"[red]{(m.get('error') or 'no')[:40]}[/]")
+    stdout.print(t)
+
+
+@app.command()
+@verb
+def budget(pilot: PilotArg, as_json: JsonFlag = False, sets: SetOpt = None) -> dict:
+    """Time and cost of the run from the latest probe, a 3/7/30-day rental plan, and (after a
+    train run) the estimate against what the run really took."""
+    from lorapilot.plan import run_budget
+    from lorapilot.spec import load_pilot
+
+    result = run_budget(load_pilot(pilot, sets))
+    result["_show"] = _show_budget
+    return result
+
+
+def _show_budget(r: dict) -> None:
+    e = r["estimate"]
+    stdout.print(f"[bold]estimate[/] (probe {r['probe_run']}): {e['steps']} steps, total {e['total_s'] / 60:.1f} min, "
+                 f"${e['cost_usd']:.2f}")
+    for k in ("train_s", "eval_s", "checkpoint_s", "setup_s", "margin_s"):
+        stdout.print(f"  {k[:-2]:<11} {e[k]:>9.1f} s")
+    for name, lim in (r.get("limits") or {}).items():
+        if isinstance(lim, dict):
+            stdout.print(f"  limit {name}: {lim.get('value')} vs {lim.get('limit')}: {'ok' if lim.get('ok') else '[red]exceeded[/]'}")
+    t = Table(title="rental plans")
+    for col in ("days", "experiment hours", "variants that fit", "cost"):
+        t.add_column(col, justify="right")
+    for days, plan in r["rental"].items():
+        t.add_row(days, f"{plan['phases']['experiments']:.1f}", str(plan["variants_fit"]), f"${plan['cost_usd']:.0f}")
+    stdout.print(t)
+    if r.get("actual"):
+        stdout.print("[bold]estimate vs actual[/] (train run " + str(r.get("train_run")) + ")")
+        for k, v in (r.get("errors") or {}).items():
+            rel = v.get("rel_error")
+            stdout.print(f"  {k}: estimate {v['estimate']:.1f}, actual {v['actual']:.1f}" + (f" ({rel:+.0%})" if rel is not None else ""))
+
+
 def main() -> None:
     """Console-script entry point."""
     try:

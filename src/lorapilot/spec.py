@@ -525,6 +525,18 @@ class Pilot:
         return full
 
 
+def _split_keys(sets: list[str]) -> list[str]:
+    return [item.partition("=")[0].strip() for item in sets]
+
+
+def _dotted(d: Any, key: str) -> Any:
+    for part in key.split("."):
+        if not isinstance(d, dict) or part not in d:
+            return None
+        d = d[part]
+    return d
+
+
 def load_pilot(path: str | Path, sets: list[str] | None = None) -> Pilot:
     """PILOT (folder or YAML) -> validated Pilot, with `--set` overrides applied and recorded."""
     pilot_dir, spec_path = resolve_pilot(path)
@@ -532,6 +544,14 @@ def load_pilot(path: str | Path, sets: list[str] | None = None) -> Pilot:
     diff: dict = {}
     if sets:
         raw2, diff = apply_overrides(raw, sets)
-        spec = spec_from_dict(raw2, f"{spec_path} with --set {' '.join(sets)}")
-        raw = raw2
+        new_spec = spec_from_dict(raw2, f"{spec_path} with --set {' '.join(sets)}")
+        # The diff shows resolved values (defaults included); an override that changes
+        # nothing is not a change.
+        old_d, new_d = spec.model_dump(mode="json"), new_spec.model_dump(mode="json")
+        diff = {}
+        for key in dict.fromkeys(k for k in _split_keys(sets)):
+            old, new = _dotted(old_d, key), _dotted(new_d, key)
+            if old != new:
+                diff[key] = [old, new]
+        spec, raw = new_spec, raw2
     return Pilot(pilot_dir, spec_path, spec, raw, diff)

@@ -98,6 +98,7 @@ def evaluate_records(
     task = spec.task
     budget = protocol["answer_budget"]
     model = cast_for_eval(model, protocol["precision"])
+    model.eval()  # dropout off: evaluation is deterministic
     prompts = [fmt.encode_prompt(r.text, budget) for r in records]
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     t0 = time.perf_counter()

@@ -1,0 +1,196 @@
+"""The `train` and `smoke` verbs: one experiment with an identity, from spec to saved adapter.
+
+A train run records its variant (the `--set` diff against the spec and whether it changes one
+parameter group or several), the adapter's resolved targets and parameter counts, the base
+model's identity, the update audit, the training curve and the in-process validation result
+of the final adapter (what `verify` later reproduces in a fresh process).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from lorapilot import environment, registry
+from lorapilot.audit import build_adapter, run_update_audit
+from lorapilot.data.dataset import encode_records, formatter_for, prepare_data
+from lorapilot.data.format import template_hash, tokenizer_hash
+from lorapilot.errors import CheckFailed, UsageError
+from lorapilot.evaluate.runner import evaluate_records, make_protocol
+from lorapilot.evaluate.stage import load_base, write_eval_files
+from lorapilot.export import write_adapter_manifest
+from lorapilot.spec import Pilot, variant_label
+from lorapilot.train import collate, make_optimizer, train
+
+
+def _limit_checks(pilot: Pilot, started: float):
+    """(deadline, cost_check) from the spec's limits: stop gracefully at the time/cost cap."""
+    lim = pilot.spec.limits
+    deadline = started + lim.time_hours * 3600 if lim.time_hours else None
+    cost_check = None
+    if lim.cost_cap_usd and lim.usd_per_hour:
+        def cost_check(status: dict) -> str | None:
+            spent = status["wall_s"] / 3600 * lim.usd_per_hour
+            return f"the cost cap of ${lim.cost_cap_usd:.2f} was reached (${spent:.2f})" if spent >= lim.cost_cap_usd else None
+    return deadline, cost_check
+
+
+def _audit_batches(examples, micro_batch: int, pad_id: int, steps: int = 2) -> list:
+    """Real batches for the update audit: the first micro-batches of the training data."""
+    out = []
+    for i in range(steps):
+        chunk = examples[i * micro_batch:(i + 1) * micro_batch] or examples[:micro_batch]
+        out.append(collate(chunk, pad_id))
+    return out
+
+
+def run_train(pilot: Pilot, *, resume: str | None = None, progress: bool = True, log=print) -> dict:
+    """One experiment: data -> adapter -> audit -> train -> save -> evaluate the adapter."""
+    spec = pilot.spec
+    label = variant_label(pilot.diff)
+    variant = {"label": label, "diff": pilot.diff, "parent_spec_hash": None}
+    if resume:
+        rec = registry.get_run(pilot.dir, resume)
+        if rec.kind != "train":
+            raise UsageError(f"--resume {resume}: is a {rec.kind} run, not a train run")
+        if rec.status == "completed":
+            raise UsageError(f"--resume {resume}: the run is already completed")
+        if rec.spec_hash != spec.spec_hash():
+            raise UsageError(
+                f"--resume {resume}: the spec (with --set) differs from the one the run started with; "
+                "resume with the same pilot.yaml and the same --set values"
+            )
+    else:
+        from lorapilot.spec import load_spec_file
+
+        base_spec, _ = load_spec_file(pilot.spec_path)
+        variant["parent_spec_hash"] = base_spec.spec_hash()
+    started = time.time()
+    with registry.open_run(
+        pilot.dir, "train", spec_hash=spec.spec_hash(), config=spec.model_dump(mode="json"),
+        environment=environment.snapshot(), run_id=resume,
+    ) as run:
+        if not resume:
+            run.record.variant = variant
+            run.save()
+        resolved, model, tok = load_base(pilot)
+        prepared = prepare_data(pilot, tok)
+        run.record.data_version = prepared.version
+        fmt = formatter_for(pilot, tok)
+        train_ex = encode_records(fmt, spec.task, prepared.splits["train"], prepared.answer_budget)
+        val_ex = encode_records(fmt, spec.task, prepared.splits["val"], prepared.answer_budget)
+        pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+
+        model, adapter_info = build_adapter(model, spec.adapter, seed=spec.train.seed)
+        base_info = {"id": resolved.id, "path": str(resolved.path), "revision": resolved.revision,
+                     "sha256": resolved.weights_sha256, "source": resolved.source}
+        run.update(adapter=adapter_info, trainable_params=adapter_info["trainable_params"],
+                   target_modules=adapter_info["target_modules"], base=base_info)
+
+        if not resume:
+            audit = run_update_audit(
+                model, _audit_batches(train_ex, spec.train.micro_batch, pad_id),
+                lambda m: make_optimizer(m, spec.train), steps=2, precision=spec.train.precision,
+                max_grad_norm=spec.train.max_grad_norm,
+            )
+            run.update(update_audit=audit)
+            if not audit["ok"]:
+                raise CheckFailed(
+                    "the update audit failed: " + "; ".join(audit.get("problems", [])[:5]),
+                    {"run_id": run.id, "update_audit": audit},
+                )
+        deadline, cost_check = _limit_checks(pilot, started)
+        try:
+            result = train(
+                model, train_ex, val_ex, spec.train, run.dir, pad_id=pad_id, resume=bool(resume),
+                deadline=deadline, cost_check=cost_check, progress=progress, log=log,
+            )
+        except registry.StoppedByLimit as e:
+            run.update(checkpoint=str(getattr(e, "checkpoint", "")), stopped_at_step=getattr(e, "step", None))
+            raise
+        adapter_dir = Path(result["adapter"])
+        run.update(train=result, adapter_path=str(adapter_dir), final_val_loss=result["final_val_loss"],
+                   initial_val_loss=result["initial_val_loss"])
+
+        # The final adapter on the validation split, with the same protocol as the baseline.
+        protocol = make_protocol(spec, tok, prepared)
+        ev = evaluate_records(model, tok, fmt, spec, prepared.splits["val"], protocol, progress=progress,
+                              label="eval (val)")
+        write_eval_files(run.dir, ev)
+        run.update(metrics=ev.metrics, eval_protocol=protocol["eval_protocol"], protocol=protocol,
+                   eval_seconds=round(ev.seconds, 3))
+        write_adapter_manifest(
+            adapter_dir, base=base_info, spec=spec.model_dump(mode="json"), data_version=prepared.version,
+            eval_protocol=protocol, metrics=ev.metrics, tokenizer_sha256=tokenizer_hash(tok),
+            template_sha256=template_hash(tok, spec.task), adapter_info=adapter_info, run_id=run.id,
+        )
+    rec = run.record
+    return {
+        "run_id": run.id,
+        "status": rec.status,
+        "variant": (rec.variant or {}).get("label", label),
+        "variant_diff": (rec.variant or {}).get("diff", {}),
+        "update_audit": rec.result.get("update_audit"),
+        "trainable_params": adapter_info["trainable_params"],
+        "total_params": adapter_info["total_params"],
+        "target_modules": adapter_info["target_modules"],
+        "adapter_path": str(adapter_dir),
+        "final_val_loss": result["final_val_loss"],
+        "initial_val_loss": result["initial_val_loss"],
+        "steps": result["steps"],
+        "resumed_from": result["resumed_from"],
+        "metrics": ev.metrics,
+        "eval_protocol": protocol["eval_protocol"],
+        "data_version": prepared.version,
+        "wall_s": round(time.time() - started, 3),
+    }
+
+
+def run_smoke(pilot: Pilot, *, per_category: int = 2, max_steps: int = 40, lr: float = 2e-3,
+              progress: bool = True, log=print) -> dict:
+    """Overfit a few examples per category through the real training and evaluation code.
+
+    It proves wiring (labels aligned, mask right, eval prompt = training prompt), not
+    quality: a correct pipeline memorises a dozen examples in a few dozen steps.
+    """
+    from lorapilot.data.audit import sample_per_category
+
+    spec = pilot.spec
+    with registry.open_run(pilot.dir, "smoke", spec_hash=spec.spec_hash(), config=spec.model_dump(mode="json"),
+                           environment=environment.snapshot()) as run:
+        _, model, tok = load_base(pilot)
+        prepared = prepare_data(pilot, tok)
+        run.record.data_version = prepared.version
+        fmt = formatter_for(pilot, tok)
+        records = sample_per_category(prepared.splits["train"], per_category, spec.train.seed)
+        examples = encode_records(fmt, spec.task, records, prepared.answer_budget)
+        pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        model, _ = build_adapter(model, spec.adapter.model_copy(update={"dropout": 0.0}), seed=spec.train.seed)
+        cfg = spec.train.model_copy(update={
+            "max_steps": max_steps, "lr": lr, "micro_batch": min(len(examples), 16), "grad_accum": 1,
+            "warmup_ratio": 0.0, "schedule": "constant", "eval_every": None, "save_every": None,
+            "weight_decay": 0.0,
+        })
+        result = train(model, examples, examples, cfg, run.dir, pad_id=pad_id, progress=progress, log=log)
+        protocol = make_protocol(spec, tok, prepared)
+        ev = evaluate_records(model, tok, fmt, spec, records, protocol, progress=progress, label="smoke eval")
+        n_correct = sum(bool(r["correct"]) for r in ev.predictions)
+        final_loss = result["final_val_loss"]
+        ok = final_loss < 0.1 and n_correct == len(records)
+        out = {
+            "ok": ok,
+            "final_loss": final_loss,
+            "initial_loss": result["initial_val_loss"],
+            "n_examples": len(records),
+            "n_correct": n_correct,
+            "steps": result["steps"],
+            "note": "smoke proves wiring (labels, loss mask, eval prompt), not quality",
+            "failed_examples": [r["id"] for r in ev.predictions if not r["correct"]],
+        }
+        run.update(**out)
+    return {"run_id": run.id, "status": run.record.status, **out}
+
+
+def describe(result: dict[str, Any]) -> list[str]:
+    return [f"{k}: {v}" for k, v in result.items() if k not in ("metrics",)]

@@ -1,0 +1,131 @@
+"""`train` and `smoke` end to end: identities, variants, audit, resume after SIGKILL."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+from conftest import EXAMPLES, run_cli, run_json
+
+
+def _pilot(tmp_path, tiny_model_dir=None, example="ticket-triage", **train):
+    pilot = tmp_path / example
+    shutil.copytree(EXAMPLES / example, pilot, ignore=shutil.ignore_patterns("runs"))
+    spec = yaml.safe_load((pilot / "pilot.yaml").read_text())
+    if tiny_model_dir is not None:
+        spec["model"] = {"base": str(tiny_model_dir)}
+    spec["train"].update(train)
+    (pilot / "pilot.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    return pilot
+
+
+def test_train_tiny_records_identity_and_variant(tmp_path, tiny_model_dir):
+    pilot = _pilot(tmp_path, tiny_model_dir, lr=0.01, precision="fp32", max_steps=4)
+    out = run_json("train", str(pilot), "--set", "adapter.r=4", "--no-progress")
+    assert out["status"] == "completed" and out["variant"] == "one_change"
+    assert out["variant_diff"] == {"adapter.r": [16, 4]}
+    assert out["update_audit"]["ok"] and out["update_audit"]["unchanged_trainable"] == []
+    assert out["trainable_params"] > 0 and out["target_modules"]
+    adapter = tmp_path / "ticket-triage" / "runs" / out["run_id"] / "adapter"
+    assert {"adapter_model.safetensors", "adapter_config.json", "lorapilot.json"} <= {p.name for p in adapter.iterdir()}
+    assert not list(adapter.glob("*.bin")) and not list(adapter.glob("*.pt"))
+    manifest = json.loads((adapter / "lorapilot.json").read_text())
+    assert manifest["base"]["sha256"] and manifest["data_version"] == out["data_version"]
+    assert manifest["eval_protocol"]["eval_protocol"] == out["eval_protocol"]
+    rec = json.loads((adapter.parent / "run.json").read_text())
+    assert rec["variant"]["label"] == "one_change" and rec["data_version"] == out["data_version"]
+    assert rec["result"]["metrics"]["accuracy"] == out["metrics"]["accuracy"]
+    steps = [json.loads(x)["step"] for x in (adapter.parent / "steps.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3, 4]
+
+
+def test_combined_variant_label(tmp_path, tiny_model_dir):
+    pilot = _pilot(tmp_path, tiny_model_dir, precision="fp32", max_steps=2)
+    out = run_json("train", str(pilot), "--set", "adapter.r=4", "--set", "train.lr=0.001", "--no-progress")
+    assert out["variant"] == "combined"
+    base = run_json("train", str(pilot), "--no-progress")
+    assert base["variant"] == "base"
+
+
+def test_bad_set_value_is_exit_2(tmp_path, tiny_model_dir):
+    pilot = _pilot(tmp_path, tiny_model_dir)
+    out = run_json("train", str(pilot), "--set", "adapter.r=-2", expect=2)
+    assert "adapter.r" in out["error"]
+
+
+def test_sigkill_then_resume_completes_one_run(tmp_path, tiny_model_dir):
+    pilot = _pilot(tmp_path, tiny_model_dir, precision="fp32", max_steps=60, save_every=5, micro_batch=2)
+    proc = subprocess.Popen([sys.executable, "-m", "lorapilot", "train", str(pilot), "--no-progress", "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    runs = pilot / "runs"
+    deadline = time.time() + 120
+    steps_file = None
+    while time.time() < deadline:
+        found = list(runs.glob("train-*/steps.jsonl")) if runs.exists() else []
+        if found and len(found[0].read_text().splitlines()) >= 12:
+            steps_file = found[0]
+            break
+        time.sleep(0.05)
+    assert steps_file is not None, proc.stderr.read() if proc.poll() is not None else "no progress"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    run_id = steps_file.parent.name
+    listed = run_json("runs", str(pilot))["runs"]
+    assert [(r["id"], r["status"]) for r in listed] == [(run_id, "interrupted")]
+
+    out = run_json("train", str(pilot), "--resume", run_id, "--no-progress")
+    assert out["status"] == "completed" and out["run_id"] == run_id and out["resumed_from"] >= 10
+    steps = [json.loads(x)["step"] for x in steps_file.read_text().splitlines()]
+    assert steps == list(range(1, 61))
+    listed = run_json("runs", str(pilot))["runs"]
+    assert len(listed) == 1 and listed[0]["status"] == "completed"
+    rec = json.loads((steps_file.parent / "run.json").read_text())
+    assert len(rec["result"]["resumes"]) == 1
+
+
+def test_resume_refuses_a_completed_run(tmp_path, tiny_model_dir):
+    pilot = _pilot(tmp_path, tiny_model_dir, precision="fp32", max_steps=2)
+    out = run_json("train", str(pilot), "--no-progress")
+    again = run_json("train", str(pilot), "--resume", out["run_id"], expect=2)
+    assert "already completed" in again["error"]
+
+
+@pytest.mark.slow
+def test_train_default_model_20_steps(tmp_path, default_model_dir):
+    """The issue's acceptance: 20 steps on ticket-triage, audit ok, val loss goes down."""
+    pilot = _pilot(tmp_path)
+    out = run_json("train", str(pilot), "--set", "train.max_steps=20", "--no-progress")
+    assert out["status"] == "completed" and out["update_audit"]["ok"]
+    assert out["final_val_loss"] < out["initial_val_loss"]
+    assert (tmp_path / "ticket-triage" / "runs" / out["run_id"] / "adapter" / "adapter_model.safetensors").is_file()
+
+
+@pytest.mark.slow
+def test_smoke_passes_and_catches_shifted_labels(tmp_path, default_model_dir, monkeypatch):
+    from lorapilot.data import format as fmt_mod
+    from lorapilot.experiment import run_smoke
+    from lorapilot.spec import load_pilot
+
+    pilot = _pilot(tmp_path)
+    ok = run_json("smoke", str(pilot), "--per-category", "1", "--steps", "30", "--no-progress")
+    assert ok["ok"] and ok["n_correct"] == ok["n_examples"] == 6 and ok["final_loss"] < 0.1
+
+    real_encode = fmt_mod.PromptFormatter.encode
+
+    def shifted(self, text, answer, budget):
+        enc = real_encode(self, text, answer, budget)
+        enc.labels = enc.labels[1:] + [fmt_mod.IGNORE_INDEX]  # the classic off-by-one
+        return enc
+
+    monkeypatch.setattr(fmt_mod.PromptFormatter, "encode", shifted)
+    bad = run_smoke(load_pilot(pilot), per_category=1, max_steps=10, progress=False, log=lambda m: None)
+    assert not bad["ok"] and bad["n_correct"] < bad["n_examples"]
+    human = run_cli("runs", str(pilot))
+    assert human.returncode == 0
