@@ -509,6 +509,138 @@ def _show_budget(r: dict) -> None:
             stdout.print(f"  {k}: estimate {v['estimate']:.1f}, actual {v['actual']:.1f}" + (f" ({rel:+.0%})" if rel is not None else ""))
 
 
+RunOpt = Annotated[str | None, typer.Option("--run", help="Train run (default: the latest completed one).")]
+
+
+@app.command()
+@verb
+def verify(pilot: PilotArg, as_json: JsonFlag = False, run: RunOpt = None) -> dict:
+    """Reload the adapter with its pinned base in a fresh process, re-evaluate, and compare
+    with the in-process result. A changed base, adapter or tokenizer is refused (exit 1)."""
+    from lorapilot.export import run_verify
+    from lorapilot.spec import load_pilot
+
+    log_console(as_json).print("[dim]verify: starting a fresh process...[/]")
+    result = run_verify(load_pilot(pilot), run)
+
+    def show(r: dict) -> None:
+        stdout.print(f"[green]verify ok[/]: a fresh process reloading {r['train_run']} on base sha256 "
+                     f"{r['base_sha256'][:16]} reproduces all predictions ({r['n_mismatched_predictions']} differ) "
+                     f"and metrics (match: {r['metrics_match']})")
+
+    result["_show"] = show
+    return result
+
+
+@app.command()
+@verb
+def export(
+    pilot: PilotArg,
+    out: Annotated[Path, typer.Option("--out", help="New folder for the merged model.")],
+    as_json: JsonFlag = False,
+    run: RunOpt = None,
+    merge: Annotated[bool, typer.Option("--merge", help="Merge the adapter into the base weights.")] = False,
+) -> dict:
+    """Write a merged model folder that plain transformers loads (outputs checked)."""
+    from lorapilot.export import run_export
+    from lorapilot.spec import load_pilot
+
+    result = run_export(load_pilot(pilot), run, out, merge)
+    result["_show"] = lambda r: stdout.print(f"[green]exported[/] {r['out']} (max logit diff {r['max_logit_diff']:.1e})")
+    return result
+
+
+@app.command()
+@verb
+def compare(pilot: PilotArg, as_json: JsonFlag = False) -> dict:
+    """Every run side by side (failed ones too, with their reason): metrics and deltas against
+    the baseline, guards, examples fixed and broken, and the decision so far."""
+    from lorapilot.report.write import run_compare
+    from lorapilot.spec import load_pilot
+
+    result = run_compare(load_pilot(pilot))
+    result["_show"] = _show_compare
+    return result
+
+
+def _show_compare(r: dict) -> None:
+    t = Table(title="runs compared with the baseline " + str(r["baseline"]))
+    for col in ("id", "kind", "status", "variant", "main metrics", "delta", "fixed/broken", "note"):
+        t.add_column(col)
+    for row in r["runs"]:
+        m = row.get("metrics") or {}
+        main = " ".join(f"{k}={m[k]:.3f}" for k in ("accuracy", "macro_f1", "field_f1", "json_valid_rate") if isinstance(m.get(k), (int, float)))
+        d = (row.get("deltas") or {}).get("overall", {})
+        delta = " ".join(f"{k}{d[k]:+.3f}" for k in ("macro_f1", "field_f1") if k in d)
+        fl = row.get("flips") or {}
+        fb = f"{len(fl.get('fixed', []))}/{len(fl.get('broken', []))}" if fl else ""
+        note = row.get("not_comparable_reason") or row.get("reason") or ""
+        t.add_row(row["id"], row["kind"], row["status"], row.get("variant") or "", main, delta, fb, note[:50])
+    stdout.print(t)
+    if r["decision"]:
+        stdout.print(f"decision so far ({r['chosen']}): [bold]{r['decision']}[/]")
+        for reason in r["reasons"]:
+            stdout.print(f"  - {reason}")
+
+
+@app.command()
+@verb
+def report(pilot: PilotArg, as_json: JsonFlag = False) -> dict:
+    """Write report/index.html (self-contained) and report/report.md with the decision, and
+    fill deliverable/ with what to hand over. A NO-GO is a result, not a failure (exit 0)."""
+    from lorapilot.report.write import run_report
+    from lorapilot.spec import load_pilot
+
+    result = run_report(load_pilot(pilot))
+
+    def show(r: dict) -> None:
+        stdout.print(f"decision: [bold]{r['decision']}[/]")
+        for reason in r["reasons"]:
+            stdout.print(f"  - {reason}")
+        stdout.print(f"report: {r['html']}\n        {r['markdown']}\ndeliverable: {r['deliverable']}")
+
+    result["_show"] = show
+    return result
+
+
+@app.command("run")
+@verb
+def run_cmd(pilot: PilotArg, as_json: JsonFlag = False, no_progress: NoProgress = False) -> dict:
+    """The whole pilot: data, inspect, baseline, smoke, probe, budget, train, verify, final
+    test, report. Completed phases with unchanged inputs are reused."""
+    from lorapilot.pipeline import run_pipeline
+    from lorapilot.spec import load_pilot
+
+    con = log_console(as_json)
+    result = run_pipeline(load_pilot(pilot), progress=not no_progress, log=lambda m: con.print(m, highlight=False))
+
+    def show(r: dict) -> None:
+        stdout.print(f"decision: [bold]{r['decision']}[/] (train run {r['train_run']}, {r['wall_s']:.0f} s)")
+        for reason in r["reasons"]:
+            stdout.print(f"  - {reason}")
+        stdout.print(f"report: {r['html']}")
+
+    result["_show"] = show
+    return result
+
+
+@app.command()
+@verb
+def init(
+    name: Annotated[str, typer.Argument(help="Name of the new pilot folder.")],
+    as_json: JsonFlag = False,
+    task: Annotated[str, typer.Option("--task", help="classification or extraction.")] = "classification",
+    directory: Annotated[Path, typer.Option("--dir", help="Where to create the folder.")] = Path("."),
+) -> dict:
+    """Scaffold a pilot folder: a commented pilot.yaml and a tiny data file to start from."""
+    from lorapilot.scaffold import init_pilot
+
+    result = init_pilot(name, task, directory)
+    result["_show"] = lambda r: stdout.print(
+        f"[green]created[/] {r['pilot']} ({r['task']}, {r['n_examples']} examples). Next: lorapilot run {r['pilot']}")
+    return result
+
+
 def main() -> None:
     """Console-script entry point."""
     try:
