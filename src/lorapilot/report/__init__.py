@@ -1,0 +1,1 @@
+"""Compare and report: gather the pilot state from its records, render the deliverable."""
