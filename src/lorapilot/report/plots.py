@@ -75,12 +75,13 @@ def per_group_bars(
         if pts:
             ax.bar([p[0] for p in pts], [p[1] for p in pts], width, label=label, color=color)
     ax.set_xticks(list(xs))
-    ax.set_xticklabels([_text(n) for n in names], rotation=30 if len(names) > 4 else 0, ha="right" if len(names) > 4 else "center")
+    crowded = len(names) > 4 or sum(len(_text(n)) for n in names) > 48
+    ax.set_xticklabels([_text(n) for n in names], rotation=30 if crowded else 0, ha="right" if crowded else "center")
     top = max([v for v in base + cand if v is not None] + [1.0])
-    ax.set_ylim(0, top * 1.05)
+    ax.set_ylim(0, top * 1.18)  # headroom for the legend
     ax.set_ylabel(_text(metric))
     ax.set_title(f"{_text(metric)} per group: baseline vs adapted")
-    ax.legend(loc="lower right", fontsize="small")
+    ax.legend(loc="upper right", ncol=2, fontsize="small")
     ax.grid(axis="y", alpha=0.3)
     return _png(fig)
 
@@ -140,7 +141,8 @@ def loss_curves(curves: Mapping[str, Mapping] | None) -> str | None:
     ax.set_ylabel("loss")
     ax.set_title("training loss (solid) and validation loss (dashed)")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize="x-small", loc="upper right")
+    # outside the axes: with several variants an inside legend hides the curves
+    ax.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return _png(fig)
 
 
@@ -166,6 +168,7 @@ def length_histogram(data: Mapping | None) -> str | None:
     ax.set_xticklabels([_text(s) for s in splits])
     ax.set_ylabel("tokens per example")
     ax.set_title("token lengths per split (p50 / p95 / max)")
-    ax.legend(fontsize="small")
+    ax.set_ylim(0, ax.get_ylim()[1] * 1.15)  # headroom for the legend
+    ax.legend(fontsize="small", ncol=4, loc="upper center")
     ax.grid(axis="y", alpha=0.3)
     return _png(fig)

@@ -1,0 +1,274 @@
+"""The report renderers on a hand-made pilot state (`state_fixture.json`: every key, a GO
+decision, a failed and an interrupted run, a category label that is an HTML tag) and on
+states where most phases have not run."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import html
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from lorapilot.report import plots
+from lorapilot.report.render import NOT_RUN, SECTIONS, render_html, render_markdown
+
+FIXTURE = Path(__file__).with_name("state_fixture.json")
+XSS = '<script>alert("x")</script>'
+FAILED_RUN = "20250301-100000-train"
+FAILED_REASON = "CUDA out of memory: tried to allocate 2.00 GiB with micro_batch=32 <check>"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def state() -> dict:
+    return json.loads(FIXTURE.read_text(encoding="utf-8"))
+
+
+@pytest.fixture(scope="module")
+def page(state) -> str:
+    return render_html(state)
+
+
+@pytest.fixture(scope="module")
+def md(state) -> str:
+    return render_markdown(state)
+
+
+def section(page: str, sid: str) -> str:
+    m = re.search(rf'<section id="{re.escape(sid)}">(.*?)</section>', page, re.S)
+    assert m, f"no section {sid}"
+    return m.group(1)
+
+
+def md_section(md: str, title: str) -> str:
+    m = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## |\Z)", md, re.S | re.M)
+    assert m, f"no heading {title}"
+    return m.group(1)
+
+
+def sparse_state(state: dict) -> dict:
+    """The spec part only: nothing has run yet."""
+    keep = ("pilot", "name", "hypothesis", "task", "success", "guards", "limits", "model", "adapter", "train")
+    return {k: (v if k in keep else None) for k, v in state.items()}
+
+
+# --------------------------------------------------------------------------- structure
+
+
+def test_every_section_in_order_in_html(page):
+    at = [page.find(f'<section id="{sid}">') for sid, _ in SECTIONS]
+    assert all(i >= 0 for i in at), [sid for (sid, _), i in zip(SECTIONS, at, strict=True) if i < 0]
+    assert at == sorted(at)
+    for sid, title in SECTIONS:
+        assert f"<h2>{html.escape(title)}</h2>" in section(page, sid)
+        assert f'href="#{sid}"' in page  # table of contents
+
+
+def test_every_heading_in_order_in_markdown(md):
+    headings = re.findall(r"^## (.+)$", md, re.M)
+    assert headings == [title for _, title in SECTIONS]
+
+
+def test_no_section_failed_on_the_full_fixture(page, md):
+    assert "could not be rendered" not in page
+    assert "could not be rendered" not in md
+    assert NOT_RUN not in page  # every phase has run in the fixture
+
+
+def test_html_is_self_contained(page):
+    assert "http://" not in page and "https://" not in page
+    assert "<script" not in page.lower() and "<link" not in page.lower()
+    assert "Content-Security-Policy" in page
+    srcs = re.findall(r'src="([^"]*)"', page)
+    assert len(srcs) >= 5  # lengths, per-category bars, 2 confusion matrices, loss curves
+    for src in srcs:
+        assert src.startswith("data:image/png;base64,")
+        assert base64.b64decode(src.split(",", 1)[1]).startswith(PNG_MAGIC)
+    assert len(page.encode()) < 1_000_000
+
+
+def test_user_text_is_escaped(page, md):
+    assert XSS not in page
+    assert html.escape(XSS) in page
+    assert "&lt;b&gt;alone&lt;/b&gt;" in page  # the hypothesis's markup is shown, not applied
+    assert "<script" not in md and "<b>" not in md
+    assert "&lt;script>alert" in md
+
+
+def test_decision_is_shown_big_with_reasons(state, page, md):
+    dec = section(page, "decision")
+    assert '<div class="banner GO">GO</div>' in dec
+    for reason in state["decision"]["reasons"]:
+        assert html.escape(reason) in dec
+    assert "### GO" in md_section(md, "Decision")
+
+    nogo = copy.deepcopy(state)
+    nogo["decision"]["decision"] = "NO-GO"
+    nogo["decision"]["reasons"] = ["guard failed: per_category.billing.f1 dropped 0.120 > 0.050"]
+    out = render_html(nogo)
+    assert '<div class="banner NO-GO">NO-GO</div>' in out
+    assert "dropped 0.120 &gt; 0.050" in out
+    assert "### NO-GO" in render_markdown(nogo)
+
+
+def test_failed_and_interrupted_runs_are_listed_with_their_reason(page, md):
+    runs = section(page, "runs")
+    row = next(r for r in re.findall(r"<tr>.*?</tr>", runs, re.S) if FAILED_RUN in r)
+    assert '<span class="bad">failed</span>' in row
+    assert html.escape(FAILED_REASON) in row
+    assert "SIGTERM received at step 40" in runs and ">interrupted<" in runs
+    md_runs = md_section(md, "Runs")
+    line = next(x for x in md_runs.splitlines() if FAILED_RUN in x)
+    assert "| failed |" in line and "tried to allocate 2.00 GiB" in line
+
+
+def test_results_sections_carry_the_numbers(page, md):
+    res = section(page, "results")
+    assert "macro_f1 (success metric)" in res
+    assert "0.530" in res and "0.740" in res and "+0.210" in res
+    assert "Confusion matrix: baseline" in res and "Confusion matrix: adapted" in res
+    assert "fixed (wrong before, right after)" in res
+    # Markdown has no images: the confusion matrix is a table there
+    md_res = md_section(md, "Results: baseline vs adapted")
+    assert "| gold \\ predicted |" in md_res
+    assert "data:image" not in md
+
+
+def test_other_sections_show_their_key_facts(state, page):
+    sha = state["chosen_record"]["result"]["base"]["sha256"]
+    assert sha in section(page, "base-model")
+    assert "12fd25f77366fa6b3b4b768ec3050bf629380bac" in section(page, "base-model")
+    assert "4,884,480" in section(page, "adapter")
+    assert "NVIDIA H200" in section(page, "environment") and "2.13.0" in section(page, "environment")
+    probe = section(page, "probe")
+    assert "out of memory" in probe and "3.00 GiB" in probe
+    budget = section(page, "budget")
+    assert "7 (chosen)" in budget and "Estimate vs actual" in budget and "+10.0%" in budget
+    assert "same base as trained" in section(page, "verify")
+    assert "uses of the test split" in section(page, "test")
+    lims = section(page, "limitations")
+    assert lims.count("<li>") == len(state["limitations"])
+    assert "p50, p95 and max per split" in section(page, "data")
+
+
+# --------------------------------------------------------------------------- partial states
+
+
+@pytest.mark.parametrize("which", ["empty", "sparse", "none"])
+def test_states_with_nothing_run_render_and_say_not_run_yet(state, which):
+    s = {"empty": {}, "sparse": sparse_state(state), "none": None}[which]
+    page, md = render_html(s), render_markdown(s)
+    for sid in ("decision", "data", "environment", "probe", "budget", "results", "runs",
+                "training-curves", "verify", "test"):
+        assert NOT_RUN in section(page, sid), sid
+    assert "NO DECISION YET" in page
+    assert md.count(NOT_RUN) >= 10
+    assert "could not be rendered" not in page
+    assert "https://" not in page and "http://" not in page
+
+
+def test_a_baseline_without_a_train_run(state):
+    s = sparse_state(state)
+    s["baseline"] = state["baseline"]
+    s["runs"] = state["runs"][:2]
+    res = section(render_html(s), "results")
+    assert "0.530" in res and NOT_RUN in res
+    assert "Confusion matrix: baseline" in res and "Confusion matrix: adapted" not in res
+
+
+def test_extraction_metrics_are_shown_per_field(state):
+    def ext(f1s):
+        return {"n": 50, "json_valid_rate": 0.9, "schema_valid_rate": 0.88, "required_fields_rate": 0.85,
+                "field_f1": sum(f1s) / 2, "exact_match": 0.4,
+                "per_field": {name: {"accuracy": f, "precision": f, "recall": f, "f1": f, "support": 50}
+                              for name, f in zip(("total", "due_date"), f1s, strict=True)}}
+
+    s = sparse_state(state)
+    s["task"] = {"kind": "extraction", "fields": [{"name": "total"}, {"name": "due_date"}]}
+    s["success"] = {"metric": "field_f1", "min_gain": 0.05}
+    s["baseline"] = {"id": "b1", "metrics": ext([0.5, 0.4])}
+    s["chosen"] = {"id": "t1", "metrics": ext([0.8, 0.7]), "comparable": True}
+    page = render_html(s)
+    res = section(page, "results")
+    assert "Per field" in res and "Confusion matrix" not in res
+    assert "field_f1 (success metric)" in res and "due_date" in res
+    assert "### Per field" in render_markdown(s)
+
+
+@pytest.mark.parametrize("junk", ["x", 42, [], {}, [None, 1], {"a": None}])
+def test_odd_values_never_crash_the_report(state, junk):
+    # Without the keys that draw figures (matplotlib is the slow part), unless junked.
+    light = {k: v for k, v in state.items() if k not in ("data", "curves", "baseline", "chosen")}
+    for key in state:
+        s = {**copy.deepcopy(light), key: junk}
+        assert '<section id="limitations">' in render_html(s)
+        assert "## Limitations" in render_markdown(s)
+        assert "could not be" not in render_html(s), key
+
+
+# --------------------------------------------------------------------------- plots
+
+
+def _png(uri: str | None) -> bytes:
+    assert uri and uri.startswith("data:image/png;base64,")
+    return base64.b64decode(uri.split(",", 1)[1])
+
+
+def test_plots_return_pngs_and_close_their_figures(state):
+    import matplotlib.pyplot as plt
+
+    per_b = state["baseline"]["metrics"]["per_category"]
+    per_c = state["chosen"]["metrics"]["per_category"]
+    conf = state["chosen"]["metrics"]["confusion"]
+    uris = [
+        plots.per_group_bars(per_b, per_c, "f1"),
+        plots.per_group_bars(None, per_c, "f1"),
+        plots.confusion(conf["matrix"], conf["labels"], "adapted"),
+        plots.loss_curves(state["curves"]),
+        plots.length_histogram(state["data"]),
+        # user text that matplotlib would otherwise parse ($...$) or hide (leading _)
+        plots.per_group_bars({"$x$ costs $5": {"f1": 0.5}}, {"_hidden": {"f1": 0.7}}, "f1"),
+        plots.loss_curves({"r1": {"label": "_lr $1e-3", "train": [[1, 2.0], [2, 1.5]], "val": []}}),
+    ]
+    for uri in uris:
+        assert _png(uri).startswith(PNG_MAGIC)
+        assert len(_png(uri)) < 150_000
+    assert plt.get_fignums() == []
+
+
+def test_plots_with_nothing_to_draw_return_none():
+    assert plots.per_group_bars({}, None, "f1") is None
+    assert plots.per_group_bars({"a": {"f1": None}}, {}, "f1") is None
+    assert plots.confusion([], [], "t") is None
+    assert plots.confusion([[1, 2]], ["a", "b"], "t") is None  # rows and labels disagree
+    assert plots.loss_curves({}) is None
+    assert plots.loss_curves({"r": {"train": [], "val": []}}) is None
+    assert plots.length_histogram(None) is None
+    assert plots.length_histogram({"lengths": {}}) is None
+
+
+# --------------------------------------------------------------------------- a real browser
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="Debian's chromium is not installed")
+def test_chromium_renders_the_page(page, tmp_path):
+    src = tmp_path / "report.html"
+    src.write_text(page, encoding="utf-8")
+    shot = tmp_path / "shot.png"
+    proc = subprocess.run(
+        [shutil.which("chromium"), "--headless", "--no-sandbox", "--disable-gpu",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={shot}",
+         "--window-size=1200,3000", src.as_uri()],
+        capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert shot.is_file(), proc.stderr[-2000:]
+    data = shot.read_bytes()
+    assert data.startswith(PNG_MAGIC)
+    assert len(data) > 50_000  # a blank page compresses to a few kB
