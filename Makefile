@@ -25,10 +25,12 @@ test: model
 lint: $(BIN)/lorapilot
 	$(BIN)/ruff check src tests bench
 
+# The whole pilot on the shipped example with the real default model, ending in a decision.
 demo: model
 	$(BIN)/lorapilot check examples/ticket-triage
-	$(BIN)/lorapilot check examples/invoice-fields
+	$(BIN)/lorapilot run examples/ticket-triage
 	$(BIN)/lorapilot runs examples/ticket-triage
+	@echo "report: examples/ticket-triage/report/index.html"
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info

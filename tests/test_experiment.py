@@ -129,3 +129,14 @@ def test_smoke_passes_and_catches_shifted_labels(tmp_path, default_model_dir, mo
     assert not bad["ok"] and bad["n_correct"] < bad["n_examples"]
     human = run_cli("runs", str(pilot))
     assert human.returncode == 0
+
+
+def test_train_refuses_when_the_probe_exceeds_the_limits(tmp_path, tiny_model_dir):
+    pilot = _pilot(tmp_path, tiny_model_dir, precision="fp32", max_steps=2)
+    spec = yaml.safe_load((pilot / "pilot.yaml").read_text())
+    spec["limits"]["memory_gb"] = 0.0001
+    (pilot / "pilot.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    run_json("probe", str(pilot), "--no-progress")
+    out = run_json("train", str(pilot), "--no-progress", expect=1)
+    assert "limits" in out["error"] and "memory_gb" in out["error"]
+    assert not list((pilot / "runs").glob("train-*")), "refused before any train run exists"

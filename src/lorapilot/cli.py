@@ -6,8 +6,10 @@ object on stdout, everything else on stderr. Exit codes: 0 ok, 1 a check failed,
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -15,6 +17,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape as esc
 from rich.table import Table
 
 from lorapilot.errors import CheckFailed, LorapilotError, UsageError
@@ -67,9 +70,18 @@ def verb(fn: Callable[..., Any]) -> Callable[..., Any]:
             _fail(e, as_json, e.details)
         except LorapilotError as e:
             _fail(e, as_json, {})
+        except OSError as e:  # disk full, read-only folder, permissions: a message, not a traceback
+            _fail(LorapilotError(_os_error_message(e)), as_json, {}, label="error")
         except KeyboardInterrupt:
             stderr.print("[yellow]interrupted[/]")
             raise typer.Exit(130) from None
+        except typer.Exit:
+            raise
+        except Exception as e:  # a bug in lorapilot: say so plainly, traceback on request
+            if os.environ.get("LORAPILOT_DEBUG"):
+                raise
+            _fail(LorapilotError(f"internal error: {type(e).__name__}: {e}. This is a lorapilot bug; "
+                                 "rerun with LORAPILOT_DEBUG=1 for the traceback and report it."), as_json, {})
         else:
             show = result.pop("_show", None)
             exit_code = int(result.pop("_exit_code", 0))
@@ -83,9 +95,23 @@ def verb(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-def _fail(e: LorapilotError, as_json: bool, details: dict) -> None:
-    label = "check failed" if e.exit_code == 1 else "error"
-    stderr.print(f"[bold red]{label}:[/] {e}", markup=True, highlight=False)
+# errno values that mean "the disk/folder would not take the write"
+_WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG}
+
+
+def _os_error_message(e: OSError) -> str:
+    """One line for a file-system failure: what could not be done, where, and why."""
+    why = e.strerror or str(e)
+    where = f" {e.filename}" if e.filename is not None else ""
+    if e.errno in _WRITE_ERRNOS:
+        return f"cannot write{where}: {why}"
+    return f"file system error on{where or ' a file'}: {why}"
+
+
+def _fail(e: LorapilotError, as_json: bool, details: dict, label: str | None = None) -> None:
+    label = label or ("check failed" if e.exit_code == 1 else "error")
+    # user text (spec keys, data, paths) is escaped: "[/x]" in a key must not be read as markup
+    stderr.print(f"[bold red]{label}:[/] {esc(str(e))}", markup=True, highlight=False)
     if as_json:
         _print_json({"ok": False, "error": str(e), "exit_code": e.exit_code, **details})
     raise typer.Exit(e.exit_code)
@@ -115,11 +141,11 @@ def check(pilot: PilotArg, as_json: JsonFlag = False, sets: SetOpt = None) -> di
     }
 
     def show(r: dict) -> None:
-        stdout.print(f"[green]ok[/] {r['spec']}: pilot [bold]{r['name']}[/] ({r['task']})")
-        stdout.print(f"  hypothesis: {s.hypothesis.strip()}")
-        stdout.print(f"  success: {s.success.metric} gains at least {s.success.min_gain}")
+        stdout.print(f"[green]ok[/] {esc(r['spec'])}: pilot [bold]{r['name']}[/] ({r['task']})")
+        stdout.print(f"  hypothesis: {esc(s.hypothesis.strip())}")
+        stdout.print(f"  success: {esc(s.success.metric)} gains at least {s.success.min_gain}")
         for g in r["guards"]:
-            stdout.print(f"  guard: {g}")
+            stdout.print(f"  guard: {esc(str(g))}")
         stdout.print(f"  spec hash: {r['spec_hash'][:16]}")
 
     result["_show"] = show
@@ -198,17 +224,20 @@ def runs(
 
     def show(res: dict) -> None:
         if not rows:
-            stdout.print(f"no runs yet in {pilot_dir / 'runs'}")
+            stdout.print(f"no runs yet in {esc(str(pilot_dir / 'runs'))}")
             return
-        t = Table(title=f"runs of {pilot_dir.name}")
-        for col in ("id", "kind", "status", "started", "duration", "note"):
+        t = Table(title=f"runs of {esc(pilot_dir.name)}")
+        t.add_column("id", no_wrap=True)
+        for col in ("kind", "status", "duration", "variant"):
             t.add_column(col)
         colour = {"completed": "green", "failed": "red", "interrupted": "yellow", "running": "cyan", "stopped_by_limit": "magenta"}
         for r in rows:
             dur = f"{r['duration_s']:.1f}s" if r["duration_s"] is not None else "-"
-            t.add_row(r["id"], r["kind"], f"[{colour.get(r['status'], 'white')}]{r['status']}[/]",
-                      (r["started_at"] or "")[:19], dur, (r["error"] or "")[:60])
+            t.add_row(r["id"], r["kind"], f"[{colour.get(r['status'], 'white')}]{r['status']}[/]", dur, r["variant"] or "")
         stdout.print(t)
+        for r in rows:  # reasons in full, below the table, where they are readable
+            if r["error"]:
+                stdout.print(f"{r['id']}: {esc(r['error'])}")
 
     return {"pilot": str(pilot_dir), "runs": rows, "_show": show}
 
@@ -222,7 +251,7 @@ def data(pilot: PilotArg, as_json: JsonFlag = False, sets: SetOpt = None) -> dic
     from lorapilot.spec import load_pilot
 
     p = load_pilot(pilot, sets)
-    log_console(as_json).print(f"[dim]data: {p.dir.name}: loading and checking...[/]")
+    log_console(as_json).print(f"[dim]data: {esc(p.dir.name)}: loading and checking...[/]")
     result = run_data(p)
     result["_show"] = _show_data
     return result
@@ -230,14 +259,14 @@ def data(pilot: PilotArg, as_json: JsonFlag = False, sets: SetOpt = None) -> dic
 
 def _show_data(r: dict) -> None:
     stdout.print(f"[green]data ok[/] version [bold]{r['version']}[/]  run {r['run_id']}")
-    stdout.print(f"  source: {r['source']}\n  permission: {r['permission']}")
+    stdout.print(f"  source: {esc(str(r['source']))}\n  permission: {esc(str(r['permission']))}")
     t = Table(title="examples per split and category")
     splits = list(r["splits"])
     t.add_column("category")
     for s in splits:
         t.add_column(s, justify="right")
     for cat, row in sorted(r["per_category"].items()):
-        t.add_row(cat, *(str(row.get(s, 0)) for s in splits))
+        t.add_row(esc(cat), *(str(row.get(s, 0)) for s in splits))
     t.add_row("[bold]total[/]", *(f"[bold]{r['splits'][s]}[/]" for s in splits))
     stdout.print(t)
     lt = Table(title="tokens per example (template + answer)")
@@ -259,7 +288,7 @@ def _show_data(r: dict) -> None:
     if r["skipped"]:
         stdout.print(f"  [yellow]skipped {len(r['skipped'])} record(s):[/]")
         for s in r["skipped"][:20]:
-            stdout.print(f"    {s['file']}:{s['line']}: {s['problem']}")
+            stdout.print(esc(f"    {s['file']}:{s['line']}: {s['problem']}"))
 
 
 @app.command()
@@ -296,15 +325,16 @@ def _show_inspect(r: dict) -> None:
     for ex in r["examples"]:
         flag = "[green]match[/]" if ex["match"] else "[red]MISMATCH[/]"
         cut = f", input cut by {ex['tokens_cut']} tokens" if ex["truncated"] else ""
-        stdout.rule(f"{ex['category']} / {ex['id']} ({ex['source']}): {ex['n_tokens']} tokens{cut}")
+        stdout.rule(esc(f"{ex['category']} / {ex['id']} ({ex['source']}): {ex['n_tokens']} tokens{cut}"))
         text = Text()
         loss = set(ex["loss_positions"])
         for i, piece in enumerate(ex["pieces"]):
             style = "bold black on green" if i in loss else ("cyan" if piece.startswith("<|") else "")
             text.append(piece, style=style)
         stdout.print(text)
-        stdout.print(f"loss tokens decode to {ex['decoded_target']!r}; expected {ex['expected_target']!r}: {flag}")
-    stdout.print(f"\ncategories: {', '.join(r['categories'])}  (green = tokens that carry the loss)")
+        stdout.print(f"loss tokens decode to {esc(repr(ex['decoded_target']))}; expected "
+                     f"{esc(repr(ex['expected_target']))}: {flag}")
+    stdout.print(f"\ncategories: {esc(', '.join(r['categories']))}  (green = tokens that carry the loss)")
     if not r["ok"]:
         stdout.print("[red]some examples' loss tokens do not decode to their answer[/]")
 
@@ -366,9 +396,9 @@ def _show_eval(r: dict) -> None:
         for c in cols:
             t.add_column(c, justify="right")
         for name, v in per.items():
-            t.add_row(name, *(f"{v[c]:.3f}" if isinstance(v.get(c), float) else str(v.get(c, "")) for c in cols))
+            t.add_row(esc(name), *(f"{v[c]:.3f}" if isinstance(v.get(c), float) else str(v.get(c, "")) for c in cols))
         stdout.print(t)
-    stdout.print(f"  predictions: {r['predictions']}")
+    stdout.print(f"  predictions: {esc(r['predictions'])}")
 
 
 @app.command("train")
@@ -387,7 +417,7 @@ def train_cmd(
 
     p = load_pilot(pilot, sets)
     con = log_console(as_json)
-    result = run_train(p, resume=resume, progress=not no_progress, log=lambda m: con.print(f"[dim]{m}[/]"))
+    result = run_train(p, resume=resume, progress=not no_progress, log=lambda m: con.print(f"[dim]{esc(m)}[/]"))
     result["_show"] = _show_train
     return result
 
@@ -400,7 +430,7 @@ def _show_train(r: dict) -> None:
     stdout.print(f"  val loss {r['initial_val_loss']:.4f} -> {r['final_val_loss']:.4f}")
     m = r["metrics"]
     stdout.print("  " + "  ".join(f"{k}={m[k]:.3f}" for k in ("accuracy", "macro_f1", "json_valid_rate", "field_f1") if k in m))
-    stdout.print(f"  adapter: {r['adapter_path']}")
+    stdout.print(f"  adapter: {esc(r['adapter_path'])}")
 
 
 @app.command()
@@ -420,7 +450,7 @@ def smoke(
     p = load_pilot(pilot, sets)
     con = log_console(as_json)
     result = run_smoke(p, per_category=per_category, max_steps=steps, progress=not no_progress,
-                       log=lambda m: con.print(f"[dim]{m}[/]"))
+                       log=lambda m: con.print(f"[dim]{esc(m)}[/]"))
     if not result["ok"]:
         result["_exit_code"] = 1
 
@@ -452,7 +482,7 @@ def probe(
     p = load_pilot(pilot, sets)
     con = log_console(as_json)
     result = run_probe(p, search_batch=search_batch, estimate_only=estimate_only, steps=steps,
-                       progress=not no_progress, log=lambda m: con.print(f"[dim]{m}[/]"))
+                       progress=not no_progress, log=lambda m: con.print(f"[dim]{esc(m)}[/]"))
     result["_show"] = _show_probe
     return result
 
@@ -575,12 +605,12 @@ def _show_compare(r: dict) -> None:
         fl = row.get("flips") or {}
         fb = f"{len(fl.get('fixed', []))}/{len(fl.get('broken', []))}" if fl else ""
         note = row.get("not_comparable_reason") or row.get("reason") or ""
-        t.add_row(row["id"], row["kind"], row["status"], row.get("variant") or "", main, delta, fb, note[:50])
+        t.add_row(row["id"], row["kind"], row["status"], row.get("variant") or "", main, delta, fb, esc(note[:50]))
     stdout.print(t)
     if r["decision"]:
         stdout.print(f"decision so far ({r['chosen']}): [bold]{r['decision']}[/]")
         for reason in r["reasons"]:
-            stdout.print(f"  - {reason}")
+            stdout.print(f"  - {esc(str(reason))}")
 
 
 @app.command()
@@ -596,7 +626,7 @@ def report(pilot: PilotArg, as_json: JsonFlag = False) -> dict:
     def show(r: dict) -> None:
         stdout.print(f"decision: [bold]{r['decision']}[/]")
         for reason in r["reasons"]:
-            stdout.print(f"  - {reason}")
+            stdout.print(f"  - {esc(str(reason))}")
         stdout.print(f"report: {r['html']}\n        {r['markdown']}\ndeliverable: {r['deliverable']}")
 
     result["_show"] = show
@@ -617,7 +647,7 @@ def run_cmd(pilot: PilotArg, as_json: JsonFlag = False, no_progress: NoProgress 
     def show(r: dict) -> None:
         stdout.print(f"decision: [bold]{r['decision']}[/] (train run {r['train_run']}, {r['wall_s']:.0f} s)")
         for reason in r["reasons"]:
-            stdout.print(f"  - {reason}")
+            stdout.print(f"  - {esc(str(reason))}")
         stdout.print(f"report: {r['html']}")
 
     result["_show"] = show
@@ -646,7 +676,7 @@ def main() -> None:
     try:
         app()
     except UsageError as e:  # pragma: no cover - raised outside a verb (should not happen)
-        stderr.print(f"[bold red]error:[/] {e}")
+        stderr.print(f"[bold red]error:[/] {esc(str(e))}")
         sys.exit(2)
 
 

@@ -8,6 +8,10 @@ of the final adapter (what `verify` later reproduces in a fresh process).
 
 from __future__ import annotations
 
+import contextlib
+import os
+import socket
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -21,7 +25,14 @@ from lorapilot.evaluate.runner import evaluate_records, make_protocol
 from lorapilot.evaluate.stage import load_base, write_eval_files
 from lorapilot.export import write_adapter_manifest
 from lorapilot.spec import Pilot, variant_label
-from lorapilot.train import collate, make_optimizer, train
+from lorapilot.train import (
+    check_distributed,
+    collate,
+    init_distributed,
+    launched_world_size,
+    make_optimizer,
+    train,
+)
 
 
 def _limit_checks(pilot: Pilot, started: float):
@@ -45,9 +56,83 @@ def _audit_batches(examples, micro_batch: int, pad_id: int, steps: int = 2) -> l
     return out
 
 
+def _distributed_state():
+    """accelerate's process state when launched with several processes, else None.
+
+    Joining the process group here, before the run is opened, lets rank 0 share its run id.
+    """
+    return init_distributed() if launched_world_size() > 1 else None
+
+
+def _distributed_info(state) -> dict:
+    """World size, backend, hosts and versions, as recorded in the run (a collective call)."""
+    import accelerate
+    import torch
+
+    host = socket.gethostname()
+    info = {"mode": "none", "world_size": 1, "backend": None, "rank0_host": host, "hosts": [host],
+            "torch": torch.__version__, "accelerate": accelerate.__version__}
+    if state is None:
+        return info
+    hosts: list = [None] * state.num_processes
+    torch.distributed.all_gather_object(hosts, host)
+    info.update(mode="ddp", world_size=state.num_processes, backend=state.backend,
+                rank0_host=hosts[0], hosts=sorted(set(hosts)),
+                local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", state.num_processes)))
+    return info
+
+
+@contextlib.contextmanager
+def _open_train_run(state, pilot_dir: Path, **kwargs):
+    """Rank 0 creates (or reopens) the run and broadcasts its id; the other ranks follow it
+    with a handle that writes nothing, so a distributed launch leaves exactly one run."""
+    if state is None:
+        with registry.open_run(pilot_dir, "train", **kwargs) as run:
+            yield run
+        return
+    from accelerate.utils import broadcast_object_list
+
+    if state.is_main_process:
+        with registry.open_run(pilot_dir, "train", **kwargs) as run:
+            broadcast_object_list([run.id])
+            yield run
+    else:
+        run_id = broadcast_object_list([None])[0]
+        with registry.open_run(pilot_dir, "train", **{**kwargs, "run_id": run_id}, write=False) as run:
+            yield run
+
+
+def refuse_over_limits(pilot: Pilot, log=print) -> None:
+    """Before starting: refuse (exit 1) when the latest probe's measured memory or the budget
+    estimate exceeds the spec's limits. Without a probe there is nothing measured to check."""
+    from lorapilot.errors import LorapilotError
+    from lorapilot.plan import run_budget
+
+    try:
+        budget = run_budget(pilot)
+    except LorapilotError as e:
+        log(f"limits not checked before training: {e}")
+        return
+    limits = budget.get("limits") or {}
+    over = {k: v for k, v in limits.items() if isinstance(v, dict) and not v.get("ok", True)}
+    if over:
+        detail = "; ".join(f"{k}: {v.get('detail') or (str(v.get('value')) + ' > ' + str(v.get('limit')))}" for k, v in over.items())
+        raise CheckFailed(f"the measured probe / budget estimate exceeds the spec's limits ({detail}); "
+                          "raise limits in pilot.yaml or shrink the run", {"limits": limits})
+
+
 def run_train(pilot: Pilot, *, resume: str | None = None, progress: bool = True, log=print) -> dict:
-    """One experiment: data -> adapter -> audit -> train -> save -> evaluate the adapter."""
+    """One experiment: data -> adapter -> audit -> train -> save -> evaluate the adapter.
+
+    Under torchrun / accelerate launch every rank runs this; only rank 0 writes the run, evaluates
+    the final adapter and keeps stdout (the CLI prints one JSON object, rank 0's).
+    """
     spec = pilot.spec
+    check_distributed(spec.train)
+    state = _distributed_state()
+    if state is not None and not state.is_main_process:
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - for the life of this rank's process
+    distributed = _distributed_info(state)
     label = variant_label(pilot.diff)
     variant = {"label": label, "diff": pilot.diff, "parent_spec_hash": None}
     if resume:
@@ -66,9 +151,10 @@ def run_train(pilot: Pilot, *, resume: str | None = None, progress: bool = True,
 
         base_spec, _ = load_spec_file(pilot.spec_path)
         variant["parent_spec_hash"] = base_spec.spec_hash()
+        refuse_over_limits(pilot, log)
     started = time.time()
-    with registry.open_run(
-        pilot.dir, "train", spec_hash=spec.spec_hash(), config=spec.model_dump(mode="json"),
+    with _open_train_run(
+        state, pilot.dir, spec_hash=spec.spec_hash(), config=spec.model_dump(mode="json"),
         environment=environment.snapshot(), run_id=resume,
     ) as run:
         if not resume:
@@ -86,7 +172,7 @@ def run_train(pilot: Pilot, *, resume: str | None = None, progress: bool = True,
         base_info = {"id": resolved.id, "path": str(resolved.path), "revision": resolved.revision,
                      "sha256": resolved.weights_sha256, "source": resolved.source}
         run.update(adapter=adapter_info, trainable_params=adapter_info["trainable_params"],
-                   target_modules=adapter_info["target_modules"], base=base_info)
+                   target_modules=adapter_info["target_modules"], base=base_info, distributed=distributed)
 
         if not resume:
             audit = run_update_audit(
@@ -112,6 +198,8 @@ def run_train(pilot: Pilot, *, resume: str | None = None, progress: bool = True,
         adapter_dir = Path(result["adapter"])
         run.update(train=result, adapter_path=str(adapter_dir), final_val_loss=result["final_val_loss"],
                    initial_val_loss=result["initial_val_loss"])
+        if not run.write:  # a non-zero rank: rank 0 evaluates the adapter and writes the files
+            return {"run_id": run.id, "status": "completed", "rank": state.process_index}
 
         # The final adapter on the validation split, with the same protocol as the baseline.
         protocol = make_protocol(spec, tok, prepared)
@@ -143,6 +231,7 @@ def run_train(pilot: Pilot, *, resume: str | None = None, progress: bool = True,
         "metrics": ev.metrics,
         "eval_protocol": protocol["eval_protocol"],
         "data_version": prepared.version,
+        "distributed": distributed,
         "wall_s": round(time.time() - started, 3),
     }
 

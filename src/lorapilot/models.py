@@ -13,6 +13,7 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import pickle
 import shutil
 import subprocess
 import sys
@@ -399,7 +400,8 @@ def _weights_of(path: Path, allow_pickle: bool, label: str) -> tuple[str, list[s
         raise UsageError(
             f"{label} has only pickle weights ({', '.join(pickles)}); lorapilot loads "
             "safetensors only, since a pickle can run code when loaded. Convert the weights "
-            "to safetensors, or allow pickle weights explicitly if you trust their source."
+            "to safetensors, or set model.allow_pickle: true in the spec if you trust their "
+            "source (they are then loaded with torch's weights-only loader)."
         )
     if not pickles:
         raise UsageError(f"{label} has a config.json but no weight files (*.safetensors)")
@@ -500,13 +502,24 @@ def load_model(resolved: ResolvedModel, dtype: str = "float32", trust_remote_cod
 
     if dtype not in DTYPES:
         raise UsageError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
-    model = AutoModelForCausalLM.from_pretrained(
-        resolved.path,
-        dtype=getattr(torch, dtype),
-        use_safetensors=resolved.weights_format == "safetensors",
-        trust_remote_code=trust_remote_code,
-        local_files_only=True,
-    )
+    try:
+        # Pickle weights (allowed explicitly) go through torch.load(weights_only=True), which
+        # refuses anything but tensors; a refusal is bad input, not a crash.
+        model = AutoModelForCausalLM.from_pretrained(
+            resolved.path,
+            dtype=getattr(torch, dtype),
+            use_safetensors=resolved.weights_format == "safetensors",
+            trust_remote_code=trust_remote_code,
+            weights_only=True,  # the transformers default, pinned
+            local_files_only=True,
+        )
+    except pickle.UnpicklingError as e:
+        why = next((ln.strip() for ln in str(e).splitlines() if "GLOBAL" in ln or "WeightsUnpickler" in ln), "")
+        raise UsageError(
+            f"base folder {resolved.path}: its pickle weights hold more than tensors and were "
+            f"refused by torch's weights-only loader ({why or 'not a plain tensor file'}); "
+            "lorapilot never loads pickles with code execution enabled. Use safetensors weights."
+        ) from None
     model.eval()
     tokenizer = AutoTokenizer.from_pretrained(
         resolved.path, trust_remote_code=trust_remote_code, local_files_only=True

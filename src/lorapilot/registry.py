@@ -70,7 +70,18 @@ def now_iso() -> str:
 
 
 def runs_dir(pilot_dir: Path) -> Path:
-    return Path(pilot_dir) / RUNS_DIR
+    """`<pilot>/runs`. lorapilot writes only inside the pilot folder, so a `runs` that leads
+    out of it (a symlink to elsewhere) is refused rather than followed."""
+    pilot_dir = Path(pilot_dir)
+    path = pilot_dir / RUNS_DIR
+    if path.is_symlink():
+        target = path.resolve()
+        if not target.is_relative_to(pilot_dir.resolve()):
+            raise UsageError(
+                f"{path} is a symlink to {target}, outside the pilot folder; lorapilot writes "
+                "run records only inside the pilot folder: make runs a real folder"
+            )
+    return path
 
 
 def new_run_dir(pilot_dir: Path, kind: str) -> tuple[str, Path]:
@@ -148,6 +159,8 @@ def check_run_id(run_id: str) -> str:
 
 def get_run(pilot_dir: Path, run_id: str) -> RunRecord:
     check_run_id(run_id)
+    if (runs_dir(pilot_dir) / run_id).is_symlink():  # a resume would write through it
+        raise UsageError(f"{runs_dir(pilot_dir) / run_id} is a symlink; a run folder must be a real folder")
     rec = read_record(runs_dir(pilot_dir) / run_id)
     if rec is None:
         raise UsageError(f"{runs_dir(pilot_dir) / run_id}: no such run (see `lorapilot runs`)")
@@ -162,17 +175,19 @@ def latest_run(pilot_dir: Path, kind: str, status: str = "completed") -> RunReco
 class RunHandle:
     """What a stage function gets: the run folder, the record, and a way to save progress."""
 
-    def __init__(self, pilot_dir: Path, run_dir: Path, record: RunRecord):
+    def __init__(self, pilot_dir: Path, run_dir: Path, record: RunRecord, write: bool = True):
         self.pilot_dir = pilot_dir
         self.dir = run_dir
         self.record = record
+        self.write = write  # False: another process owns the files (a non-zero DDP rank)
 
     @property
     def id(self) -> str:
         return self.record.id
 
     def save(self) -> None:
-        write_record(self.dir, self.record)
+        if self.write:
+            write_record(self.dir, self.record)
 
     def update(self, **result: Any) -> None:
         """Merge keys into `result` and write the record now (partial results survive a kill)."""
@@ -206,14 +221,28 @@ def open_run(
     parent: str | None = None,
     environment: dict | None = None,
     run_id: str | None = None,
+    write: bool = True,
 ) -> Iterator[RunHandle]:
     """Create (or, with `run_id`, reopen for resume) a run and close it with the right status.
 
     Exceptions propagate after the record is written: failed (exception), interrupted
     (Ctrl-C/SIGTERM), stopped_by_limit (StoppedByLimit, which the caller treats as success).
+
+    `write=False` (with the `run_id` another process created) follows that run without
+    touching the disk: the record lives in memory only. Non-zero ranks of a distributed
+    launch use it, so that only rank 0 creates and writes the run.
     """
     pilot_dir = Path(pilot_dir)
-    if run_id is None:
+    if not write:
+        if run_id is None:
+            raise ValueError("open_run(write=False) needs the run_id of the run it follows")
+        run_dir = runs_dir(pilot_dir) / check_run_id(run_id)
+        record = RunRecord(
+            id=run_id, kind=kind, parent=parent, started_at=now_iso(), pid=os.getpid(),
+            host=socket.gethostname(), pilot=str(pilot_dir), spec_hash=spec_hash,
+            config=config or {}, environment=environment or {},
+        )
+    elif run_id is None:
         run_id, run_dir = new_run_dir(pilot_dir, kind)
         record = RunRecord(
             id=run_id, kind=kind, parent=parent, started_at=now_iso(), pid=os.getpid(),
@@ -226,7 +255,7 @@ def open_run(
         record.status, record.error, record.ended_at = "running", None, None
         record.pid, record.host = os.getpid(), socket.gethostname()
         record.result.setdefault("resumes", []).append(now_iso())
-    handle = RunHandle(pilot_dir, run_dir, record)
+    handle = RunHandle(pilot_dir, run_dir, record, write=write)
     handle.save()
     t0 = dt.datetime.fromisoformat(record.started_at)
 

@@ -383,6 +383,10 @@ def parse_yaml(text: str, source: str) -> Any:
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise UsageError(f"{source}:{where} is not valid YAML: {problem}") from None
+    except RecursionError:
+        raise UsageError(f"{source}: is not valid YAML: nested too deeply") from None
+    except ValueError as e:  # a constructor's own error: an impossible date, `!!int x`
+        raise UsageError(f"{source}: is not valid YAML: a value cannot be read ({e})") from None
 
 
 def spec_from_dict(raw: Any, source: str = "pilot.yaml") -> PilotSpec:
@@ -452,7 +456,7 @@ def param_group(key: str) -> str:
 def _parse_value(text: str) -> Any:
     try:
         return yaml.load(text, Loader=_SafeLoader)
-    except yaml.YAMLError:
+    except (yaml.YAMLError, ValueError, RecursionError):
         return text
 
 

@@ -635,13 +635,56 @@ def _write_final(model, out_dir: Path) -> Path:
 # --------------------------------------------------------------------------- helpers
 
 
+def launched_world_size() -> int:
+    """Processes started by the launcher (torchrun / accelerate launch set WORLD_SIZE)."""
+    return int(os.environ.get("WORLD_SIZE", "1") or 1)
+
+
+def _cpu_only_launch() -> bool:
+    # DISTRIBUTED FIX: on a machine without GPUs accelerate joins the process group only when
+    # asked for cpu=True; otherwise every rank of `torchrun --nproc_per_node N` silently trains
+    # alone (world size 1, N run folders, no gradient averaging).
+    return launched_world_size() > 1 and not torch.cuda.is_available()
+
+
+def init_distributed():
+    """accelerate's process state: joins the process group (gloo on CPUs, nccl on GPUs) when
+    launched with several processes. Safe to call more than once; the state is shared."""
+    from accelerate import PartialState
+
+    return PartialState(cpu=_cpu_only_launch())
+
+
+def check_distributed(cfg: TrainSpec) -> None:
+    """Refuse settings the loop cannot honour, before anything is loaded or written."""
+    # DISTRIBUTED FIX: `fsdp` used to be accepted and silently ignored (ranks ran DDP, or
+    # trained alone). The loop saves, checkpoints and evaluates an unsharded model on rank 0;
+    # under FSDP those need full-state gathering first (see docs/distributed.md).
+    if cfg.distributed == "fsdp":
+        raise UsageError(
+            "train.distributed: fsdp is not supported by the training loop yet (saving, "
+            "checkpoints and validation need the sharded weights gathered first); use "
+            "train.distributed: ddp, which replicates the base model on every device. "
+            "See docs/distributed.md"
+        )
+    # An accelerate config with FSDP or DeepSpeed sets these; accelerate would then wrap the
+    # loss module its own way, which the optimizer, saving and validation here do not expect.
+    for var, what in (("ACCELERATE_USE_FSDP", "FSDP"), ("ACCELERATE_USE_DEEPSPEED", "DeepSpeed")):
+        if os.environ.get(var, "false").lower() == "true":
+            raise UsageError(
+                f"launched with an accelerate {what} config ({var}=true); lorapilot trains with "
+                "DDP only: use examples/accelerate/ddp_multi_gpu.yaml (see docs/distributed.md)"
+            )
+
+
 def _accelerator():
     from accelerate import Accelerator
 
+    cpu = _cpu_only_launch()  # DISTRIBUTED FIX, see _cpu_only_launch
     try:
-        return Accelerator(mixed_precision="no")
+        return Accelerator(mixed_precision="no", cpu=cpu)
     except ValueError:  # the process-global state exists with other settings: reuse it
-        return Accelerator()
+        return Accelerator(cpu=cpu)
 
 
 def seed_everything(seed: int) -> None:
@@ -739,6 +782,7 @@ def train(
     """
     t_call = time.time()
     out_dir = Path(out_dir)
+    check_distributed(cfg)
     if not train_examples:
         raise UsageError("no training examples")
     ckpt_root = out_dir / "checkpoints"
@@ -748,6 +792,10 @@ def train(
     acc = _accelerator()
     main, world, rank = acc.is_main_process, acc.num_processes, acc.process_index
     device = acc.device
+    if main and world > 1:
+        log(f"DDP over {world} processes ({acc.state.backend}); each takes its slice of a step")
+    elif cfg.distributed == "ddp" and world == 1:
+        log("train.distributed is ddp but one process was launched: training on one device")
     seed_everything(cfg.seed)
     model.to(device)
     if cfg.grad_checkpointing:
@@ -773,7 +821,13 @@ def train(
 
     # -- resume: weights, optimizer, scheduler, RNG, data position, logs ----------------
     if resume:
-        folder = find_checkpoint(ckpt_root, log)
+        # DISTRIBUTED FIX: find_checkpoint tidies the folder (deletes newer/broken checkpoints,
+        # rewrites latest.json), so only rank 0 runs it; the others load what it chose.
+        folder = find_checkpoint(ckpt_root, log) if main else None
+        if world > 1:
+            from accelerate.utils import broadcast_object_list
+
+            folder = broadcast_object_list([folder])[0]
         if folder is None:
             log(f"no usable checkpoint in {ckpt_root}; starting from step 0")
         else:

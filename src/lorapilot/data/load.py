@@ -274,8 +274,12 @@ def _json_message(e: ValueError) -> str:
 def _lines(f: IO[bytes]) -> Iterator[tuple[int, bytes | None]]:
     """(line number, raw line with its newline) or None for a line over MAX_LINE_BYTES.
 
-    A too-long line is drained in chunks, never held whole in memory.
+    A too-long line is drained in chunks, never held whole in memory. A BOM at the start
+    of the file is skipped before the first read, so it never counts towards line 1's
+    length (counted, it made a line just over the limit read as two lines).
     """
+    if f.read(len(_BOM)) != _BOM:
+        f.seek(0)
     lineno = 0
     cap = MAX_LINE_BYTES + 3  # content + "\r\n" + 1 to tell "exactly at the limit" apart
     while True:
@@ -283,8 +287,6 @@ def _lines(f: IO[bytes]) -> Iterator[tuple[int, bytes | None]]:
         if not chunk:
             return
         lineno += 1
-        if lineno == 1 and chunk.startswith(_BOM):
-            chunk = chunk[len(_BOM) :]
         if len(chunk) == cap and not chunk.endswith(b"\n"):
             while True:
                 rest = f.readline(1 << 16)

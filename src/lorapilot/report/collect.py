@@ -130,7 +130,7 @@ def collect(pilot: Pilot) -> dict:
         "smoke": latest["smoke"] and latest["smoke"].result,
         "chosen_record": chosen and registry.get_run(pilot.dir, chosen["id"]).model_dump(mode="json"),
         "decision": decision, "verify": verify, "test": test, "test_ledger": ledger, "curves": curves,
-        "limitations": limitations(pilot, rows, chosen, ledger, latest["data"]),
+        "limitations": limitations(pilot, rows, chosen, ledger, latest["data"] and latest["data"].result),
     }
 
 
