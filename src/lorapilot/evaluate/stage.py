@@ -26,8 +26,12 @@ LEDGER = "test_ledger.jsonl"
 
 def quiet_transformers() -> None:
     """transformers' own progress bars and warnings would interleave with ours on stderr."""
+    import warnings
+
     from transformers.utils import logging
 
+    # peft calls a transformers API deprecated for v6; not actionable for our users
+    warnings.filterwarnings("ignore", category=FutureWarning, module="transformers")
     logging.set_verbosity_error()
     logging.disable_progress_bar()
 
