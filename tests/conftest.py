@@ -35,6 +35,19 @@ def tiny_model_dir(tmp_path_factory, default_model_dir) -> Path:
     return make_tiny_model(tmp_path_factory.mktemp("tiny") / "model", tokenizer_dir=default_model_dir)
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models gain nothing from threads, and on a busy 2-core machine OpenMP's spinning
+    threads make every small op several times slower. Use with
+    `pytestmark = pytest.mark.usefixtures("one_thread")`."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
     """Run `python -m lorapilot ARGS` as a subprocess, the way a user would."""
     return subprocess.run(

@@ -27,13 +27,7 @@ BASE_WEIGHT = "base_model.model.model.layers.0.self_attn.q_proj.base_layer.weigh
 LORA_A = "base_model.model.model.layers.1.mlp.up_proj.lora_A.default.weight"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """A 32-wide model gains nothing from threads; on a busy machine they slow it down."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

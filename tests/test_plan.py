@@ -8,7 +8,6 @@ import math
 import shutil
 
 import pytest
-import torch
 import yaml
 from conftest import EXAMPLES
 
@@ -20,12 +19,7 @@ from lorapilot.spec import load_pilot
 PARTS = ("train_s", "eval_s", "checkpoint_s", "setup_s")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -22,14 +22,7 @@ from lorapilot import probe
 from lorapilot.memory import ModelShape
 from lorapilot.spec import AdapterSpec, load_pilot
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """As in test_train.py: a 32-wide model gains nothing from threads on a busy machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny_pilot(tmp_path, tiny_model_dir, **overrides):

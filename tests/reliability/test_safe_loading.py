@@ -166,9 +166,4 @@ def test_default_verbs_never_unpickle_never_reach_the_network_and_record_trust_r
     assert not [p.name for p in adapter.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".pkl")]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
