@@ -73,11 +73,11 @@ def read_manifest(adapter_dir: Path) -> dict:
         raise UsageError(f"{path}: not valid JSON ({e})") from None
 
 
-def weights_sha256(model_dir: Path) -> str:
+def weights_sha256(model_dir: Path, allow_pickle: bool = False) -> str:
     """Hash the base weights as they are on disk now (never trusting a stored manifest)."""
     from lorapilot.models import _weights_of, combined_sha256
 
-    _, files = _weights_of(Path(model_dir), False, str(model_dir))
+    _, files = _weights_of(Path(model_dir), allow_pickle, str(model_dir))
     return combined_sha256({n: sha256_file(Path(model_dir) / n) for n in files})
 
 
@@ -143,7 +143,7 @@ def verify_child(pilot_dir: Path, adapter_dir: Path, out_dir: Path) -> dict:
     pilot = Pilot(Path(pilot_dir), Path(pilot_dir) / "pilot.yaml", spec, {})
     m = spec.model
     resolved = resolve_base(m.base, m.revision, root=pilot.dir, allow_pickle=m.allow_pickle)
-    base_sha = weights_sha256(resolved.path)
+    base_sha = weights_sha256(resolved.path, m.allow_pickle)
     expected = manifest["base"]["sha256"]
     result: dict[str, Any] = {"base_sha256": base_sha, "expected_base_sha256": expected, "base_path": str(resolved.path)}
     if base_sha != expected:
@@ -270,7 +270,7 @@ def run_export(pilot, run_id: str | None, out: Path, merge: bool = True) -> dict
     train_id, adapter_dir = adapter_of(pilot, run_id)
     manifest = read_manifest(adapter_dir)
     resolved, base, tok = load_base(pilot)
-    if weights_sha256(resolved.path) != manifest["base"]["sha256"]:
+    if weights_sha256(resolved.path, pilot.spec.model.allow_pickle) != manifest["base"]["sha256"]:
         raise CheckFailed(f"the base weights in {resolved.path} are not the ones the adapter was trained on")
     model = attach_adapter(base, adapter_dir).float()
     prepared = prepare_data(pilot, tok)
