@@ -98,3 +98,22 @@ def sha256_bytes(data: bytes) -> str:
 def sha256_json(obj: Any) -> str:
     """Hash of a canonical JSON rendering: stable across runs and key order."""
     return sha256_bytes(json.dumps(obj, sort_keys=True, ensure_ascii=False, default=str).encode())
+
+
+@contextlib.contextmanager
+def locked(path: str | os.PathLike):
+    """Exclusive advisory lock on `path` (created if missing) for the `with` body. Without
+    fcntl (Windows) it only yields: the atomic writes above still hold."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)

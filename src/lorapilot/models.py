@@ -8,7 +8,6 @@ are imported inside functions so the CLI starts fast.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import importlib.metadata
 import json
@@ -21,7 +20,7 @@ import tempfile
 import time
 import uuid
 import zipfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -29,7 +28,7 @@ from typing import Any, Literal
 
 from lorapilot import __version__
 from lorapilot.errors import LorapilotError, UsageError
-from lorapilot.fsutil import atomic_write_json, sha256_file
+from lorapilot.fsutil import atomic_write_json, locked, sha256_file
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 DEFAULT_ALIASES = (DEFAULT_MODEL, "default")
@@ -278,23 +277,6 @@ def _check_saved(folder: Path, expected_model) -> None:
         )
 
 
-@contextlib.contextmanager
-def _lock(path: Path) -> Iterator[None]:
-    """Serialise fetches: two processes building into the same folder would race the swap."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        import fcntl
-    except ImportError:  # Windows: no advisory lock, the atomic swap still holds.
-        yield
-        return
-    with open(path, "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
 def _default_permissions(folder: Path) -> None:
     """safetensors writes 0600 files; a shared model cache should follow the user's umask."""
     umask = os.umask(0)
@@ -340,7 +322,8 @@ def fetch_default_model(force: bool = False, progress: Progress | None = None) -
     say = progress or (lambda msg: None)
     start = time.monotonic()
     target = default_model_dir()
-    with _lock(target.parent / f".{target.name}.lock"):
+    # Serialise fetches: two processes building into the same folder would race the swap.
+    with locked(target.parent / f".{target.name}.lock"):
         if not force:
             manifest = _reusable(target)
             if manifest is not None:

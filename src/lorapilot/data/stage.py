@@ -9,6 +9,7 @@ from lorapilot import environment, registry
 from lorapilot.data.audit import example_view, length_stats, mask_audit, sample_per_category
 from lorapilot.data.dataset import (
     PreparedData,
+    check_leakage,
     encode_records,
     formatter_for,
     prepare_data,
@@ -90,14 +91,10 @@ def run_data(pilot: Pilot) -> dict[str, Any]:
         report = data_report(pilot, prepared, tok)
         run.record.data_version = prepared.version
         run.update(**report)
-        leaks = report["duplicates"]["cross_split"]
-        if leaks and spec.data.leakage == "fail":
-            shown = "; ".join(f"{p['a_split']}:{p['a_id']} ~ {p['b_split']}:{p['b_id']} ({p['kind']})" for p in leaks[:10])
-            raise CheckFailed(
-                f"{len(leaks)} duplicate pair(s) across splits (leaks): {shown}. Fix the data or set "
-                "data.leakage: drop_from_train (or warn).",
-                {"run_id": run.id, **report},
-            )
+        try:
+            check_leakage(pilot, prepared)  # the one place the leak message is written
+        except CheckFailed as e:
+            raise CheckFailed(str(e), {"run_id": run.id, **report}) from None
         if not report["mask_audit"]["ok"]:
             raise CheckFailed("the loss-mask audit failed (see mask_audit)", {"run_id": run.id, **report})
     return {"run_id": run.id, "status": run.record.status, **report}

@@ -8,8 +8,6 @@ only `eval --split test --final` touches it, and every access is appended to
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 from pathlib import Path
 from typing import Any
@@ -18,7 +16,7 @@ from lorapilot import environment, registry
 from lorapilot.data.dataset import formatter_for, prepare_data
 from lorapilot.errors import UsageError
 from lorapilot.evaluate.runner import EvalResult, evaluate_records, make_protocol
-from lorapilot.fsutil import append_jsonl, atomic_write_bytes, atomic_write_json, read_jsonl
+from lorapilot.fsutil import append_jsonl, atomic_write_bytes, atomic_write_json, locked, read_jsonl
 from lorapilot.spec import Pilot
 
 LEDGER = "test_ledger.jsonl"
@@ -120,21 +118,10 @@ def run_evaluation(pilot: Pilot, kind: str, *, split: str = "val", adapter_dir: 
     return {"run_id": run.id, "status": run.record.status, **out}
 
 
-@contextlib.contextmanager
-def _locked(path: Path):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
 def record_test_access(pilot_dir: Path, run_id: str, evaluated: str | None, adapter_dir: Path | None) -> list[dict]:
     """Append this access to the test ledger (under a lock) and return the earlier ones."""
     runs = registry.runs_dir(pilot_dir)
-    with _locked(runs / ".test_ledger.lock"):
+    with locked(runs / ".test_ledger.lock"):
         earlier = read_jsonl(runs / LEDGER)
         append_jsonl(runs / LEDGER, {"run": run_id, "evaluated": evaluated or "base",
                                      "adapter": str(adapter_dir) if adapter_dir else None,
