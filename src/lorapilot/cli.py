@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.markup import escape as esc
 from rich.table import Table
 
+from lorapilot import registry
 from lorapilot.errors import CheckFailed, LorapilotError, UsageError
 
 app = typer.Typer(
@@ -75,6 +76,9 @@ def verb(fn: Callable[..., Any]) -> Callable[..., Any]:
         except KeyboardInterrupt:
             stderr.print("[yellow]interrupted[/]")
             raise typer.Exit(130) from None
+        except registry.Interrupted as e:  # SIGTERM: the run record already says interrupted
+            stderr.print(f"[yellow]interrupted:[/] {esc(str(e))}")
+            raise typer.Exit(143) from None
         except typer.Exit:
             raise
         except Exception as e:  # a bug in lorapilot: say so plainly, traceback on request
@@ -199,12 +203,27 @@ def runs(
     pilot: PilotArg,
     as_json: JsonFlag = False,
     kind: Annotated[str | None, typer.Option("--kind", help="Only runs of this kind (data, train, ...).")] = None,
+    fmt: Annotated[str, typer.Option("--format", help="table, json (the --json object) or csv (one row per run, fixed columns).")] = "table",
+    watch: Annotated[bool, typer.Option("--watch", help="Follow a train run live (its steps.jsonl) until it is no longer running.")] = False,
+    run: Annotated[str | None, typer.Option("--run", help="With --watch: the run to follow (default: the running train run, else the latest).")] = None,
+    interval: Annotated[float, typer.Option("--interval", min=0.05, help="With --watch: seconds between refreshes.")] = 1.0,
+    last: Annotated[int, typer.Option("--last", min=1, help="With --watch: how many recent steps the table shows.")] = 15,
 ) -> dict:
-    """List every run record of the pilot, failed and interrupted ones included."""
+    """List every run record of the pilot, failed and interrupted ones included; or, with
+    --watch, follow a train run's steps live."""
     from lorapilot.registry import list_runs
+    from lorapilot.runs_view import STATUS_COLOUR, runs_csv
     from lorapilot.spec import resolve_pilot
 
+    if fmt not in ("table", "json", "csv"):
+        raise UsageError(f"--format {fmt!r}: expected table, json or csv")
+    if as_json and fmt == "csv":
+        raise UsageError("--json and --format csv both claim stdout: give one of them")
+    if run and not watch:
+        raise UsageError("--run selects the run to --watch; add --watch")
     pilot_dir, _ = resolve_pilot(pilot)
+    if watch:
+        return _watch_run(pilot_dir, run, as_json or fmt == "json", fmt, interval, last)
     records = list_runs(pilot_dir, kind)
     rows = [
         {
@@ -223,6 +242,12 @@ def runs(
     ]
 
     def show(res: dict) -> None:
+        if fmt == "json":
+            _print_json(res)
+            return
+        if fmt == "csv":
+            sys.stdout.write(runs_csv(rows))
+            return
         if not rows:
             stdout.print(f"no runs yet in {esc(str(pilot_dir / 'runs'))}")
             return
@@ -230,16 +255,30 @@ def runs(
         t.add_column("id", no_wrap=True)
         for col in ("kind", "status", "duration", "variant"):
             t.add_column(col)
-        colour = {"completed": "green", "failed": "red", "interrupted": "yellow", "running": "cyan", "stopped_by_limit": "magenta"}
         for r in rows:
             dur = f"{r['duration_s']:.1f}s" if r["duration_s"] is not None else "-"
-            t.add_row(r["id"], r["kind"], f"[{colour.get(r['status'], 'white')}]{r['status']}[/]", dur, r["variant"] or "")
+            t.add_row(r["id"], r["kind"], f"[{STATUS_COLOUR.get(r['status'], 'white')}]{r['status']}[/]", dur, r["variant"] or "")
         stdout.print(t)
         for r in rows:  # reasons in full, below the table, where they are readable
             if r["error"]:
                 stdout.print(f"{r['id']}: {esc(r['error'])}")
 
     return {"pilot": str(pilot_dir), "runs": rows, "_show": show}
+
+
+def _watch_run(pilot_dir: Path, run: str | None, as_json: bool, fmt: str, interval: float, last: int) -> dict:
+    """`runs --watch`: the live table on the console (stderr under JSON), the summary as result."""
+    from lorapilot.runs_view import watch
+
+    if fmt == "csv":
+        raise UsageError("--watch shows a live table; --format csv lists runs (drop one of them)")
+    summary = watch(pilot_dir, run, log_console(as_json), interval=interval, last=last)
+    result: dict[str, Any] = {"pilot": str(pilot_dir), **summary}
+    if fmt == "json":
+        result["_show"] = _print_json
+    else:
+        result["_show"] = lambda r: stdout.print(f"run {r['run_id']}: {r['status']} after {r['steps_done']} steps")
+    return result
 
 
 @app.command()
@@ -649,6 +688,48 @@ def run_cmd(pilot: PilotArg, as_json: JsonFlag = False, no_progress: NoProgress 
         for reason in r["reasons"]:
             stdout.print(f"  - {esc(str(reason))}")
         stdout.print(f"report: {r['html']}")
+
+    result["_show"] = show
+    return result
+
+
+@app.command()
+@verb
+def sync(
+    pilot: PilotArg,
+    as_json: JsonFlag = False,
+    to: Annotated[list[str] | None, typer.Option("--to", help="mlflow or tensorboard (repeatable; default: the spec's tracking list).")] = None,
+) -> dict:
+    """Mirror the pilot's existing run records to MLflow / TensorBoard. Idempotent: an
+    unchanged run is skipped, a changed one replaced, never duplicated."""
+    from lorapilot import tracking
+    from lorapilot.spec import load_pilot
+
+    p = load_pilot(pilot)
+    targets = list(dict.fromkeys(to or p.spec.tracking))
+    if not targets:
+        raise UsageError(f"{p.spec_path}: nothing to sync to: give --to mlflow or --to tensorboard, "
+                         "or list them under tracking in the spec")
+    unknown = [t for t in targets if t not in tracking.TARGETS]
+    if unknown:
+        raise UsageError(f"--to {unknown[0]!r}: unknown tracker; known: {', '.join(tracking.TARGETS)}")
+    tracking.require(targets, "--to")
+    log_console(as_json).print(f"[dim]sync: mirroring the runs of {esc(p.dir.name)} to {', '.join(targets)}...[/]")
+    result = tracking.sync(p.dir, targets)
+    if not result["ok"]:
+        result["_exit_code"] = 1
+
+    def show(r: dict) -> None:
+        for t, counts in r["counts"].items():
+            stdout.print(f"[green]{t}[/]: " + (", ".join(f"{n} {k}" for k, n in counts.items()) or "no runs"))
+        for row in r["runs"]:
+            for t in r["targets"]:
+                if row[t].startswith("failed"):
+                    stdout.print(f"[red]{row['id']}[/] {t}: {esc(row[t])}")
+        if "mlflow_uri" in r:
+            stdout.print(f"  mlflow: {esc(r['mlflow_uri'])}")
+        if "tensorboard_dir" in r:
+            stdout.print(f"  tensorboard --logdir {esc(r['tensorboard_dir'])}")
 
     result["_show"] = show
     return result

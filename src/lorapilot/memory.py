@@ -14,8 +14,14 @@ Components, in bytes, of the peak of one micro-batch's forward + backward:
 - optimizer_states: AdamW keeps 2 tensors like each trainable parameter; SGD none.
 - activations: tensors saved for backward (formula in `layer_activation_bytes`).
 - logits: the LM head's output where the loss is computed, with its fp32 loss buffers.
+- weight_casts: under bf16/fp16 autocast with fp32 weights, every matmul casts its weight
+  to 16 bits and autograd keeps that copy for the input gradient. autocast caches casts
+  only of leaf tensors that require grad, so a LoRA base's frozen weights are cast anew in
+  every forward: one 16-bit copy of every decoder linear and of the LM head is alive when
+  backward starts (measured with saved-tensor hooks: 255 MiB for SmolLM2-135M).
 - workspace: a stated fraction of the rest, for allocator fragmentation, gradients of
-  activations in flight during backward and kernel scratch. Not counted anywhere: the
+  activations in flight during backward and kernel scratch: 10% with CUDA's caching
+  allocator, 50% for a CPU's RSS (CPU_WORKSPACE_FRACTION, measured). Not counted anywhere: the
   CUDA context (~0.3-1 GiB, outside `torch.cuda.max_memory_allocated`).
 """
 
@@ -34,11 +40,18 @@ COMPONENTS = (
     "optimizer_states",
     "activations",
     "logits",
+    "weight_casts",
     "workspace",
 )
 LINEAR_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 OPTIMIZER_STATES = {"adamw": 2, "sgd": 0}
 DEFAULT_WORKSPACE_FRACTION = 0.10
+# CPU: the peak RSS increase of a step was 1.30-1.92x (median 1.48x) the live bytes this
+# model counts (saved tensors, weight casts, gradients, optimizer states, logits), over six
+# configurations of SmolLM2-135M + LoRA (micro-batch 2-16, 100-174 tokens, checkpointing
+# off/on; bench/README.md). glibc keeps freed activation and gradient blocks in its heaps
+# instead of returning them, so RSS exceeds what is live; 0.5 is that measured overhead.
+CPU_WORKSPACE_FRACTION = 0.50
 
 Precision = Literal["fp32", "bf16", "fp16"]
 Attention = Literal["sdpa", "flash", "eager"]
@@ -267,6 +280,36 @@ def layer_activation_bytes(
     return out
 
 
+def decoder_linear_params(shape: ModelShape) -> int:
+    """Weights of every decoder layer's linears (q, k, v, o, gate, up, down)."""
+    attention = 2 * shape.hidden * shape.q_dim + 2 * shape.hidden * shape.kv_dim
+    return shape.n_layers * (attention + 3 * shape.hidden * shape.intermediate)
+
+
+def weight_cast_bytes(
+    shape: ModelShape,
+    *,
+    precision: Precision,
+    weight_dtype_bytes: float,
+    grad_checkpointing: bool,
+    trainable_params: int = 0,
+) -> int:
+    """16-bit copies of fp32 weights that autocast makes and autograd keeps for backward.
+
+    Only when fp32 weights meet bf16/fp16 autocast (16-bit or quantized weights are used
+    as they are). Without checkpointing, every decoder linear's copy, the LM head's and the
+    adapter's are alive when backward starts; with it, a layer's copies live only while
+    that layer is recomputed, so one layer's worth plus the head's.
+    """
+    if precision not in ("bf16", "fp16") or weight_dtype_bytes < 4:
+        return 0
+    linears = decoder_linear_params(shape)
+    head = shape.vocab * shape.hidden
+    if grad_checkpointing:
+        return 2 * ((linears + trainable_params) // shape.n_layers + head)
+    return 2 * (linears + head + trainable_params)
+
+
 # --------------------------------------------------------------------------- one step
 
 
@@ -332,6 +375,10 @@ def estimate_step_memory(
 
     positions = min(loss_positions_per_example or seq_len, seq_len)
     logits = micro_batch * positions * shape.vocab * 3 * 4
+    casts = weight_cast_bytes(
+        shape, precision=precision, weight_dtype_bytes=weight_dtype_bytes,
+        grad_checkpointing=grad_checkpointing, trainable_params=trainable_params,
+    )  # fmt: skip
 
     if adapter == "lora":  # peft keeps the adapter in fp32, beside the base weights
         master, state_bytes = 4 * trainable_params, 4
@@ -344,6 +391,7 @@ def estimate_step_memory(
         "optimizer_states": OPTIMIZER_STATES[optimizer] * state_bytes * trainable_params,
         "activations": activations,
         "logits": logits,
+        "weight_casts": casts,
     }
     out["workspace"] = int(workspace_fraction * sum(out.values()))
     out["total"] = sum(out[k] for k in COMPONENTS)

@@ -18,7 +18,7 @@ from typing import Any
 
 from lorapilot import __version__, environment, registry
 from lorapilot.errors import CheckFailed
-from lorapilot.fsutil import sha256_file, sha256_json
+from lorapilot.fsutil import sha256_json
 from lorapilot.spec import Pilot
 
 PHASES = ("data", "inspect", "baseline", "smoke", "probe", "budget", "train", "verify", "test", "report")
@@ -26,12 +26,11 @@ PHASES = ("data", "inspect", "baseline", "smoke", "probe", "budget", "train", "v
 
 def inputs_key(pilot: Pilot, env: dict) -> str:
     """What a phase's result depends on; a change means the phase is redone."""
-    data = pilot.spec.data
-    rels = [data.file] if data.file else [f for f in (data.files.train, data.files.val, data.files.test) if f]
-    files = {rel: sha256_file(pilot.path(rel, "data")) for rel in rels}
+    from lorapilot.data.dataset import source_hashes
+
     return "in-" + sha256_json({
         "spec": pilot.spec.spec_hash(),
-        "data_files": files,
+        "data_files": source_hashes(pilot),
         "code": [__version__, environment.git_commit()],
         "platform": environment.platform_fingerprint(env),
     })[:16]

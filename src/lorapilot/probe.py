@@ -30,7 +30,7 @@ training examples:
   trainable parameters were loaded (and paged in: `make_resident`, since safetensors
   are memory-mapped lazily) before, so the RSS increase is compared with the
   estimate *without* its weights and trainable_master components (workspace recomputed
-  on the rest): `estimate_basis` says which. `peak_total_bytes` is the whole figure
+  on the rest, at the CPU's measured allocator overhead): `estimate_basis` says which. `peak_total_bytes` is the whole figure
   (CPU: the process's peak RSS; CUDA: max reserved), what a memory limit is checked
   against. estimate_error = (estimate - measured) / measured: positive overestimates.
 
@@ -61,7 +61,13 @@ from typing import Any
 from lorapilot import environment, registry
 from lorapilot.data.dataset import encode_records, formatter_for, prepare_data
 from lorapilot.errors import UsageError
-from lorapilot.memory import DEFAULT_WORKSPACE_FRACTION, GIB, ModelShape, estimate_step_memory
+from lorapilot.memory import (
+    CPU_WORKSPACE_FRACTION,
+    DEFAULT_WORKSPACE_FRACTION,
+    GIB,
+    ModelShape,
+    estimate_step_memory,
+)
 from lorapilot.spec import AdapterSpec, Pilot
 from lorapilot.train import collate, count_target_tokens, train_step
 
@@ -70,6 +76,8 @@ EVAL_EXAMPLES = 32
 SAMPLE_EVERY_S = 0.005
 CPU_SAFE_FRACTION = 0.8  # of the RAM available at the start: the batch search's ceiling on CPU
 STEP_INCREASE = "step_increase"  # CPU: estimate without weights and trainable_master
+# what a step adds to a process whose weights are already resident (the CPU basis)
+STEP_GROWTH = ("gradients", "optimizer_states", "activations", "logits", "weight_casts")
 TOTAL = "total"
 LORA_SHAPES = {  # module -> (input width, output width) in terms of ModelShape
     "q_proj": lambda s: (s.hidden, s.q_dim), "k_proj": lambda s: (s.hidden, s.kv_dim),
@@ -234,6 +242,7 @@ def estimate_row(
 ) -> dict:
     """The memory model's figure for one configuration, on the basis it is compared on."""
     spec = pilot.spec
+    workspace = CPU_WORKSPACE_FRACTION if on_cpu else DEFAULT_WORKSPACE_FRACTION
     est = estimate_step_memory(
         shape,
         trainable_params=trainable,
@@ -249,10 +258,11 @@ def estimate_row(
         lora_rank=spec.adapter.r,
         lora_dropout=spec.adapter.dropout,
         dropout_mask_bytes=4 if on_cpu else 1,  # CPUs keep a float mask (see memory.py)
+        workspace_fraction=workspace,
     )
     if basis == STEP_INCREASE:
-        grown = sum(est[k] for k in ("gradients", "optimizer_states", "activations", "logits"))
-        compared = int(grown * (1 + DEFAULT_WORKSPACE_FRACTION))
+        grown = sum(est[k] for k in STEP_GROWTH)
+        compared = int(grown * (1 + workspace))
     else:
         compared = est["total"]
     return {

@@ -227,6 +227,7 @@ def open_run(
 
     Exceptions propagate after the record is written: failed (exception), interrupted
     (Ctrl-C/SIGTERM), stopped_by_limit (StoppedByLimit, which the caller treats as success).
+    The closed record is then mirrored to the trackers its config names (`tracking`).
 
     `write=False` (with the `run_id` another process created) follows that run without
     touching the disk: the record lives in memory only. Non-zero ranks of a distributed
@@ -265,6 +266,10 @@ def open_run(
         record.ended_at = now_iso()
         record.duration_s = round((dt.datetime.fromisoformat(record.ended_at) - t0).total_seconds(), 3)
         handle.save()
+        if write and record.config.get("tracking"):  # mirrors of the saved record; never raises
+            from lorapilot.tracking import mirror_quietly
+
+            mirror_quietly(run_dir, record.config["tracking"])
 
     with _sigterm_as_exception():
         try:

@@ -12,7 +12,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from lorapilot.errors import UsageError
 from lorapilot.fsutil import sha256_json
@@ -149,14 +157,69 @@ class DataFiles(_Strict):
     test: str | None = None
 
 
+class HFSplits(_Strict):
+    """Which split of an HF dataset is which of ours; used as they are, like data.files."""
+
+    train: str = Field("train", description="Split used for training.")
+    val: str = Field("validation", description="Split used for validation.")
+    test: str | None = Field(None, description="Split reserved for the final test, if any.")
+
+
+class HFDataset(_Strict):
+    """A dataset in the local Hugging Face `datasets` cache, read by name and offline only."""
+
+    name: str = Field(
+        description="Hub id as it was downloaded, e.g. `org/name`; read from the local HF "
+        "datasets cache, never from the network (needs the `datasets` extra)."
+    )
+    config: str | None = Field(None, description="Config (subset) name; needed when several are cached.")
+    split: str | None = Field(
+        None, description="One split to divide into train/val/test (like data.file)."
+    )
+    splits: HFSplits | None = Field(
+        None,
+        description="Splits used as they are. Default (neither split nor splits): "
+        "train + validation/val/dev (+ test) as they are, or the only split divided.",
+    )
+    cache_dir: str | None = Field(
+        None,
+        description="datasets cache folder (a relative path is from the pilot folder); default "
+        "$HF_DATASETS_CACHE, else $HF_HOME/datasets.",
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _hub_id(cls, v: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?", v):
+            raise ValueError(f"{v!r} is not a hub dataset id like `org/name`")
+        return v
+
+    @model_validator(mode="after")
+    def _one_split_rule(self) -> HFDataset:
+        if self.split and self.splits:
+            raise ValueError("give data.hf_dataset.split (to divide) or .splits (as they are), not both")
+        return self
+
+
 class DataSpec(_Strict):
     source: str | None = Field(None, description="Where the data comes from.")
     permission: str | None = Field(
         None, description="The permission to use it: a licence or an internal approval."
     )
-    file: str | None = Field(None, description="One file to split into train/val/test.")
-    files: DataFiles | None = Field(None, description="Pre-split files, used as they are.")
-    format: Literal["auto", "jsonl", "csv", "parquet"] = "auto"
+    file: str | None = Field(
+        None,
+        description="One file to split into train/val/test, or a folder written by `datasets` "
+        "save_to_disk: a Dataset is split, a DatasetDict's train/validation(/test) are used as they are.",
+    )
+    files: DataFiles | None = Field(
+        None, description="Pre-split files (or save_to_disk Dataset folders), used as they are."
+    )
+    hf_dataset: HFDataset | None = Field(
+        None, description="A dataset in the local HF datasets cache, by name, offline."
+    )
+    format: Literal["auto", "jsonl", "csv", "parquet", "datasets"] = Field(
+        "auto", description="auto: by extension; a save_to_disk folder is recognised by its metadata."
+    )
     fields: FieldMap = Field(default_factory=FieldMap)
     cleaning: list[str] = Field(
         default_factory=lambda: ["unicode_nfc", "strip", "collapse_whitespace", "drop_empty"],
@@ -187,11 +250,19 @@ class DataSpec(_Strict):
 
     @model_validator(mode="after")
     def _one_source(self) -> DataSpec:
-        if bool(self.file) == bool(self.files):
-            raise ValueError("give exactly one of data.file (to split) or data.files")
+        if sum(bool(x) for x in (self.file, self.files, self.hf_dataset)) != 1:
+            raise ValueError("give exactly one of data.file (to split), data.files or data.hf_dataset")
         if "max_chars" in self.cleaning and self.max_chars is None:
             raise ValueError("the max_chars cleaning rule needs data.max_chars")
         return self
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: Any) -> dict[str, Any]:
+        # An unused hf_dataset is left out, so specs written before it existed keep their hash.
+        out = handler(self)
+        if out.get("hf_dataset", 0) is None:
+            del out["hf_dataset"]
+        return out
 
 
 class AdapterSpec(_Strict):
@@ -296,7 +367,12 @@ class PilotSpec(_Strict):
     success: SuccessSpec | None = None
     guards: list[GuardSpec] = Field(default_factory=list)
     limits: LimitsSpec = Field(default_factory=LimitsSpec)
-    tracking: list[Literal["mlflow", "tensorboard"]] = Field(default_factory=list)
+    tracking: list[Literal["mlflow", "tensorboard"]] = Field(
+        default_factory=list,
+        description="Mirror every run to these trackers (optional extras: pip install "
+        "'lorapilot[mlflow]' / 'lorapilot[tensorboard]'). The run records stay the source of "
+        "truth; `lorapilot sync` mirrors existing ones.",
+    )
 
     @field_validator("name")
     @classmethod
@@ -320,7 +396,11 @@ class PilotSpec(_Strict):
         return self
 
     def spec_hash(self) -> str:
-        return sha256_json(self.model_dump(mode="json"))
+        """Hash of the resolved spec, `tracking` held at its default: where runs are mirrored
+        changes no result, so switching a tracker on keeps reuse and resume working."""
+        resolved = self.model_dump(mode="json")
+        resolved["tracking"] = []
+        return sha256_json(resolved)
 
 
 # --------------------------------------------------------------------------- loading
@@ -555,7 +635,11 @@ def load_pilot(path: str | Path, sets: list[str] | None = None) -> Pilot:
         diff = {}
         for key in dict.fromkeys(k for k in _split_keys(sets)):
             old, new = _dotted(old_d, key), _dotted(new_d, key)
-            if old != new:
+            if old != new and key.split(".")[0] != "tracking":  # a mirror is not a variant
                 diff[key] = [old, new]
         spec, raw = new_spec, raw2
+    if spec.tracking:  # a tracker whose package is missing is refused now, not after training
+        from lorapilot.tracking import require
+
+        require(spec.tracking, str(spec_path))
     return Pilot(pilot_dir, spec_path, spec, raw, diff)

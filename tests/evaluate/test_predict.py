@@ -7,7 +7,12 @@ import numpy as np
 import pytest
 import torch
 
-from lorapilot.evaluate.predict import generate, score_labels, score_labels_reference
+from lorapilot.evaluate.predict import (
+    generate,
+    score_labels,
+    score_labels_reference,
+    shared_prefix_len,
+)
 
 
 @pytest.fixture(scope="module")
@@ -17,10 +22,13 @@ def model_and_tok(tiny_model_dir):
     return load_model(resolve_base(str(tiny_model_dir)))
 
 
-def _prompts(n=10, seed=0):
+def _prompts(n=10, seed=0, prefix=0):
+    """Random prompts; with `prefix`, all start with the same `prefix` tokens (like a system
+    prompt) and some go on with the same next token too (a longer shared prefix for those)."""
     g = torch.Generator().manual_seed(seed)
     lengths = torch.randint(4, 40, (n,), generator=g)
-    return [torch.randint(10, 40000, (int(k),), generator=g).tolist() for k in lengths]
+    head = torch.randint(10, 40000, (prefix,), generator=g).tolist()
+    return [head + torch.randint(10, 40000, (int(k),), generator=g).tolist() for k in lengths]
 
 
 LABELS = [[100, 2], [200, 300, 2], [400, 500, 600, 2], [7]]
@@ -49,3 +57,27 @@ def test_generation_does_not_depend_on_batch_size(model_and_tok):
     prompts = _prompts(seed=2)
     kw = dict(max_new_tokens=6, stop_ids=[tok.eos_token_id], pad_id=tok.pad_token_id)
     assert generate(model, prompts, batch_size=1, **kw) == generate(model, prompts, batch_size=8, **kw)
+
+
+def test_shared_prefix_len_leaves_every_prompt_a_token_of_its_own():
+    assert shared_prefix_len([[1, 2, 3, 4], [1, 2, 3, 5]]) == 3
+    assert shared_prefix_len([[1, 2, 3], [1, 2, 3, 4]]) == 2  # [1,2,3] needs its last token
+    assert shared_prefix_len([[1, 2], [3, 4]]) == 0
+    assert shared_prefix_len([[7, 8, 9]]) == 2
+    assert shared_prefix_len([]) == 0
+
+
+def test_shared_prefix_scoring_matches_the_slow_reference(model_and_tok):
+    """The prefix computed once (batch 1) and reused by every batch gives the same scores
+    as full forward passes, for any batch size."""
+    model, tok = model_and_tok
+    prompts = _prompts(n=9, seed=3, prefix=12)
+    assert shared_prefix_len(prompts) >= 12
+    ref = score_labels_reference(model, prompts, LABELS)
+    for bs in (1, 4, 9):
+        got = score_labels(model, prompts, LABELS, batch_size=bs, pad_id=tok.pad_token_id)
+        np.testing.assert_allclose(got, ref, atol=1e-4)
+        assert (got.argmax(1) == ref.argmax(1)).all()
+    unshared = score_labels(model, prompts, LABELS, batch_size=4, pad_id=tok.pad_token_id,
+                            share_prefix=False)
+    np.testing.assert_allclose(unshared, ref, atol=1e-4)

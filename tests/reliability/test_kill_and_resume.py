@@ -201,3 +201,22 @@ def test_sigkill_during_report_then_rerun_writes_a_whole_report(reference):
     html = Path(out["html"]).read_text()
     assert html.rstrip().endswith("</html>")
     assert Path(out["markdown"]).read_text().strip()
+
+
+def test_sigterm_during_a_verb_is_a_message_not_a_traceback(reference):
+    """SIGTERM (a scheduler's or a rental's shutdown) ends the verb with exit 143 and one
+    line, and the run is recorded as interrupted by the signal."""
+    import signal as _signal
+
+    pilot = reference["pilot"]
+    before = existing_runs(pilot)
+    proc = start(cli_args("baseline", str(pilot), "--no-progress"))
+    run_dir = new_run_json(pilot / "runs", before)
+    assert run_dir is not None
+    proc.send_signal(_signal.SIGTERM)
+    rc = proc.wait(timeout=60)
+    err = proc.stderr.read().decode()
+    assert rc == 143, err
+    assert "Traceback" not in err and "interrupted" in err
+    raw = json.loads((run_dir / "run.json").read_text())
+    assert raw["status"] == "interrupted" and "SIGTERM" in raw["error"]

