@@ -20,7 +20,7 @@ model: $(BIN)/lorapilot
 	$(BIN)/lorapilot model fetch
 
 test: model
-	$(BIN)/python -m pytest -q -x tests
+	$(BIN)/python -m pytest -q -x -n 2 --dist loadfile tests
 
 lint: $(BIN)/lorapilot
 	$(BIN)/ruff check src tests bench

@@ -14,6 +14,15 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 
+# `make test` runs two pytest-xdist workers on a 2-core machine. Each worker, and every
+# subprocess it starts, computes with one thread: two processes with two OpenMP threads
+# each would oversubscribe the cores, and spinning OpenMP threads make every op several
+# times slower. Set before torch is imported, so OpenMP reads it.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[_var] = "1"
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+
 
 @pytest.fixture(scope="session")
 def default_model_dir() -> Path:

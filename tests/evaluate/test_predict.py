@@ -81,3 +81,22 @@ def test_shared_prefix_scoring_matches_the_slow_reference(model_and_tok):
     unshared = score_labels(model, prompts, LABELS, batch_size=4, pad_id=tok.pad_token_id,
                             share_prefix=False)
     np.testing.assert_allclose(unshared, ref, atol=1e-4)
+
+
+@pytest.mark.parametrize("path", ["sdpa-tree", "eager-tree", "repeated-cache"])
+def test_every_label_continuation_path_matches_the_reference(path, tiny_model_dir, monkeypatch):
+    """Labels after their first token are scored as a packed tree with a custom 4D mask
+    (sdpa: boolean, eager: additive) or, for attention kernels without custom masks, with
+    the prompt's cache repeated per label: all three give the reference's scores."""
+    from lorapilot.evaluate import predict
+    from lorapilot.models import load_model, resolve_base
+
+    model, tok = load_model(resolve_base(str(tiny_model_dir)))
+    if path == "eager-tree":
+        model.config._attn_implementation = "eager"
+    if path == "repeated-cache":
+        monkeypatch.setattr(predict, "_takes_4d_masks", lambda m: False)
+    prompts = _prompts(n=7, seed=4, prefix=5)
+    ref = score_labels_reference(model, prompts, LABELS)
+    got = score_labels(model, prompts, LABELS, batch_size=3, pad_id=tok.pad_token_id)
+    np.testing.assert_allclose(got, ref, atol=1e-4)

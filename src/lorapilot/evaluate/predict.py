@@ -111,6 +111,7 @@ def score_labels(
     lab, lab_mask = lab.to(device), lab_mask.to(device)
     first = lab[:, 0]
 
+    tree = _LabelTree.build(label_ids, device) if _takes_4d_masks(model) else None
     n_prefix = shared_prefix_len(prompts) if share_prefix else 0
     prefix_kv = _prefix_cache(model, prompts[0][:n_prefix], precision) if n_prefix else None
 
@@ -130,25 +131,89 @@ def score_labels(
                         use_cache=True, logits_to_keep=1)
         logp_first = torch.log_softmax(res.logits[:, -1, :].float(), dim=-1)  # [b, V]
         total = logp_first[:, first]  # [b, n_labels]
-        if max_lab > 1:
-            cache = res.past_key_values
-            cache.batch_repeat_interleave(n_labels)
-            feed = lab[:, :-1].repeat(b, 1)  # [b*L, max_lab-1]
-            feed_mask = lab_mask[:, :-1].repeat(b, 1)
-            full_mask = torch.cat([mask.repeat_interleave(n_labels, 0), feed_mask], dim=1)
-            start = pos[:, -1:].repeat_interleave(n_labels, 0) + 1
-            feed_pos = start + torch.arange(max_lab - 1, device=device)
-            with autocast_ctx(device, precision):
-                res2 = model(input_ids=feed, attention_mask=full_mask, position_ids=feed_pos,
-                             past_key_values=cache, use_cache=True)
-            logp = torch.log_softmax(res2.logits.float(), dim=-1)  # [b*L, T-1, V]
-            tgt = lab[:, 1:].repeat(b, 1)
-            tok_lp = logp.gather(-1, tgt.unsqueeze(-1)).squeeze(-1) * lab_mask[:, 1:].repeat(b, 1)
-            total = total + tok_lp.sum(-1).view(b, n_labels)
+        if tree is not None and tree.size:
+            total = total + _score_tree(model, tree, res.past_key_values, mask, pos, precision)
+        elif max_lab > 1:
+            total = total + _score_repeated(model, lab, lab_mask, res.past_key_values, mask, pos, precision)
         out[idx] = total.double().cpu().numpy()
         if progress:
             progress(b)
     return out
+
+
+class _LabelTree:
+    """Every label's continuation (its tokens after the first, fed as label[:-1]) packed
+    side by side in one row, each label seeing the prompt and its own earlier tokens only.
+    One short pass over sum(len - 1) tokens per prompt scores all labels, instead of
+    copying the prompt's KV cache once per label."""
+
+    def __init__(self, ids, offsets, targets, causal, segments):
+        self.ids, self.offsets, self.targets = ids, offsets, targets
+        self.causal, self.segments = causal, segments
+        self.size = int(ids.numel())
+
+    @classmethod
+    def build(cls, label_ids: list[list[int]], device) -> _LabelTree:
+        ids, offsets, targets, owner = [], [], [], []
+        for j, lab in enumerate(label_ids):
+            for k in range(len(lab) - 1):
+                ids.append(lab[k])
+                targets.append(lab[k + 1])
+                offsets.append(k)
+                owner.append(j)
+        n = len(ids)
+        own = torch.tensor(owner, dtype=torch.long)
+        off = torch.tensor(offsets, dtype=torch.long)
+        causal = (own[:, None] == own[None, :]) & (off[None, :] <= off[:, None])  # [n, n]
+        segments = torch.zeros((n, len(label_ids)), dtype=torch.float32)
+        segments[torch.arange(n), own] = 1.0
+        return cls(torch.tensor(ids, dtype=torch.long, device=device), off.to(device),
+                   torch.tensor(targets, dtype=torch.long, device=device), causal.to(device),
+                   segments.to(device))
+
+
+def _takes_4d_masks(model) -> bool:
+    """sdpa and eager attention take a custom 4D mask as it is; others (flash) need 2D."""
+    impl = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    return impl in ("sdpa", "eager")
+
+
+def _score_tree(model, tree: _LabelTree, cache, mask, pos, precision: str) -> torch.Tensor:
+    """Sum of log-probabilities of every label's tokens after the first -> [b, n_labels]."""
+    b, n = mask.shape[0], tree.size
+    keys = mask.bool()[:, None, None, :].expand(b, 1, n, mask.shape[1])
+    allowed = torch.cat([keys, tree.causal.expand(b, 1, n, n)], dim=-1)  # True = attend
+    if model.config._attn_implementation == "eager":  # eager adds the mask to the scores
+        dtype = next(model.parameters()).dtype
+        allowed = torch.zeros(allowed.shape, dtype=dtype, device=mask.device).masked_fill(
+            ~allowed, torch.finfo(dtype).min)
+    device = mask.device
+    with autocast_ctx(device, precision):
+        res = model(input_ids=tree.ids.expand(b, n), attention_mask=allowed,
+                    position_ids=pos[:, -1:] + 1 + tree.offsets, past_key_values=cache, use_cache=True)
+    logp = torch.log_softmax(res.logits.float(), dim=-1)  # [b, n, V]
+    tok = logp.gather(-1, tree.targets.expand(b, n).unsqueeze(-1)).squeeze(-1)  # [b, n]
+    return tok @ tree.segments
+
+
+def _score_repeated(model, lab, lab_mask, cache, mask, pos, precision: str) -> torch.Tensor:
+    """The same sums for attention kernels without custom masks: the prompt's cache is
+    repeated once per label and the labels fed as a padded batch -> [b, n_labels]."""
+    device = mask.device
+    b, n_labels, max_lab = mask.shape[0], lab.shape[0], lab.shape[1]
+    cache.batch_repeat_interleave(n_labels)
+    feed = lab[:, :-1].repeat(b, 1)  # [b*L, max_lab-1]
+    feed_mask = lab_mask[:, :-1].repeat(b, 1)
+    full_mask = torch.cat([mask.repeat_interleave(n_labels, 0), feed_mask], dim=1)
+    start = pos[:, -1:].repeat_interleave(n_labels, 0) + 1
+    feed_pos = start + torch.arange(max_lab - 1, device=device)
+    with autocast_ctx(device, precision):
+        res = model(input_ids=feed, attention_mask=full_mask, position_ids=feed_pos,
+                    past_key_values=cache, use_cache=True)
+    logp = torch.log_softmax(res.logits.float(), dim=-1)  # [b*L, T-1, V]
+    tgt = lab[:, 1:].repeat(b, 1)
+    tok_lp = logp.gather(-1, tgt.unsqueeze(-1)).squeeze(-1) * lab_mask[:, 1:].repeat(b, 1)
+    return tok_lp.sum(-1).view(b, n_labels)
 
 
 @torch.no_grad()
