@@ -10,8 +10,9 @@ What DDP must guarantee, checked end to end:
   other examples in each step). The logged grad_norm catches a missing world-size factor
   in the loss normalisation (DDP averages gradients over ranks), which Adam's scale
   invariance would mostly hide in the weights.
-FSDP is refused with exit 2 (docs/distributed.md); a CPU FSDP2 smoke test shows that the
-loop's loss module and train_step already give the DDP result under torch's fully_shard.
+FSDP (`train.distributed: fsdp`, torch's fully_shard inside the same loop) must give the same
+result, write the same files as a single process (gathered on every rank, written by rank 0)
+and resume from its own checkpoints; an accelerate FSDP launcher config is refused (exit 2).
 """
 
 from __future__ import annotations
@@ -27,16 +28,14 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import EXAMPLES, ROOT, run_json
+from conftest import EXAMPLES, ROOT, run_cli, run_json
 from safetensors.torch import load_file
 
 TIMEOUT = 240
 ACCELERATE_CONFIGS = ROOT / "examples" / "accelerate"
 
-# Run on every rank (torchrun) or alone. `ddp`: lorapilot.train.train() as the train verb calls
-# it, then every rank dumps its own trainable tensors (the run folder stays rank 0's alone).
-# `fsdp2`: torch FSDP2 around lorapilot's loss module and train_step, the same data slicing as
-# train(); the gathered adapter goes to fsdp2.safetensors.
+# Run on every rank (torchrun) or alone: lorapilot.train.train() as the train verb calls it, then
+# every rank dumps its own trainable tensors (the run folder stays rank 0's alone).
 WORKER = r'''
 import sys
 from pathlib import Path
@@ -49,8 +48,8 @@ from lorapilot.data.dataset import encode_records, formatter_for, prepare_data
 from lorapilot.evaluate.stage import load_base
 from lorapilot.spec import load_pilot
 
-mode, pilot_path, out = sys.argv[1], sys.argv[2], Path(sys.argv[3])
-pilot = load_pilot(pilot_path, sys.argv[4:])
+pilot_path, out = sys.argv[1], Path(sys.argv[2])
+pilot = load_pilot(pilot_path, sys.argv[3:])
 spec, cfg = pilot.spec, pilot.spec.train
 state = T.init_distributed() if T.launched_world_size() > 1 else None
 rank = state.process_index if state else 0
@@ -63,44 +62,11 @@ pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
 model, _ = build_adapter(model, spec.adapter, seed=cfg.seed)
 out.mkdir(parents=True, exist_ok=True)
 
-if mode == "ddp":
-    result = T.train(model, train_ex, val_ex, cfg, out / "run", pad_id=pad_id, progress=False,
-                     log=lambda m: None)
-    assert result["world_size"] == (state.num_processes if state else 1), result
-    mine = {n: p.detach().cpu().contiguous() for n, p in model.named_parameters() if p.requires_grad}
-    save_file(mine, out / f"rank{rank}.safetensors")
-else:
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-    from torch.distributed.fsdp import fully_shard
-
-    acc = T._accelerator()
-    world = acc.num_processes
-    T.seed_everything(cfg.seed)
-    loss_module = T._LossModule(model)
-    layer_classes = set(model.get_base_model()._no_split_modules)
-    for m in model.modules():
-        if type(m).__name__ in layer_classes:
-            fully_shard(m)
-    fully_shard(loss_module)
-    optimizer = T.make_optimizer(model, cfg)  # after sharding: the parameters are DTensors now
-    scheduler = T.make_scheduler(optimizer, cfg.schedule, round(cfg.warmup_ratio * cfg.max_steps),
-                                 cfg.max_steps)
-    stream = T.MicroBatchStream([e.n_tokens for e in train_ex], cfg.micro_batch, cfg.seed)
-    n_targets = [T.example_target_tokens(e) for e in train_ex]
-    log = []
-    for step in range(cfg.max_steps):  # train()'s slicing: one global list, a slice per rank
-        global_mbs = [stream.next() for _ in range(cfg.grad_accum * world)]
-        mine = [T.collate([train_ex[i] for i in mb], pad_id) for mb in global_mbs[rank::world]]
-        targets = sum(n_targets[i] for mb in global_mbs for i in mb)
-        r = T.train_step(loss_module, optimizer, scheduler, mine, targets, cfg.precision,
-                         cfg.max_grad_norm, acc, loss_fn=T._call_module)
-        log.append({"step": step + 1, "loss": r["loss"], "grad_norm": r["grad_norm"]})
-    full = get_model_state_dict(loss_module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    if rank == 0:
-        names = {"model." + n for n, p in model.named_parameters() if p.requires_grad}
-        save_file({k[len("model."):]: v.contiguous() for k, v in full.items() if k in names},
-                  out / "fsdp2.safetensors")
-        (out / "fsdp2_steps.json").write_text(__import__("json").dumps(log))
+result = T.train(model, train_ex, val_ex, cfg, out / "run", pad_id=pad_id, progress=False,
+                 log=lambda m: None)
+assert result["world_size"] == (state.num_processes if state else 1), result
+mine = {n: p.detach().cpu().contiguous() for n, p in model.named_parameters() if p.requires_grad}
+save_file(mine, out / f"rank{rank}.safetensors")
 
 if state is not None:  # leave the group cleanly: a live gloo group at exit can abort
     import torch.distributed as dist
@@ -243,7 +209,7 @@ def test_ddp_stop_at_limit_then_resume_keeps_one_run(pilot):
 def test_ddp_ranks_end_with_identical_adapters(pilot, tmp_path):
     (tmp_path / "worker.py").write_text(WORKER)
     out = tmp_path / "ddp"
-    _run(_torchrun(str(tmp_path / "worker.py"), "ddp", str(pilot), str(out)))
+    _run(_torchrun(str(tmp_path / "worker.py"), str(pilot), str(out)))
     rank0, rank1 = load_file(out / "rank0.safetensors"), load_file(out / "rank1.safetensors")
     assert rank0 and rank0.keys() == rank1.keys()
     for k in rank0:
@@ -256,29 +222,72 @@ def test_ddp_ranks_end_with_identical_adapters(pilot, tmp_path):
         assert torch.equal(saved[k.replace(".default.", ".")], v), k
 
 
-def test_fsdp2_cpu_smoke_gives_the_ddp_result(pilot, tmp_path):
-    """torch 2.13's FSDP2 works on CPUs over gloo; around the loop's own loss module and
-    train_step it gives the same adapter as one process over the same global batch."""
-    (tmp_path / "worker.py").write_text(WORKER)
-    _run(_torchrun(str(tmp_path / "worker.py"), "fsdp2", str(pilot), str(tmp_path / "fsdp")))
-    _run([sys.executable, str(tmp_path / "worker.py"), "ddp", str(pilot), str(tmp_path / "single"),
-          "train.grad_accum=2"])
-    sharded = load_file(tmp_path / "fsdp" / "fsdp2.safetensors")
-    single = load_file(tmp_path / "single" / "rank0.safetensors")
-    _assert_same_tensors(sharded, single, atol=1e-5)
-    fsdp_steps = json.loads((tmp_path / "fsdp" / "fsdp2_steps.json").read_text())
-    for f, s in zip(fsdp_steps, _steps(tmp_path / "single" / "run"), strict=True):
-        assert f["loss"] == pytest.approx(s["loss"], abs=1e-5)
-        assert f["grad_norm"] == pytest.approx(s["grad_norm"], rel=1e-4)
+def test_fsdp_matches_single_process_writes_its_files_and_resumes(pilot):
+    """torchrun + train.distributed: fsdp, sharded with torch's fully_shard: one run recording
+    fsdp / 2 / gloo, the same steps, validation losses, adapter and checkpoint files as one
+    process over the same global batch; then a kill -9 after the step-1 checkpoint and --resume
+    end with the uninterrupted run's adapter.
+
+    micro_batch 4 cuts the 108 validation examples into 27 chunks, so one rank runs a padding
+    forward (a rank skipping it would hang the other); max_grad_norm 0.1 makes clipping act on
+    the sharded gradients (the logged norms are about 0.4). Tolerance 1e-5, as for DDP: the
+    gradient norm is summed from shards in another order (measured 1e-7 apart), which moves
+    the clip factor and so the weights by float32 rounding (measured 1.5e-8)."""
+    spec = yaml.safe_load((pilot / "pilot.yaml").read_text())
+    spec["train"].update(distributed="fsdp", max_steps=2, micro_batch=4, max_grad_norm=0.1, save_every=1)
+    (pilot / "pilot.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    cmd = ["-m", "lorapilot", "train", str(pilot), "--json", "--no-progress"]
+    out = _one_json(_run(_torchrun(*cmd)).stdout)
+    assert out["status"] == "completed" and out["steps"] == 2
+    (run_dir,) = _train_runs(pilot)
+    rec = json.loads((run_dir / "run.json").read_text())
+    dist = rec["result"]["distributed"]
+    assert (dist["mode"], dist["requested"], dist["world_size"], dist["backend"]) == ("fsdp", "fsdp", 2, "gloo")
+    assert out["distributed"] == dist and rec["result"]["train"]["world_size"] == 2
+    assert (run_dir / "metrics.json").is_file()  # rank 0 evaluated the reloaded adapter
+
+    # fsdp without a launcher: one process, unsharded, with a note; here the reference run.
+    proc = run_cli("train", str(pilot), "--set", "train.grad_accum=2", "--json", "--no-progress",
+                   env=_env(), timeout=TIMEOUT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "train.distributed is fsdp but one process was launched" in proc.stderr
+    single = json.loads(proc.stdout)
+    assert (single["distributed"]["mode"], single["distributed"]["world_size"]) == ("none", 1)
+    single_dir = pilot / "runs" / single["run_id"]
+    for f, s in zip(_steps(run_dir), _steps(single_dir), strict=True):
+        assert f["target_tokens"] == s["target_tokens"] and f["loss"] == pytest.approx(s["loss"], abs=1e-5)
+        assert f["grad_norm"] == pytest.approx(s["grad_norm"], rel=1e-4) and f["grad_norm"] > 0.1
+    val = [json.loads(line) for line in (run_dir / "val.jsonl").read_text().splitlines()]
+    single_val = [json.loads(line) for line in (single_dir / "val.jsonl").read_text().splitlines()]
+    assert [v["step"] for v in val] == [v["step"] for v in single_val] == [0, 2]
+    assert [v["val_loss"] for v in val] == pytest.approx([v["val_loss"] for v in single_val], abs=1e-6)
+    adapter = _adapter(run_dir)
+    _assert_same_tensors(adapter, _adapter(single_dir), atol=1e-5)
+    # The checkpoint is the single-process format: same files, tensors, optimizer layout.
+    ckpt, single_ckpt = run_dir / "checkpoints" / "step-2", single_dir / "checkpoints" / "step-2"
+    assert sorted(p.name for p in ckpt.iterdir()) == sorted(p.name for p in single_ckpt.iterdir())
+    _assert_same_tensors(load_file(ckpt / "optimizer.safetensors"), load_file(single_ckpt / "optimizer.safetensors"), atol=1e-5)
+    state, single_state = (json.loads((c / "state.json").read_text()) for c in (ckpt, single_ckpt))
+    for key in ("param_names", "optimizer", "scheduler", "step", "epoch", "batch_index", "data_hash"):
+        assert state[key] == single_state[key], key
+
+    # A kill -9 after the step-1 checkpoint leaves: status running (its pid gone), no step-2
+    # checkpoint, no adapter. --resume loads step 1 into the shards and trains step 2.
+    shutil.rmtree(run_dir / "checkpoints" / "step-2")
+    shutil.rmtree(run_dir / "adapter")
+    rec["status"] = "running"
+    (run_dir / "run.json").write_text(json.dumps(rec))
+    out = _one_json(_run(_torchrun(*cmd, "--resume", run_dir.name)).stdout)
+    assert out["run_id"] == run_dir.name and out["status"] == "completed" and out["resumed_from"] == 1
+    assert _train_runs(pilot) == sorted([run_dir, single_dir])
+    assert [s["step"] for s in _steps(run_dir)] == [1, 2]
+    _assert_same_tensors(_adapter(run_dir), adapter, atol=0)  # resuming is exact
 
 
-def test_fsdp_is_refused_before_a_run_is_created(pilot):
-    out = run_json("train", str(pilot), "--set", "train.distributed=fsdp", expect=2, env=_env())
-    assert "train.distributed: fsdp" in out["error"] and "ddp" in out["error"]
-    assert not _train_runs(pilot)
-    # An accelerate FSDP config (examples/accelerate/fsdp.yaml) is refused the same way.
+def test_accelerate_fsdp_config_is_refused_before_a_run_is_created(pilot):
+    # examples/accelerate/fsdp.yaml sets this: accelerate would wrap the model its own way.
     out = run_json("train", str(pilot), expect=2, env={**_env(), "ACCELERATE_USE_FSDP": "true"})
-    assert "FSDP" in out["error"] and "ddp_multi_gpu.yaml" in out["error"]
+    assert "FSDP" in out["error"] and "train.distributed: fsdp" in out["error"]
     assert not _train_runs(pilot)
 
 

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lorapilot import environment, registry
+from lorapilot import environment, fsdp, registry
 from lorapilot.audit import build_adapter, run_update_audit
 from lorapilot.data.dataset import encode_records, formatter_for, prepare_data
 from lorapilot.data.format import template_hash, tokenizer_hash
@@ -64,19 +64,23 @@ def _distributed_state():
     return init_distributed() if launched_world_size() > 1 else None
 
 
-def _distributed_info(state) -> dict:
-    """World size, backend, hosts and versions, as recorded in the run (a collective call)."""
+def _distributed_info(state, requested: str = "none") -> dict:
+    """World size, backend, hosts and versions, as recorded in the run (a collective call).
+    `mode` is what ran: `none` for one process whatever `train.distributed` asked
+    (`requested`), else `fsdp` when asked, `ddp` otherwise."""
     import accelerate
     import torch
 
     host = socket.gethostname()
-    info = {"mode": "none", "world_size": 1, "backend": None, "rank0_host": host, "hosts": [host],
-            "torch": torch.__version__, "accelerate": accelerate.__version__}
+    info = {"mode": "none", "requested": requested, "world_size": 1, "backend": None,
+            "rank0_host": host, "hosts": [host], "torch": torch.__version__,
+            "accelerate": accelerate.__version__}
     if state is None:
         return info
     hosts: list = [None] * state.num_processes
     torch.distributed.all_gather_object(hosts, host)
-    info.update(mode="ddp", world_size=state.num_processes, backend=state.backend,
+    mode = "fsdp" if requested == "fsdp" else "ddp"
+    info.update(mode=mode, world_size=state.num_processes, backend=state.backend,
                 rank0_host=hosts[0], hosts=sorted(set(hosts)),
                 local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", state.num_processes)))
     return info
@@ -132,7 +136,7 @@ def run_train(pilot: Pilot, *, resume: str | None = None, progress: bool = True,
     state = _distributed_state()
     if state is not None and not state.is_main_process:
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - for the life of this rank's process
-    distributed = _distributed_info(state)
+    distributed = _distributed_info(state, spec.train.distributed)
     label = variant_label(pilot.diff)
     variant = {"label": label, "diff": pilot.diff, "parent_spec_hash": None}
     if resume:
@@ -202,6 +206,9 @@ def run_train(pilot: Pilot, *, resume: str | None = None, progress: bool = True,
             return {"run_id": run.id, "status": "completed", "rank": state.process_index}
 
         # The final adapter on the validation split, with the same protocol as the baseline.
+        if distributed["mode"] == "fsdp":  # rank 0 cannot run the sharded model alone
+            del model
+            model = fsdp.model_for_final_eval(pilot, adapter_dir, init_distributed().device)
         protocol = make_protocol(spec, tok, prepared)
         ev = evaluate_records(model, tok, fmt, spec, prepared.splits["val"], protocol, progress=progress,
                               label="eval (val)")

@@ -69,7 +69,7 @@ from lorapilot.memory import (
     estimate_step_memory,
 )
 from lorapilot.spec import AdapterSpec, Pilot
-from lorapilot.train import collate, count_target_tokens, train_step
+from lorapilot.train import EAGER_ATTENTION_MAX_WIDTH, collate, count_target_tokens, train_step
 
 MIN_STEPS, MIN_WARMUP = 5, 1
 EVAL_EXAMPLES = 32
@@ -221,8 +221,12 @@ def lora_trainable_params(shape: ModelShape, adapter: AdapterSpec) -> int:
     return n
 
 
-def _attention_kind(config: dict) -> str:
+def _attention_kind(config: dict, seq_len: int, on_cpu: bool) -> str:
+    """The attention a training step really runs: on a CPU the loop switches SDPA to eager
+    attention for short micro-batches (`train.short_sequence_attention`)."""
     impl = str(config.get("_attn_implementation") or "sdpa")
+    if impl == "sdpa" and on_cpu and seq_len <= EAGER_ATTENTION_MAX_WIDTH:
+        return "eager"
     return "eager" if impl == "eager" else "flash" if impl.startswith("flash") else "sdpa"
 
 
@@ -554,7 +558,7 @@ def _estimate_only(pilot: Pilot, run, started: dict, log) -> dict:
                     shape,
                     trainable=trainable,
                     weight_bytes=weight_bytes,
-                    attention=_attention_kind(config),
+                    attention=_attention_kind(config, seq_len, started["accelerator"] == "cpu"),
                     micro_batch=mb,
                     seq_len=seq_len,
                     grad_checkpointing=ckpt,
@@ -671,7 +675,7 @@ def _measured(
                 shape,
                 trainable=info["trainable_params"],
                 weight_bytes=weight_bytes,
-                attention=_attention_kind(config),
+                attention=_attention_kind(config, seq_len, on_cpu),
                 micro_batch=mb,
                 seq_len=seq_len,
                 grad_checkpointing=ckpt,

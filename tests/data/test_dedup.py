@@ -152,7 +152,7 @@ def test_five_thousand_identical_texts_are_fast_and_linear():
     items = [DupItem(str(i), "train", "the same boilerplate text again") for i in range(5000)]
     t0 = time.perf_counter()
     rep = find_duplicates(items)
-    assert time.perf_counter() - t0 < 5.0
+    assert time.perf_counter() - t0 < 30.0  # ~1 s quiet; all ~12.5M pairs would take minutes
     assert len(rep.exact) == 4999  # n-1, not n^2/2
     assert rep.near == []
 
@@ -166,7 +166,7 @@ def test_bucket_cap_on_five_thousand_near_identical_texts():
     ]
     t0 = time.perf_counter()
     rep = find_duplicates(items)
-    assert time.perf_counter() - t0 < 5.0
+    assert time.perf_counter() - t0 < 30.0  # ~1 s quiet; all ~12.5M pairs would take minutes
     assert rep.exact == []
     assert len(rep.near) <= 5000 * ANCHORS * 2  # the full clique would be 12.5M
     paired = {x for p in rep.near for x in (p.a_id, p.b_id)}
