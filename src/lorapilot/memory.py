@@ -21,7 +21,8 @@ Components, in bytes, of the peak of one micro-batch's forward + backward:
   backward starts (measured with saved-tensor hooks: 255 MiB for SmolLM2-135M).
 - workspace: a stated fraction of the rest, for allocator fragmentation, gradients of
   activations in flight during backward and kernel scratch: 10% with CUDA's caching
-  allocator, 50% for a CPU's RSS (CPU_WORKSPACE_FRACTION, measured). Not counted anywhere: the
+  allocator; for a CPU's RSS 50%, 100% with activation checkpointing (measured, see
+  CPU_WORKSPACE_FRACTION). Not counted anywhere: the
   CUDA context (~0.3-1 GiB, outside `torch.cuda.max_memory_allocated`).
 """
 
@@ -52,6 +53,10 @@ DEFAULT_WORKSPACE_FRACTION = 0.10
 # off/on; bench/README.md). glibc keeps freed activation and gradient blocks in its heaps
 # instead of returning them, so RSS exceeds what is live; 0.5 is that measured overhead.
 CPU_WORKSPACE_FRACTION = 0.50
+# With activation checkpointing every layer is recomputed and freed again during backward,
+# and the heap churn is larger: 1.9-2.3x the live bytes in the probe's measurements of the
+# default model (eager attention, 100 and 174 tokens x 8), hence 1.0.
+CPU_WORKSPACE_FRACTION_CHECKPOINTING = 1.0
 
 Precision = Literal["fp32", "bf16", "fp16"]
 Attention = Literal["sdpa", "flash", "eager"]

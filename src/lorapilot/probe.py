@@ -63,6 +63,7 @@ from lorapilot.data.dataset import encode_records, formatter_for, prepare_data
 from lorapilot.errors import UsageError
 from lorapilot.memory import (
     CPU_WORKSPACE_FRACTION,
+    CPU_WORKSPACE_FRACTION_CHECKPOINTING,
     DEFAULT_WORKSPACE_FRACTION,
     GIB,
     ModelShape,
@@ -246,7 +247,9 @@ def estimate_row(
 ) -> dict:
     """The memory model's figure for one configuration, on the basis it is compared on."""
     spec = pilot.spec
-    workspace = CPU_WORKSPACE_FRACTION if on_cpu else DEFAULT_WORKSPACE_FRACTION
+    workspace = DEFAULT_WORKSPACE_FRACTION
+    if on_cpu:
+        workspace = CPU_WORKSPACE_FRACTION_CHECKPOINTING if grad_checkpointing else CPU_WORKSPACE_FRACTION
     est = estimate_step_memory(
         shape,
         trainable_params=trainable,
