@@ -125,6 +125,7 @@ def test_workspace_is_the_stated_fraction():
     rest = sum(est[k] for k in COMPONENTS if k != "workspace")
     assert est["workspace"] == int(0.25 * rest)
     assert step(workspace_fraction=0.0)["workspace"] == 0
+    assert step(workspace_fraction=1.0)["workspace"] == rest  # a CPU heap with checkpointing
 
 
 # --------------------------------------------------------------------------- scaling
