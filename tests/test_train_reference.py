@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_train import TASK  # the same four-queue task as the loop tests
 
 from lorapilot.audit import build_adapter
 from lorapilot.data.format import IGNORE_INDEX, PromptFormatter
 from lorapilot.models import load_model, resolve_base
-from lorapilot.spec import AdapterSpec, TaskSpec
+from lorapilot.spec import AdapterSpec
 from lorapilot.train import causal_lm_loss_sum, collate, count_target_tokens, train_step
 
 pytestmark = [
@@ -23,12 +24,6 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing.*:FutureWarning"),
 ]
 
-TASK = TaskSpec(
-    kind="classification",
-    labels=["billing", "technical", "feature_request", "account_access_and_security"],
-    system="Route the ticket. One of: {labels}.",
-    template="Ticket:\n{text}\n\nCategory:",
-)
 TICKETS = [
     ("I was charged twice for my order.", "billing"),
     ("The app crashes when I log in, every single time, since the update.", "technical"),
