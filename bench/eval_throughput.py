@@ -33,6 +33,7 @@ def main() -> None:
     from lorapilot.evaluate.predict import score_labels, shared_prefix_len
     from lorapilot.evaluate.runner import cast_for_eval, evaluate_records, make_protocol
     from lorapilot.evaluate.stage import load_base
+    from lorapilot.models import pad_id_of
     from lorapilot.spec import load_pilot
 
     pilot = load_pilot(args.pilot)
@@ -50,7 +51,7 @@ def main() -> None:
     prompts = [fmt.encode_prompt(r.text, budget) for r in records]
     encs = [fmt.encode("x", lab, budget) for lab in pilot.spec.task.labels]
     label_ids = [e.input_ids[e.prompt_len:] for e in encs]
-    pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    pad_id = pad_id_of(tok)
     for _ in range(args.repeat):
         for mode in ("score", "score_unshared", "generate"):
             t0 = time.perf_counter()

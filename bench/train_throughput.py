@@ -412,6 +412,7 @@ def main() -> None:
     from lorapilot.audit import build_adapter
     from lorapilot.data.dataset import encode_records, formatter_for, prepare_data
     from lorapilot.evaluate.stage import load_base
+    from lorapilot.models import pad_id_of
     from lorapilot.spec import load_pilot
 
     def log(msg: str) -> None:
@@ -429,7 +430,7 @@ def main() -> None:
     prepared = prepare_data(pilot, tok)
     fmt = formatter_for(pilot, tok)
     examples = encode_records(fmt, spec.task, prepared.splits["train"], prepared.answer_budget)
-    pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    pad_id = pad_id_of(tok)
     features = [{"input_ids": e.input_ids, "attention_mask": [1] * e.n_tokens, "labels": e.labels}
                 for e in examples]
     model_a, info = build_adapter(model_a, spec.adapter, seed=cfg.seed)

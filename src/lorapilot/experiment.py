@@ -24,6 +24,7 @@ from lorapilot.errors import CheckFailed, UsageError
 from lorapilot.evaluate.runner import evaluate_records, make_protocol
 from lorapilot.evaluate.stage import load_base, write_eval_files
 from lorapilot.export import write_adapter_manifest
+from lorapilot.models import pad_id_of
 from lorapilot.spec import Pilot, variant_label
 from lorapilot.train import (
     check_distributed,
@@ -170,7 +171,7 @@ def run_train(pilot: Pilot, *, resume: str | None = None, progress: bool = True,
         fmt = formatter_for(pilot, tok)
         train_ex = encode_records(fmt, spec.task, prepared.splits["train"], prepared.answer_budget)
         val_ex = encode_records(fmt, spec.task, prepared.splits["val"], prepared.answer_budget)
-        pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        pad_id = pad_id_of(tok)
 
         model, adapter_info = build_adapter(model, spec.adapter, seed=spec.train.seed)
         base_info = {"id": resolved.id, "path": str(resolved.path), "revision": resolved.revision,
@@ -261,7 +262,7 @@ def run_smoke(pilot: Pilot, *, per_category: int = 2, max_steps: int = 40, lr: f
         fmt = formatter_for(pilot, tok)
         records = sample_per_category(prepared.splits["train"], per_category, spec.train.seed)
         examples = encode_records(fmt, spec.task, records, prepared.answer_budget)
-        pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        pad_id = pad_id_of(tok)
         model, _ = build_adapter(model, spec.adapter.model_copy(update={"dropout": 0.0}), seed=spec.train.seed)
         cfg = spec.train.model_copy(update={
             "max_steps": max_steps, "lr": lr, "micro_batch": min(len(examples), 16), "grad_accum": 1,

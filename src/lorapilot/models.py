@@ -474,6 +474,12 @@ def _from_hf_cache(repo_id: str, revision: str | None, cache_dir: Path | None) -
 # --- loading -----------------------------------------------------------------------------
 
 
+def pad_id_of(tokenizer: Any) -> int:
+    """The id batches are padded with: the tokenizer's pad token, else its end of sequence
+    (many chat models define no pad token; padded positions are masked out either way)."""
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+
 def load_model(resolved: ResolvedModel, dtype: str = "float32", trust_remote_code: bool = False):
     """(model, tokenizer) from a resolved base, offline, in eval mode.
 

@@ -69,6 +69,7 @@ from lorapilot.memory import (
     ModelShape,
     estimate_step_memory,
 )
+from lorapilot.models import pad_id_of
 from lorapilot.spec import AdapterSpec, Pilot
 from lorapilot.train import EAGER_ATTENTION_MAX_WIDTH, collate, count_target_tokens, train_step
 
@@ -639,7 +640,7 @@ def _measured(
     train_ex, prepared, fmt = _encoded_train(pilot, tok)
     lengths = [e.n_tokens for e in train_ex]
     targets = target_lengths(lengths, spec.data.max_length)
-    pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    pad_id = pad_id_of(tok)
     basis = STEP_INCREASE if on_cpu else TOTAL
     rows: list[dict] = []
     model.train()

@@ -15,6 +15,7 @@ from lorapilot.data.load import Record
 from lorapilot.evaluate import predict
 from lorapilot.evaluate.metrics import classification_metrics, extraction_metrics, format_metrics
 from lorapilot.fsutil import sha256_json
+from lorapilot.models import pad_id_of
 from lorapilot.spec import PilotSpec
 
 GENERATION_MARGIN = 16  # tokens beyond the longest target: room for a slightly longer answer
@@ -100,7 +101,7 @@ def evaluate_records(
     model = cast_for_eval(model, protocol["precision"])
     model.eval()  # dropout off: evaluation is deterministic
     prompts = [fmt.encode_prompt(r.text, budget) for r in records]
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    pad_id = pad_id_of(tokenizer)
     t0 = time.perf_counter()
     done = [0]
     with _progress(len(records), label, progress) as bar:
