@@ -5,7 +5,8 @@
 Both modes run in one process on the same model, prompts and batch size (the pilot's eval
 protocol), alternating so that machine noise shows in the spread. Model loading and data
 preparation are not timed. `score_unshared` is label scoring without the shared-prefix
-cache (each batch recomputes the system prompt), to show what that cache buys.
+cache (each batch recomputes the system prompt), to show what that cache buys; the same for
+`generate_unshared`. An extraction pilot (examples/invoice-fields) has only the generate modes.
 """
 
 from __future__ import annotations
@@ -30,52 +31,67 @@ def main() -> None:
     args = ap.parse_args()
 
     from lorapilot.data.dataset import formatter_for, prepare_data
-    from lorapilot.evaluate.predict import score_labels, shared_prefix_len
+    from lorapilot.evaluate.predict import generate, score_labels, shared_prefix_len
     from lorapilot.evaluate.runner import cast_for_eval, evaluate_records, make_protocol
     from lorapilot.evaluate.stage import load_base
     from lorapilot.models import pad_id_of
     from lorapilot.spec import load_pilot
 
     pilot = load_pilot(args.pilot)
+    classification = pilot.spec.task.kind == "classification"
     _, model, tok = load_base(pilot)
     prepared = prepare_data(pilot, tok)
     records = prepared.splits["val"][: args.limit] if args.limit else prepared.splits["val"]
     fmt = formatter_for(pilot, tok)
-    spec = {m: load_pilot(args.pilot, [f"eval.mode={m}"]).spec for m in ("score", "generate")}
+    modes = ("score", "generate") if classification else ("generate",)
+    spec = {m: load_pilot(args.pilot, [f"eval.mode={m}"]).spec for m in modes}
     protocols = {m: make_protocol(s, tok, prepared) for m, s in spec.items()}
-    times: dict[str, list[float]] = {"score": [], "score_unshared": [], "generate": []}
-    accuracy = {}
-    evaluate_records(model, tok, fmt, spec["score"], records[:4], protocols["score"], progress=False)  # warm-up
-    eval_model = cast_for_eval(model, protocols["score"]["precision"]).eval()
-    budget = protocols["score"]["answer_budget"]
+    proto = protocols[modes[0]]
+    evaluate_records(model, tok, fmt, spec[modes[0]], records[:4], proto, progress=False)  # warm-up
+    eval_model = cast_for_eval(model, proto["precision"]).eval()
+    budget = proto["answer_budget"]
     prompts = [fmt.encode_prompt(r.text, budget) for r in records]
-    encs = [fmt.encode("x", lab, budget) for lab in pilot.spec.task.labels]
-    label_ids = [e.input_ids[e.prompt_len:] for e in encs]
     pad_id = pad_id_of(tok)
+    batch = pilot.spec.eval.batch_size
+    gen_proto = protocols["generate"]
+    stop = [tok.eos_token_id]
+    # The `_unshared` variants recompute the shared prefix in every batch: what the cache buys.
+    timed = [m for m in ("score", "score_unshared") if classification] + ["generate", "generate_unshared"]
+    if classification:
+        encs = [fmt.encode("x", lab, budget) for lab in pilot.spec.task.labels]
+        label_ids = [e.input_ids[e.prompt_len:] for e in encs]
+    times: dict[str, list[float]] = {m: [] for m in timed}
+    metrics, new_tokens = {}, {}
     for _ in range(args.repeat):
-        for mode in ("score", "score_unshared", "generate"):
+        for mode in timed:
             t0 = time.perf_counter()
             if mode == "score_unshared":
-                score_labels(eval_model, prompts, label_ids, batch_size=pilot.spec.eval.batch_size,
-                             pad_id=pad_id, share_prefix=False)
+                score_labels(eval_model, prompts, label_ids, batch_size=batch, pad_id=pad_id, share_prefix=False)
+            elif mode == "generate_unshared":
+                gen = generate(eval_model, prompts, max_new_tokens=gen_proto["max_new_tokens"], stop_ids=stop,
+                               pad_id=pad_id, batch_size=batch, share_prefix=False)
+                new_tokens[mode] = round(sum(len(g) for g in gen) / len(gen), 1)
             else:
                 res = evaluate_records(model, tok, fmt, spec[mode], records, protocols[mode], progress=False)
-                accuracy[mode] = res.metrics.get("accuracy")
+                key = "accuracy" if classification else "json_valid_rate"
+                metrics[mode] = res.metrics.get(key)
             times[mode].append(time.perf_counter() - t0)
     n = len(records)
+    med = {m: statistics.median(t) for m, t in times.items()}
     out = {
         "pilot": pilot.spec.name,
         "n_examples": n,
-        "batch_size": pilot.spec.eval.batch_size,
+        "batch_size": batch,
         "precision": pilot.spec.eval.precision,
+        "device": str(next(eval_model.parameters()).device),
         "mean_prompt_tokens": round(sum(len(p) for p in prompts) / n, 1),
         "shared_prefix_tokens": shared_prefix_len(prompts),
-        "score_examples_per_s": [round(n / t, 2) for t in times["score"]],
-        "score_unshared_examples_per_s": [round(n / t, 2) for t in times["score_unshared"]],
-        "generate_examples_per_s": [round(n / t, 2) for t in times["generate"]],
-        "ratio_median": round(statistics.median(times["generate"]) / statistics.median(times["score"]), 2),
-        "prefix_cache_speedup": round(statistics.median(times["score_unshared"]) / statistics.median(times["score"]), 2),
-        "accuracy": accuracy,
+        "max_new_tokens": gen_proto["max_new_tokens"],
+        "generated_tokens_mean_unshared": new_tokens.get("generate_unshared"),
+        **{f"{m}_examples_per_s": [round(n / t, 2) for t in times[m]] for m in timed},
+        "ratio_median": round(med["generate"] / med["score"], 2) if classification else None,
+        "prefix_cache_speedup": {m: round(med[f"{m}_unshared"] / med[m], 2) for m in modes},
+        "metrics": metrics,
     }
     if args.json:
         print(json.dumps(out, indent=2))

@@ -3,7 +3,7 @@
 #
 # On a CUDA or ROCm machine: install lorapilot into a venv that sees the machine's own torch,
 # fetch the default model, then on a temporary copy of examples/ticket-triage run `probe`, a
-# 20-step `train` in bf16, `verify`, and bench/train_throughput.py --quick (when it exists).
+# 20-step `train` in bf16, `verify`, bench/train_throughput.py --quick and bench/eval_throughput.py.
 # Prints ONE JSON object with the figures on stdout; progress goes to stderr. Nothing in the
 # repository is modified (the pilot copy lives in a temp folder).
 #
@@ -135,13 +135,17 @@ if verify is not None:
     res["verify"] = {"ok": rc_of("verify") == 0 and verify.get("ok", True) is not False,
                      "exit_code": rc_of("verify"), "run_id": verify.get("run_id"),
                      "metrics_match": verify.get("metrics_match"),
-                     "n_mismatched_predictions": verify.get("n_mismatched_predictions")}
+                     "n_mismatched_predictions": verify.get("n_mismatched_predictions"),
+                     "device": verify.get("device")}
     if verify.get("error"):
         res["verify"]["error"] = verify["error"]
 
 bench = load("bench")
 if bench is not None:
     res["bench"] = bench
+eval_bench = load("eval_bench")
+if eval_bench is not None:
+    res["eval_bench"] = eval_bench
 
 if int(rc) != 0:
     res["failed_step"] = current or None
@@ -282,6 +286,13 @@ elif [ "$GPU" = 1 ] && [ "$QUICK" = 0 ]; then
     || die "the throughput bench failed (see stderr)"
 else
   skip "bench/train_throughput.py --quick (GPU figures only)"
+fi
+# Scoring vs generation on the GPU (the evaluation issue's 3x target is about this ratio).
+if [ "$GPU" = 1 ] && [ "$QUICK" = 0 ] && [ -f "$ROOT/bench/eval_throughput.py" ]; then
+  run_step eval_bench "$PY" "$ROOT/bench/eval_throughput.py" --json --repeat 2 --pilot "$PILOT" \
+    || die "the evaluation throughput bench failed (see stderr)"
+else
+  skip "bench/eval_throughput.py (GPU figures only)"
 fi
 
 CURRENT="verify"

@@ -36,6 +36,7 @@ def test_verify_fresh_process_matches(trained):
     assert out["ok"] and out["metrics_match"] and out["n_mismatched_predictions"] == 0
     assert out["base_sha256"] == out["expected_base_sha256"]
     assert out["metrics"]["accuracy"] == train["metrics"]["accuracy"]
+    assert out["device"] == "cpu"  # where the fresh process evaluated (no accelerator here)
     rec = json.loads((pilot / "runs" / out["run_id"] / "run.json").read_text())
     assert rec["kind"] == "verify" and rec["parent"] == train["run_id"] and rec["status"] == "completed"
 

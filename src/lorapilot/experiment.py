@@ -215,7 +215,7 @@ def run_train(pilot: Pilot, *, resume: str | None = None, progress: bool = True,
                               label="eval (val)")
         write_eval_files(run.dir, ev)
         run.update(metrics=ev.metrics, eval_protocol=protocol["eval_protocol"], protocol=protocol,
-                   eval_seconds=round(ev.seconds, 3))
+                   eval_seconds=round(ev.seconds, 3), eval_device=ev.device)
         write_adapter_manifest(
             adapter_dir, base=base_info, spec=spec.model_dump(mode="json"), data_version=prepared.version,
             eval_protocol=protocol, metrics=ev.metrics, tokenizer_sha256=tokenizer_hash(tok),

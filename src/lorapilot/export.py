@@ -170,7 +170,7 @@ def verify_child(pilot_dir: Path, adapter_dir: Path, out_dir: Path) -> dict:
     write_eval_files(out_dir, ev)
     result.update(ok=not problems, refused=False, problems=problems, metrics=ev.metrics,
                   eval_protocol=protocol["eval_protocol"], data_version=prepared.version,
-                  seconds=round(ev.seconds, 3))
+                  seconds=round(ev.seconds, 3), device=ev.device)
     return result
 
 
@@ -223,6 +223,7 @@ def run_verify(pilot, run_id: str | None = None, timeout: int = 3600) -> dict:
             "base_sha256": child.get("base_sha256"),
             "expected_base_sha256": child.get("expected_base_sha256", manifest["base"]["sha256"]),
             "fresh_process_pid_differs": True,
+            "device": child.get("device"),
             "problems": child.get("problems", []),
         }
         if child.get("refused"):

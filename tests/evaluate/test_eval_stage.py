@@ -52,6 +52,33 @@ def test_baseline_extraction_tiny(tmp_path, tiny_model_dir):
     assert set(m["per_field"]) == {"vendor", "invoice_number", "date", "total", "currency", "due_date", "po_number"}
     rows = (pilot / "runs" / out["run_id"] / "predictions.jsonl").read_text().splitlines()
     assert len(rows) == 6 and out["protocol"]["limit"] == 6
+    assert out["device"] == "cpu"  # no accelerator here
+
+
+def test_evaluation_moves_a_cpu_model_to_the_accelerator(monkeypatch):
+    """Baseline, eval and verify load the base on the CPU; on a GPU machine evaluation
+    must not run there. (No GPU here: torch.cuda is faked and the moves recorded.)"""
+    import torch
+
+    from lorapilot.evaluate.runner import cast_for_eval
+
+    class Model:
+        def __init__(self):
+            self.moves, self.p = [], torch.zeros(1)
+
+        def parameters(self):
+            return iter([self.p])
+
+        def to(self, arg):
+            self.moves.append(arg)
+            return self
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    m = cast_for_eval(Model(), "bf16")
+    assert m.moves == [torch.device("cuda", 0), torch.bfloat16]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert cast_for_eval(Model(), "fp32").moves == []
 
 
 def test_protocol_is_stable_and_sensitive(tmp_path, tiny_model_dir):

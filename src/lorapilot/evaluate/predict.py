@@ -8,9 +8,9 @@ header, system prompt, start of the template: about 40% of a ticket-triage promp
 once for the whole evaluation and its KV cache reused by every batch; and each prompt's
 cache is reused for every label, so a 6-label task costs one forward pass over each
 prompt's own tokens plus one short pass for the labels, instead of six full passes.
-Batches are grouped by length and left-padded (between the shared prefix and each prompt's
-own tokens) with explicit position ids, so results do not depend on the batch size or on
-padding (tested).
+Greedy generation reuses the same prefix cache. Batches are grouped by length and
+left-padded (between the shared prefix and each prompt's own tokens) with explicit position
+ids, so results do not depend on the batch size or on padding (tested).
 """
 
 from __future__ import annotations
@@ -240,26 +240,52 @@ def generate(
     batch_size: int = 16,
     precision: str = "fp32",
     progress: Callable[[int], None] | None = None,
+    share_prefix: bool = True,
 ) -> list[list[int]]:
     """Greedy decoding with the KV cache, stopping at end-of-turn -> generated ids per prompt
-    (stop token excluded)."""
+    (stop token excluded).
+
+    A plain loop rather than `model.generate`: greedy decoding is an argmax per step, and
+    owning the loop lets generation reuse the shared-prefix cache exactly as scoring does
+    (an extraction prompt's instructions are most of it) and stop a batch as soon as
+    every row has ended. Same tokens as `model.generate(do_sample=False)` (tested).
+    `share_prefix=False` recomputes the common prefix in every batch (for benchmarks)."""
     device = next(model.parameters()).device
     outs: list[list[int]] = [[] for _ in prompts]
-    stop = set(stop_ids)
+    stop = torch.tensor(sorted(set(stop_ids)), dtype=torch.long, device=device)
+    n_prefix = shared_prefix_len(prompts) if share_prefix else 0
+    prefix_kv = _prefix_cache(model, prompts[0][:n_prefix], precision) if n_prefix else None
     for idx in _length_batches([len(p) for p in prompts], batch_size):
-        ids, mask, _ = _left_pad([prompts[i] for i in idx], pad_id, device)
-        with autocast_ctx(device, precision):
-            gen = model.generate(
-                input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
-                eos_token_id=list(stop), pad_token_id=pad_id, num_beams=1,
-            )
+        b = len(idx)
+        ids, mask, pos = _left_pad([prompts[i][n_prefix:] for i in idx], pad_id, device)
+        cache = None
+        if prefix_kv is not None:
+            cache = _expand_cache(model, prefix_kv, b)
+            mask = torch.cat([torch.ones((b, n_prefix), dtype=mask.dtype, device=device), mask], dim=1)
+            pos = pos + n_prefix
+        ended = torch.zeros(b, dtype=torch.bool, device=device)
+        steps: list[torch.Tensor] = []
+        for _ in range(max_new_tokens):
+            with autocast_ctx(device, precision):
+                res = model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache,
+                            use_cache=True, logits_to_keep=1)
+            nxt = res.logits[:, -1, :].float().argmax(dim=-1)  # [b]
+            steps.append(torch.where(ended, stop[0], nxt))
+            ended |= torch.isin(nxt, stop)
+            if bool(ended.all()):
+                break
+            cache, ids = res.past_key_values, nxt[:, None]
+            mask = torch.cat([mask, torch.ones((b, 1), dtype=mask.dtype, device=device)], dim=1)
+            pos = pos[:, -1:] + 1
+        gen = torch.stack(steps, dim=1).tolist() if steps else [[] for _ in idx]
+        stop_set = set(stop.tolist())
         for row, i in enumerate(idx):
             toks = []
-            for t in gen[row, ids.shape[1]:].tolist():
-                if t in stop:
+            for t in gen[row]:
+                if t in stop_set:
                     break
                 toks.append(t)
             outs[i] = toks
         if progress:
-            progress(len(idx))
+            progress(b)
     return outs

@@ -30,6 +30,10 @@ def make_protocol(spec: PilotSpec, tokenizer: Any, prepared: PreparedData) -> di
         "task": task.kind,
         "mode": mode,
         "decoding": "label_scoring" if mode == "score" else "greedy",
+        # The shared prompt prefix's KV cache is computed once and reused (same results in
+        # fp32; in bf16 a different summation order can flip a greedy token, so it is part
+        # of the procedure and results from before it are not silently compared).
+        "shared_prefix_cache": True,
         "max_new_tokens": None if mode == "score" else max_new,
         "batch_size": ev.batch_size,
         "precision": ev.precision,
@@ -49,11 +53,18 @@ def make_protocol(spec: PilotSpec, tokenizer: Any, prepared: PreparedData) -> di
 def cast_for_eval(model: Any, precision: str) -> Any:
     """Evaluation runs the whole model in the protocol's dtype (weights cast once, no autocast):
     on CPU this is ~2x faster than autocast, which re-casts every weight at every call, and a
-    fresh-process reload that casts the same saved weights computes exactly the same thing."""
+    fresh-process reload that casts the same saved weights computes exactly the same thing.
+
+    A model still on the CPU moves to the accelerator when there is one (CUDA or ROCm):
+    baseline, eval and verify load the base on the CPU, and evaluating there on a GPU
+    machine would waste the rental. CUDA_VISIBLE_DEVICES="" keeps it on the CPU."""
     import torch
 
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
-    if next(model.parameters()).dtype != dtype:
+    first = next(model.parameters())
+    if first.device.type == "cpu" and torch.cuda.is_available():
+        model = model.to(torch.device("cuda", torch.cuda.current_device()))
+    if first.dtype != dtype:
         model = model.to(dtype)
     return model
 
@@ -65,6 +76,7 @@ class EvalResult:
     seconds: float
     examples_per_s: float
     protocol: dict = field(default_factory=dict)
+    device: str = "cpu"
 
 
 def _progress(total: int, label: str, enabled: bool):
@@ -167,4 +179,5 @@ def evaluate_records(
                 "gold": r.target, "gold_answer": answer_text(task, r.label, r.target), "correct": bool(correct[i]),
             })
     metrics["n"] = len(records)
-    return EvalResult(metrics, rows, seconds, len(records) / max(seconds, 1e-9), protocol)
+    device = str(next(model.parameters()).device)
+    return EvalResult(metrics, rows, seconds, len(records) / max(seconds, 1e-9), protocol, device)

@@ -110,6 +110,7 @@ def run_evaluation(pilot: Pilot, kind: str, *, split: str = "val", adapter_dir: 
             "adapter": str(adapter_dir) if adapter_dir else None,
             "seconds": round(result.seconds, 3),
             "examples_per_s": round(result.examples_per_s, 3),
+            "device": result.device,
             "predictions": str(run.dir / "predictions.jsonl"),
         }
         if split == "test":
