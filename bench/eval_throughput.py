@@ -6,7 +6,8 @@ Both modes run in one process on the same model, prompts and batch size (the pil
 protocol), alternating so that machine noise shows in the spread. Model loading and data
 preparation are not timed. `score_unshared` is label scoring without the shared-prefix
 cache (each batch recomputes the system prompt), to show what that cache buys; the same for
-`generate_unshared`. An extraction pilot (examples/invoice-fields) has only the generate modes.
+`generate_unshared`. `prompt_pass` is generation stopped after one token: the prompts' own
+tokens through the model, which both modes must pay. An extraction pilot (examples/invoice-fields) has only the generate modes.
 """
 
 from __future__ import annotations
@@ -56,7 +57,10 @@ def main() -> None:
     gen_proto = protocols["generate"]
     stop = [tok.eos_token_id]
     # The `_unshared` variants recompute the shared prefix in every batch: what the cache buys.
-    timed = [m for m in ("score", "score_unshared") if classification] + ["generate", "generate_unshared"]
+    # `prompt_pass`: generation stopped after its first token, i.e. the prompt pass alone (shared
+    # prefix cached), which every mode pays: the floor under both.
+    timed = [m for m in ("score", "score_unshared") if classification] + ["generate", "generate_unshared",
+                                                                         "prompt_pass"]
     if classification:
         encs = [fmt.encode("x", lab, budget) for lab in pilot.spec.task.labels]
         label_ids = [e.input_ids[e.prompt_len:] for e in encs]
@@ -71,6 +75,8 @@ def main() -> None:
                 gen = generate(eval_model, prompts, max_new_tokens=gen_proto["max_new_tokens"], stop_ids=stop,
                                pad_id=pad_id, batch_size=batch, share_prefix=False)
                 new_tokens[mode] = round(sum(len(g) for g in gen) / len(gen), 1)
+            elif mode == "prompt_pass":
+                generate(eval_model, prompts, max_new_tokens=1, stop_ids=stop, pad_id=pad_id, batch_size=batch)
             else:
                 res = evaluate_records(model, tok, fmt, spec[mode], records, protocols[mode], progress=False)
                 key = "accuracy" if classification else "json_valid_rate"
