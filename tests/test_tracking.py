@@ -61,11 +61,11 @@ def tracked(tmp_path_factory, tiny_model_dir):
     return pilot, ok, failed.id
 
 
-def _mlflow_runs(pilot, db=None):
+def _mlflow_runs(pilot, db=None, experiment="ticket-triage"):
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=f"sqlite:///{db or pilot / 'runs' / 'mlflow.db'}")  # default store
-    exp = client.get_experiment_by_name("ticket-triage")
+    exp = client.get_experiment_by_name(experiment)
     return client, {r.data.tags["lorapilot.run_id"]: r for r in client.search_runs([exp.experiment_id])}
 
 
@@ -226,3 +226,81 @@ def test_set_tracking_is_not_a_variant(tmp_path, tiny_model_dir):
     p = load_pilot(pilot, ["tracking=[tensorboard]"])
     assert p.spec.tracking == ["tensorboard"] and p.diff == {} and variant_label(p.diff) == "base"
     assert p.spec.spec_hash() == load_pilot(pilot).spec.spec_hash()
+
+
+def _append(path, rows, partial=""):
+    with open(path, "a", encoding="utf-8") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in rows) + partial)
+
+
+def _step(i):
+    return {"step": i, "loss": 1.0 / i, "lr": 0.01, "tokens": 100, "step_time_s": 0.5, "time": 1_800_000_000 + i}
+
+
+def test_live_mirror_shows_steps_while_the_run_runs_then_the_close_replaces_it(tmp_path):
+    """During a train run the new steps.jsonl/val.jsonl lines reach MLflow (a RUNNING run)
+    and TensorBoard at every poll, a half-written line waits for its end; at close the
+    complete mirror takes the live copy's place (still one MLflow run, one event file)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    with registry.open_run(tmp_path, "train", config={"name": "p", "tracking": ["mlflow", "tensorboard"]}) as run:
+        live = tracking.LiveMirror(run.dir, ["mlflow", "tensorboard"], interval=3600)
+        with live:
+            _append(run.dir / "steps.jsonl", [_step(1), _step(2)], partial='{"step": 3, "lo')
+            _append(run.dir / "val.jsonl", [{"step": 0, "val_loss": 2.0, "time": 1_800_000_000}])
+            assert live.poll() == 2 * 5 + 1  # loss, lr, tokens, step_time_s, tokens_per_s; val_loss
+            client, runs = _mlflow_runs(tmp_path, experiment="p")
+            mid = runs[run.id].info.run_id
+            assert runs[run.id].info.status == "RUNNING" and runs[run.id].data.tags["lorapilot.live"] == "true"
+            assert [(m.step, m.value) for m in client.get_metric_history(mid, "loss")] == [(1, 1.0), (2, 0.5)]
+            ea = EventAccumulator(str(tmp_path / "runs" / "tensorboard" / run.id))
+            ea.Reload()
+            assert [e.step for e in ea.Scalars("train/loss")] == [1, 2] and [e.step for e in ea.Scalars("val/loss")] == [0]
+            assert live.poll() == 0  # nothing new: the partial line is not read
+            _append(run.dir / "steps.jsonl", [], partial='ss": 0.25, "time": 1800000003}\n')
+            assert live.poll() == 1
+            assert [m.step for m in client.get_metric_history(mid, "loss")] == [1, 2, 3]
+        assert not live.failed
+    client, runs = _mlflow_runs(tmp_path, experiment="p")
+    final = runs[run.id]
+    assert final.info.status == "FINISHED" and "lorapilot.mirror" in final.data.tags
+    assert [m.step for m in client.get_metric_history(final.info.run_id, "loss")] == [1, 2, 3]
+    assert len(list((tmp_path / "runs" / "tensorboard" / run.id).glob("events.out.tfevents.*"))) == 1
+
+
+def test_live_mirror_thread_sends_without_being_asked_and_a_broken_tracker_only_warns(tmp_path, capsys):
+    import time
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    (tmp_path / "runs" / "mlflow.db").mkdir(parents=True)  # sqlite cannot open a folder
+    with registry.open_run(tmp_path, "train", config={"name": "p"}) as run:
+        live = tracking.LiveMirror(run.dir, ["mlflow", "tensorboard"], interval=0.05)
+        with live:
+            _append(run.dir / "steps.jsonl", [_step(1)])
+            deadline = time.time() + 30
+            while live.logged == 0 and time.time() < deadline:
+                time.sleep(0.05)
+            assert live.logged == 5  # sent by the thread
+            _append(run.dir / "steps.jsonl", [_step(2)])
+        assert live.logged == 10  # the last lines are sent on exit
+        assert set(live.failed) == {"mlflow"}
+    err = " ".join(capsys.readouterr().err.split())
+    assert err.count("warning: live tracking (mlflow) stopped") == 1 and "Training goes on" in err
+    ea = EventAccumulator(str(tmp_path / "runs" / "tensorboard" / run.id))
+    ea.Reload()
+    assert [e.step for e in ea.Scalars("train/loss")] == [1, 2]
+
+
+def test_live_interval_from_the_environment(monkeypatch):
+    from lorapilot.errors import UsageError
+    from lorapilot.experiment import _live_interval
+
+    monkeypatch.delenv("LORAPILOT_TRACKING_INTERVAL", raising=False)
+    assert _live_interval() == tracking.LIVE_INTERVAL_S
+    monkeypatch.setenv("LORAPILOT_TRACKING_INTERVAL", "0.5")
+    assert _live_interval() == 0.5
+    for bad in ("0", "-1", "soon", "inf", "nan"):
+        monkeypatch.setenv("LORAPILOT_TRACKING_INTERVAL", bad)
+        with pytest.raises(UsageError, match="LORAPILOT_TRACKING_INTERVAL"):
+            _live_interval()

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lorapilot import environment, fsdp, registry
+from lorapilot import environment, fsdp, registry, tracking
 from lorapilot.audit import build_adapter, run_update_audit
 from lorapilot.data.dataset import encode_records, formatter_for, prepare_data
 from lorapilot.data.format import template_hash, tokenizer_hash
@@ -34,6 +34,20 @@ from lorapilot.train import (
     make_optimizer,
     train,
 )
+
+
+def _live_interval() -> float:
+    """Seconds between live tracking updates: LORAPILOT_TRACKING_INTERVAL, default 15."""
+    raw = os.environ.get("LORAPILOT_TRACKING_INTERVAL")
+    if raw is None:
+        return tracking.LIVE_INTERVAL_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0 or value == float("inf"):
+        raise UsageError(f"LORAPILOT_TRACKING_INTERVAL={raw!r}: must be a positive number of seconds")
+    return value
 
 
 def _limit_checks(pilot: Pilot, started: float):
@@ -192,11 +206,14 @@ def run_train(pilot: Pilot, *, resume: str | None = None, progress: bool = True,
                     {"run_id": run.id, "update_audit": audit},
                 )
         deadline, cost_check = _limit_checks(pilot, started)
+        # Trackers see the curves during the run (rank 0 only); the whole run is mirrored at close.
+        live = tracking.LiveMirror(run.dir, spec.tracking if run.write else [], _live_interval())
         try:
-            result = train(
-                model, train_ex, val_ex, spec.train, run.dir, pad_id=pad_id, resume=bool(resume),
-                deadline=deadline, cost_check=cost_check, progress=progress, log=log,
-            )
+            with live:
+                result = train(
+                    model, train_ex, val_ex, spec.train, run.dir, pad_id=pad_id, resume=bool(resume),
+                    deadline=deadline, cost_check=cost_check, progress=progress, log=log,
+                )
         except registry.StoppedByLimit as e:
             run.update(checkpoint=str(getattr(e, "checkpoint", "")), stopped_at_step=getattr(e, "step", None))
             raise

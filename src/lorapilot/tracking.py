@@ -7,6 +7,8 @@ calls it when a run closes (whatever its status) and `lorapilot sync` calls it f
 records. Mirroring again is idempotent: the MLflow run is found by its `lorapilot.run_id` tag
 and kept when the record is unchanged (a fingerprint tag), replaced when it changed; a
 TensorBoard folder is rewritten whole. A tracker failure only warns: it never fails a run.
+While a train run runs, `LiveMirror` sends its new per-step records every 15 s, so curves
+are visible before the end; the complete mirror at close then replaces that live copy.
 
 Where the mirrors go (nothing leaves the pilot folder unless MLFLOW_TRACKING_URI says so):
 `runs/mlflow.db` (sqlite store) with artifacts in `runs/mlflow-artifacts/`, and
@@ -15,6 +17,7 @@ Where the mirrors go (nothing leaves the pilot folder unless MLFLOW_TRACKING_URI
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import importlib.util
 import json
@@ -24,6 +27,7 @@ import re
 import shutil
 import sqlite3
 import sys
+import threading
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -106,6 +110,23 @@ def _ms(iso: str | None) -> int | None:
     return int(dt.datetime.fromisoformat(iso).timestamp() * 1000) if iso else None
 
 
+def series(steps: list[dict], val: list[dict]) -> list[tuple[str, int, float, float | None]]:
+    """Per-step values as (name, step, value, unix time) from steps.jsonl and val.jsonl rows."""
+    out = []
+    for row in steps:
+        t = row.get("time")
+        for k in STEP_KEYS:
+            if (v := _number(row.get(k))) is not None:
+                out.append((k, int(row["step"]), v, t))
+        tok, secs = _number(row.get("tokens")), _number(row.get("step_time_s"))
+        if tok is not None and secs:
+            out.append(("tokens_per_s", int(row["step"]), tok / secs, t))
+    for row in val:
+        if (v := _number(row.get("val_loss"))) is not None:
+            out.append(("val_loss", int(row["step"]), v, row.get("time")))
+    return out
+
+
 class _Run:
     """What a mirror needs from a run folder, read once."""
 
@@ -130,20 +151,7 @@ class _Run:
         })[:32]
 
     def series(self) -> list[tuple[str, int, float, float | None]]:
-        """Per-step values as (name, step, value, unix time): steps.jsonl and val.jsonl."""
-        out = []
-        for row in self.steps:
-            t = row.get("time")
-            for k in STEP_KEYS:
-                if (v := _number(row.get(k))) is not None:
-                    out.append((k, int(row["step"]), v, t))
-            tok, secs = _number(row.get("tokens")), _number(row.get("step_time_s"))
-            if tok is not None and secs:
-                out.append(("tokens_per_s", int(row["step"]), tok / secs, t))
-        for row in self.val:
-            if (v := _number(row.get("val_loss"))) is not None:
-                out.append(("val_loss", int(row["step"]), v, row.get("time")))
-        return out
+        return series(self.steps, self.val)
 
     def final_metrics(self) -> dict[str, float]:
         """The verb's numeric results (top level) and its metrics, flattened."""
@@ -218,10 +226,10 @@ def _chunks(items: list, n: int = _BATCH) -> Iterable[list]:
         yield items[i:i + n]
 
 
-def _mlflow(run: _Run, runs_root: Path) -> str:
-    """One MLflow run per lorapilot run, in the experiment named after the pilot."""
+def _mlflow_experiment(runs_root: Path, pilot: str):
+    """(client, experiment or None, experiment id, sqlite path, artifact location) for the
+    pilot's MLflow experiment, created or restored as needed."""
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")  # no network at run time
-    from mlflow.entities import Metric, Param, RunTag
     from mlflow.tracking import MlflowClient
 
     for name in ("mlflow", "alembic"):
@@ -229,15 +237,22 @@ def _mlflow(run: _Run, runs_root: Path) -> str:
     uri = mlflow_uri(runs_root)
     _check_sqlite(uri)
     client = MlflowClient(tracking_uri=uri)
-    exp = client.get_experiment_by_name(run.pilot)
+    exp = client.get_experiment_by_name(pilot)
     db = _sqlite_path(uri)
     artifacts = (db.resolve().parent / MLFLOW_ARTIFACTS).as_uri() if db else None
     if exp is None:  # a sqlite store keeps its artifacts beside it, not in the working folder
-        exp_id = client.create_experiment(run.pilot, artifact_location=artifacts)
+        exp_id = client.create_experiment(pilot, artifact_location=artifacts)
     else:
         exp_id = exp.experiment_id
         if exp.lifecycle_stage == "deleted":
             client.restore_experiment(exp_id)
+    return client, exp, exp_id, db, artifacts
+
+
+def _mlflow(run: _Run, runs_root: Path) -> str:
+    """One MLflow run per lorapilot run, in the experiment named after the pilot."""
+    from mlflow.entities import Metric, Param, RunTag
+    client, exp, exp_id, db, artifacts = _mlflow_experiment(runs_root, run.pilot)
     rid = run.record.id
     existing = client.search_runs([exp_id], filter_string=f"tags.`lorapilot.run_id` = '{rid}'")
     if any(r.data.tags.get("lorapilot.mirror") == run.fingerprint for r in existing):
@@ -362,3 +377,119 @@ def sync(pilot_dir: Path, targets: list[str]) -> dict[str, Any]:
     if "tensorboard" in targets:
         out["tensorboard_dir"] = str(runs_root / TENSORBOARD_DIR)
     return out
+
+
+# --------------------------------------------------------------------------- live, during training
+
+LIVE_INTERVAL_S = 15.0  # how often a running train run's new records go to the trackers
+
+
+class LiveMirror:
+    """While a train run runs: every `interval` seconds the lines appended to steps.jsonl and
+    val.jsonl since the last look go to the trackers, so loss curves show up in MLflow
+    (a RUNNING run) and TensorBoard during a long run, not only when it ends.
+
+    It only reads the files the loop writes (they stay the source of truth) and runs in a
+    daemon thread; a tracker that fails is warned about once and left alone, never failing
+    the run. When the run closes, `mirror_run` replaces the live copy with the complete,
+    fingerprinted mirror (params, final metrics, artifacts, status), as for any run.
+    """
+
+    FILES = ("steps.jsonl", "val.jsonl")
+
+    def __init__(self, run_dir: Path, targets: Iterable[str], interval: float = LIVE_INTERVAL_S):
+        self.dir, self.targets, self.interval = Path(run_dir), [t for t in targets if t in TARGETS], interval
+        self.offsets = dict.fromkeys(self.FILES, 0)
+        self.failed: dict[str, str] = {}
+        self.logged = 0  # values sent to every working tracker so far
+        self._mlflow: tuple[Any, str] | None = None
+        self._writer: Any = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _new_rows(self, name: str) -> list[dict]:
+        """Complete lines appended since the last call (a line being written waits)."""
+        path = self.dir / name
+        try:
+            with open(path, "rb") as f:
+                f.seek(self.offsets[name])
+                chunk = f.read()
+        except FileNotFoundError:
+            return []
+        end = chunk.rfind(b"\n") + 1
+        self.offsets[name] += end
+        rows = []
+        for line in chunk[:end].splitlines():
+            try:
+                rows.append(json.loads(line))
+            except ValueError:
+                continue
+        return rows
+
+    def _send_mlflow(self, values: list[tuple[str, int, float, float | None]]) -> None:
+        from mlflow.entities import Metric
+
+        if self._mlflow is None:
+            rec = registry.read_record(self.dir)
+            pilot = str(rec.config.get("name") or Path(rec.pilot).name) if rec else self.dir.parent.parent.name
+            client, _, exp_id, _, _ = _mlflow_experiment(self.dir.parent, pilot)
+            rid = self.dir.name
+            tags = {"mlflow.runName": rid, "lorapilot.run_id": rid, "lorapilot.status": "running",
+                    "lorapilot.live": "true"}
+            if rec is not None:
+                tags["lorapilot.kind"] = rec.kind
+            start = _ms(rec.started_at) if rec is not None else None
+            mr = client.create_run(exp_id, start_time=start, tags=tags, run_name=rid)
+            self._mlflow = (client, mr.info.run_id)
+        client, mid = self._mlflow
+        now = _ms(registry.now_iso())
+        metrics = [Metric(k, v, int(t * 1000) if t else now, s) for k, s, v, t in values]
+        for chunk in _chunks(metrics, 1000):
+            client.log_batch(mid, metrics=chunk, synchronous=True)
+
+    def _send_tensorboard(self, values: list[tuple[str, int, float, float | None]]) -> None:
+        if self._writer is None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._writer = SummaryWriter(log_dir=str(self.dir.parent / TENSORBOARD_DIR / self.dir.name))
+        for k, s, v, t in values:
+            self._writer.add_scalar("val/loss" if k == "val_loss" else f"train/{k}", v, s, walltime=t)
+        self._writer.flush()
+
+    def poll(self) -> int:
+        """Send what was appended since the last poll -> number of values read."""
+        values = series(self._new_rows("steps.jsonl"), self._new_rows("val.jsonl"))
+        if not values:
+            return 0
+        for target in self.targets:
+            if target in self.failed:
+                continue
+            try:
+                (self._send_mlflow if target == "mlflow" else self._send_tensorboard)(values)
+            except Exception as e:  # a live mirror must never disturb training
+                self.failed[target] = f"{type(e).__name__}: {e}"
+                print(f"warning: live tracking ({target}) stopped for run {self.dir.name}: {self.failed[target]}. "
+                      "Training goes on; the run is mirrored again when it ends.", file=sys.stderr)
+        self.logged += len(values)
+        return len(values)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.poll()
+
+    def __enter__(self) -> LiveMirror:
+        if self.targets:
+            self._thread = threading.Thread(target=self._loop, name="lorapilot-live-tracking", daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        """Stop the thread, send the last lines and close the writers (before the run closes
+        and is mirrored whole)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self.poll()
+        if self._writer is not None:
+            with contextlib.suppress(Exception):
+                self._writer.close()
