@@ -138,3 +138,69 @@ def test_json_schema_describes_the_spec():
     sch = json_schema()
     assert {"name", "hypothesis", "task", "data"} <= set(sch["required"])
     assert "adapter" in sch["properties"]
+
+
+# --------------------------------------------------------------------------- non-finite numbers
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("-inf"), float("nan")])
+@pytest.mark.parametrize("section, key", [
+    ("train", "lr"), ("train", "epochs"), ("train", "weight_decay"), ("train", "max_grad_norm"),
+    ("adapter", "alpha"), ("adapter", "dropout"), ("success", "min_gain"), ("limits", "margin"),
+    ("limits", "memory_gb"), ("limits", "usd_per_hour"),
+])
+def test_non_finite_numbers_are_refused_naming_the_key(section, key, value):
+    extra = {"metric": "macro_f1"} if section == "success" else {}
+    msg = bad({**BASE, section: {**extra, key: value}})
+    assert msg.startswith("pilot.yaml: invalid pilot spec: ")
+    assert f"{section}.{key}: must be a finite number (got {value!r})" in msg, msg
+
+
+def test_non_finite_numbers_in_yaml_lists_and_nested_sections(tmp_path):
+    (tmp_path / "pilot.yaml").write_text(
+        "name: t\nhypothesis: h\ntask: {kind: classification, labels: [a, b]}\n"
+        "data: {file: d.jsonl, split: {val: .nan}, near_dup_threshold: .NaN}\n"
+        "guards: [{metric: accuracy, min: -.inf}]\n"
+    )
+    with pytest.raises(UsageError) as e:
+        load_pilot(tmp_path)
+    msg = str(e.value)
+    for needle in ("data.split.val: must be a finite number (got nan)",
+                   "data.near_dup_threshold: must be a finite number (got nan)",
+                   "guards[0].min: must be a finite number (got -inf)"):
+        assert needle in msg, msg
+
+
+def test_every_float_field_of_the_spec_refuses_non_finite_values():
+    """Not only the fields listed above: any float field, present or added later."""
+    import typing
+
+    from pydantic import BaseModel, ValidationError
+
+    from lorapilot import spec as spec_mod
+
+    models = [m for m in vars(spec_mod).values()
+              if isinstance(m, type) and issubclass(m, BaseModel) and m.__module__ == spec_mod.__name__]
+    seen = 0
+    for model in models:
+        for name, info in model.model_fields.items():
+            ann = info.annotation
+            if float not in (ann, *typing.get_args(ann)):
+                continue
+            seen += 1
+            obj = model.model_construct()
+            for value in (float("inf"), float("nan"), "inf"):
+                with pytest.raises(ValidationError, match="finite number"):
+                    setattr(obj, name, value)  # validate_assignment: the field's own validation
+    assert seen >= 15  # the walk found the spec's float fields
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan", ".inf", ".nan", "1e999", "1.0e+999"])
+def test_non_finite_overrides_are_refused(tmp_path, value):
+    import yaml
+
+    (tmp_path / "pilot.yaml").write_text(yaml.safe_dump(BASE))
+    with pytest.raises(UsageError, match=r"with --set train\.lr=.*: invalid pilot spec: train\.lr: must be a finite number"):
+        load_pilot(tmp_path, [f"train.lr={value}"])
+    assert load_pilot(tmp_path, ["train.lr=1e-4"]).spec.train.lr == 1e-4  # a finite one still works
+

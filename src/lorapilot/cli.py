@@ -127,11 +127,15 @@ def _fail(e: LorapilotError, as_json: bool, details: dict, label: str | None = N
 @app.command()
 @verb
 def check(pilot: PilotArg, as_json: JsonFlag = False, sets: SetOpt = None) -> dict:
-    """Validate the pilot spec: hypothesis, task, guards, limits. Exit 2 names the bad key."""
+    """Validate the pilot spec (hypothesis, task, guards, limits) and find its data source
+    (files exist and are readable, an HF dataset is cached), without loading the model or
+    reading records. Exit 2 names the bad key (and the resolved path)."""
+    from lorapilot.data.source import check_data_source
     from lorapilot.spec import load_pilot
 
     p = load_pilot(pilot, sets)
     s = p.spec
+    data_source = check_data_source(p)
     result = {
         "ok": True,
         "pilot": str(p.dir),
@@ -142,6 +146,7 @@ def check(pilot: PilotArg, as_json: JsonFlag = False, sets: SetOpt = None) -> di
         "success": s.success.model_dump() if s.success else None,
         "guards": [g.model_dump(exclude_none=True) for g in s.guards],
         "resolved": s.model_dump(mode="json"),
+        "data_source": data_source,
     }
 
     def show(r: dict) -> None:
@@ -150,6 +155,12 @@ def check(pilot: PilotArg, as_json: JsonFlag = False, sets: SetOpt = None) -> di
         stdout.print(f"  success: {esc(s.success.metric)} gains at least {s.success.min_gain}")
         for g in r["guards"]:
             stdout.print(f"  guard: {esc(str(g))}")
+        for src in r["data_source"]["sources"]:
+            what = src.get("format") or src["type"]
+            if src["type"] == "hf_cache":
+                what = ", ".join(f"{x['source']}: {x['rows']} rows" for x in src["splits"])
+            stdout.print(f"  data: {esc(src['key'])} {esc(src.get('path') or src['name'])} ({esc(what)}, "
+                         f"{src['n_files']} file(s), {src['bytes']} bytes)")
         stdout.print(f"  spec hash: {r['spec_hash'][:16]}")
 
     result["_show"] = show

@@ -17,7 +17,14 @@ from pathlib import Path
 
 from lorapilot import __version__
 
+# The compute stack: these change results or speed, so they are part of platform_fingerprint.
 _LIBS = ("torch", "transformers", "peft", "accelerate", "safetensors", "tokenizers", "gguf", "numpy", "pydantic")
+# Recorded too, but outside the fingerprint: data readers, trackers and the CLI change no
+# result, and installing a tracker must not make `run` redo its launch checks.
+_OTHER_LIBS = ("datasets", "mlflow", "tensorboard", "typer")
+# Library -> the distributions that install it, first found wins: mlflow's module also comes
+# from the lighter mlflow-skinny (what lorapilot[mlflow] installs).
+_DISTS = {"mlflow": ("mlflow", "mlflow-skinny")}
 
 
 def _version(dist: str) -> str | None:
@@ -25,6 +32,15 @@ def _version(dist: str) -> str | None:
         return md.version(dist)
     except md.PackageNotFoundError:
         return None
+
+
+def library_versions() -> dict[str, str | None]:
+    """Installed version of every recorded library, None when it is not installed. Read from
+    the package metadata: nothing is imported (datasets or mlflow take seconds to import)."""
+    out: dict[str, str | None] = {}
+    for name in (*_LIBS, *_OTHER_LIBS):
+        out[name] = next((v for d in _DISTS.get(name, (name,)) if (v := _version(d))), None)
+    return out
 
 
 @functools.cache
@@ -87,7 +103,7 @@ def snapshot() -> dict:
         "cpu": cpu_model(),
         "cpu_count": os.cpu_count(),
         "cpu_fast_bf16": cpu_has_fast_bf16(),
-        "libraries": {name: _version(name) for name in _LIBS},
+        "libraries": library_versions(),
         "torch_num_threads": torch.get_num_threads(),
         "cuda": torch.version.cuda,
         "hip": getattr(torch.version, "hip", None),
@@ -124,6 +140,7 @@ def platform_fingerprint(env: dict) -> dict:
         "devices": [d.get("name") for d in env.get("devices", [])],
         "cuda": env.get("cuda"),
         "hip": env.get("hip"),
-        "libraries": env.get("libraries"),
+        # only the compute stack: a run recorded before more libraries were added keeps its key
+        "libraries": {k: v for k, v in (env.get("libraries") or {}).items() if k in _LIBS},
         "python": env.get("python"),
     }

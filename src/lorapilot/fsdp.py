@@ -183,7 +183,7 @@ def _peft_to_model_keys(model, saved: dict[str, torch.Tensor]) -> dict[str, torc
 
 
 def load_weights(loss_module, folder: Path) -> None:
-    """Load a checkpoint's weights (written by `train.save_weights`) into the shards. Every
+    """Load a checkpoint's weights (written by `checkpoint.save_weights`) into the shards. Every
     rank reads the files, like the DDP path; each keeps its own shard of every tensor."""
     from safetensors.torch import load_file
     from torch.distributed.checkpoint.state_dict import set_model_state_dict
@@ -213,7 +213,7 @@ def load_weights(loss_module, folder: Path) -> None:
 
 
 def load_optimizer(loss_module, optimizer, state: dict, names: Sequence[str]) -> None:
-    """Load an optimizer state in torch's index layout (what `train.load_checkpoint` rebuilt
+    """Load an optimizer state in torch's index layout (what `checkpoint.load_checkpoint` rebuilt
     from optimizer.safetensors + state.json) into the sharded optimizer; `names[i]` is the
     model's name of parameter index i."""
     from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict

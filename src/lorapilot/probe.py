@@ -34,11 +34,12 @@ training examples:
   (CPU: the process's peak RSS; CUDA: max reserved), what a memory limit is checked
   against. estimate_error = (estimate - measured) / measured: positive overestimates.
 
-Besides the steps: the model-load phase (time, peak RSS/VRAM), the memory available at
-the start, other processes on the device, the checkpoint save time (`train.save_checkpoint`
-into a temp folder of the run, removed), and the evaluation throughput (the eval protocol
-on up to 32 validation examples). `estimate_only` loads no weights: the shape comes from
-the base folder's config.json and the LoRA parameter count from the shapes.
+Besides the steps: the model-load phase (time, peak RSS/VRAM), the memory available at the
+start, other processes on the device, the checkpoint save time
+(`checkpoint.save_checkpoint` into a temp folder of the run, removed), and the evaluation
+throughput (the eval protocol on up to 32 validation examples). `estimate_only` loads no
+weights: the shape comes from the base folder's config.json and the LoRA parameter count
+from the shapes.
 """
 
 from __future__ import annotations
@@ -601,9 +602,10 @@ def _measured(
     import torch
 
     from lorapilot.audit import build_adapter
+    from lorapilot.checkpoint import save_checkpoint
     from lorapilot.evaluate.runner import evaluate_records, make_protocol
     from lorapilot.evaluate.stage import load_base
-    from lorapilot.train import make_optimizer, make_scheduler, save_checkpoint, seed_everything
+    from lorapilot.train import make_optimizer, make_scheduler, seed_everything
 
     spec, tcfg = pilot.spec, pilot.spec.train
     accel = started["accelerator"]

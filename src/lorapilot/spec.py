@@ -32,9 +32,11 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
 class _Strict(BaseModel):
-    """Unknown keys are errors: a typo in a pre-registered criterion must not pass silently."""
+    """Unknown keys are errors: a typo in a pre-registered criterion must not pass silently.
+    Every float must be finite: `.inf`/`.nan` (YAML) or `inf` (--set) would validate as a
+    number, compare false against every bound, and end as `Infinity`/`NaN` in run records."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class FieldSpec(_Strict):
@@ -435,6 +437,8 @@ def format_validation_error(err: ValidationError, source: str) -> str:
         if typ == "greater_than" and e.get("ctx", {}).get("gt") == 0:
             kind = "integer" if isinstance(e.get("input"), int) else "number"
             msg = f"must be a positive {kind} (got {e.get('input')!r})"
+        elif typ == "finite_number":
+            msg = f"must be a finite number (got {e.get('input')!r})"
         elif typ in _FRIENDLY:
             msg = _FRIENDLY[typ]
         elif msg.startswith("Value error, "):

@@ -372,6 +372,7 @@ def test_markup_in_user_text_is_shown_literally_not_interpreted(tmp_path):
     spec = yaml.safe_load(GOOD_SPEC)
     spec["hypothesis"] = "Tickets tagged [/x] and [red]urgent get routed."
     (tmp_path / "pilot.yaml").write_text(yaml.safe_dump(spec))
+    (tmp_path / "data.jsonl").write_text('{"text": "t", "label": "alpha"}\n')  # check finds the data
     res = _cli("check", str(tmp_path), timeout=TIME_LIMIT_S)
     assert res.returncode == 0 and "tagged [/x] and [red]urgent" in res.stdout, res.stderr
 
