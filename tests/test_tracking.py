@@ -260,11 +260,14 @@ def test_live_mirror_shows_steps_while_the_run_runs_then_the_close_replaces_it(t
             _append(run.dir / "steps.jsonl", [], partial='ss": 0.25, "time": 1800000003}\n')
             assert live.poll() == 1
             assert [m.step for m in client.get_metric_history(mid, "loss")] == [1, 2, 3]
+            (run.dir / "steps.jsonl").write_text(json.dumps(_step(1)) + "\n")  # a resume cut it back
+            _append(run.dir / "steps.jsonl", [_step(2)])
+            assert live.poll() == 2 * 5  # read again from the start, not from the old offset
         assert not live.failed
     client, runs = _mlflow_runs(tmp_path, experiment="p")
     final = runs[run.id]
     assert final.info.status == "FINISHED" and "lorapilot.mirror" in final.data.tags
-    assert [m.step for m in client.get_metric_history(final.info.run_id, "loss")] == [1, 2, 3]
+    assert [m.step for m in client.get_metric_history(final.info.run_id, "loss")] == [1, 2]  # the files as they are
     assert len(list((tmp_path / "runs" / "tensorboard" / run.id).glob("events.out.tfevents.*"))) == 1
 
 

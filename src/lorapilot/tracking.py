@@ -412,6 +412,8 @@ class LiveMirror:
         path = self.dir / name
         try:
             with open(path, "rb") as f:
+                if os.fstat(f.fileno()).st_size < self.offsets[name]:
+                    self.offsets[name] = 0  # rewritten shorter (a resume cuts records after its checkpoint)
                 f.seek(self.offsets[name])
                 chunk = f.read()
         except FileNotFoundError:
