@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from lorapilot.compare import bootstrap_for, comparable, decide, flips, one_change_check
+from lorapilot.compare import (
+    bootstrap_for,
+    comparable,
+    decide,
+    flips,
+    one_change_check,
+    protocol_differences,
+)
 from lorapilot.evaluate.metrics import paired_bootstrap
 from lorapilot.spec import GuardSpec, SuccessSpec, variant_label
 
@@ -145,6 +152,17 @@ def test_comparable():
     assert not ok and "protocols differ" in why and "data versions differ (dv-1 vs dv-9)" in why
     ok, why = comparable("ep-1", None, "ep-1", "dv-1")
     assert not ok and "data version not recorded for one run" == why
+
+
+def test_incomparable_protocols_name_the_keys_that_differ():
+    a = {"mode": "score", "batch_size": 32, "precision": "bf16", "eval_protocol": "ep-1"}
+    b = {"mode": "score", "batch_size": 8, "precision": "bf16", "shared_prefix_cache": True, "eval_protocol": "ep-2"}
+    ok, why = comparable("ep-1", "dv-1", "ep-2", "dv-1", a, b)
+    assert not ok
+    assert why == "evaluation protocols differ (ep-1 vs ep-2): batch_size (32 vs 8), shared_prefix_cache (missing vs true)"
+    many = {f"k{i}": i for i in range(9)}
+    assert protocol_differences(many, {})[-1] == "3 more" and len(protocol_differences(many, {})) == 7
+    assert protocol_differences({"labels": ["x" * 60]}, {}) == ['labels (["' + "x" * 35 + '... vs missing)']
 
 
 def test_one_change_check_is_the_spec_rule():

@@ -132,3 +132,20 @@ def test_missing_adapter_file_is_a_clear_error(trained):
         assert "adapter_model.safetensors" in out["error"] and "missing" in out["error"]
     finally:
         weights.write_bytes(saved)
+
+
+def test_changed_evaluation_protocol_is_refused_naming_the_key(trained):
+    """verify evaluates with the protocol the adapter was measured with; when the protocol it
+    computes now differs from the manifest's (here the manifest says batch size 3), the
+    refusal says which protocol key moved."""
+    pilot, _, train = trained
+    manifest = pilot / "runs" / train["run_id"] / "adapter" / "lorapilot.json"
+    original = manifest.read_text()
+    try:
+        data = json.loads(original)
+        data["eval_protocol"].update(batch_size=3, eval_protocol="ep-0000000000000000")
+        manifest.write_text(json.dumps(data))
+        out = run_json("verify", str(pilot), expect=1)
+        assert "eval protocol" in out["error"] and "batch_size (3 vs " in out["error"], out["error"]
+    finally:
+        manifest.write_text(original)

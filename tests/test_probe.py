@@ -18,7 +18,7 @@ import torch
 import yaml
 from conftest import EXAMPLES
 
-from lorapilot import probe
+from lorapilot import probe, stepmeasure
 from lorapilot.memory import ModelShape
 from lorapilot.spec import AdapterSpec, load_pilot
 
@@ -119,7 +119,7 @@ def test_probe_measures_two_lengths_with_checkpointing_off_and_on(probed):
 
 
 def test_search_batch_records_an_injected_oom_and_goes_on(tmp_path, tiny_model_dir, monkeypatch):
-    real_step = probe.train_step
+    real_step = stepmeasure.train_step  # the step `measure` runs, looked up there
     sizes = []
 
     def step(model, optimizer, scheduler, micro_batches, *args, **kwargs):
@@ -131,7 +131,7 @@ def test_search_batch_records_an_injected_oom_and_goes_on(tmp_path, tiny_model_d
             )
         return real_step(model, optimizer, scheduler, micro_batches, *args, **kwargs)
 
-    monkeypatch.setattr(probe, "train_step", step)
+    monkeypatch.setattr(stepmeasure, "train_step", step)
     pilot = tiny_pilot(tmp_path, tiny_model_dir)
     out = probe.run_probe(
         load_pilot(pilot), search_batch=True, steps=5, progress=False, log=lambda s: None
@@ -192,6 +192,7 @@ def test_estimate_only_loads_no_weights_and_honours_set(tmp_path, tiny_model_dir
 
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", no_weights)
     monkeypatch.setattr(probe, "train_step", no_weights)
+    monkeypatch.setattr(stepmeasure, "train_step", no_weights)
     pilot = tiny_pilot(tmp_path, tiny_model_dir)
     out = probe.run_probe(
         load_pilot(pilot, ["data.max_length=4096"]), estimate_only=True, log=lambda s: None

@@ -8,9 +8,10 @@ noise is never a GO.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import asdict
-from typing import Literal
+from typing import Any, Literal
 
 from lorapilot.evaluate.guards import RuleResult, check_guards, check_success
 from lorapilot.evaluate.metrics import paired_bootstrap, paired_bootstrap_macro_f1
@@ -25,10 +26,12 @@ one_change_check = variant_label
 
 
 def comparable(
-    a_protocol: str | None, a_data: str | None, b_protocol: str | None, b_data: str | None
+    a_protocol: str | None, a_data: str | None, b_protocol: str | None, b_data: str | None,
+    a_detail: dict | None = None, b_detail: dict | None = None,
 ) -> tuple[bool, str | None]:
     """Two results can be set side by side only with the same evaluation protocol (prompts,
-    decoding, metrics) on the same data version -> (True, None) or (False, why not)."""
+    decoding, metrics) on the same data version -> (True, None) or (False, why not). With
+    the protocols themselves (`a_detail`, `b_detail`), the why names the keys that differ."""
     problems = []
     for what, a, b in (
         ("evaluation protocol", a_protocol, b_protocol),
@@ -39,8 +42,33 @@ def comparable(
                 f"{what} not recorded for {'both runs' if not a and not b else 'one run'}"
             )
         elif a != b:
-            problems.append(f"{what}s differ ({a} vs {b})")
+            why = f"{what}s differ ({a} vs {b})"
+            if what == "evaluation protocol" and a_detail and b_detail:
+                keys = protocol_differences(a_detail, b_detail)
+                if keys:
+                    why += ": " + ", ".join(keys)
+            problems.append(why)
     return (not problems, "; ".join(problems) or None)
+
+
+def protocol_differences(a: dict, b: dict, limit: int = 6) -> list[str]:
+    """'key (a vs b)' for every protocol key whose value differs (the hash excluded)."""
+    missing = "missing"
+    out = []
+    for key in sorted(set(a) | set(b)):
+        if key == "eval_protocol":
+            continue
+        va, vb = a.get(key, missing), b.get(key, missing)
+        if va != vb:
+            out.append(f"{key} ({_short(va)} vs {_short(vb)})")
+    if len(out) > limit:
+        out = out[:limit] + [f"{len(out) - limit} more"]
+    return out
+
+
+def _short(v: Any, n: int = 40) -> str:
+    text = v if isinstance(v, str) else json.dumps(v, default=str)
+    return text if len(text) <= n else text[: n - 3] + "..."
 
 
 def _by_id(rows: Sequence[dict], which: str) -> dict:

@@ -164,7 +164,11 @@ def verify_child(pilot_dir: Path, adapter_dir: Path, out_dir: Path) -> dict:
         problems.append(f"data version {prepared.version} differs from the trained one ({manifest['data_version']})")
     protocol = make_protocol(spec, tok, prepared)
     if protocol["eval_protocol"] != manifest["eval_protocol"]["eval_protocol"]:
-        problems.append(f"eval protocol {protocol['eval_protocol']} differs from {manifest['eval_protocol']['eval_protocol']}")
+        from lorapilot.compare import protocol_differences
+
+        keys = protocol_differences(manifest["eval_protocol"], protocol)
+        problems.append(f"eval protocol {protocol['eval_protocol']} differs from {manifest['eval_protocol']['eval_protocol']}"
+                        + (f" (trained vs now: {', '.join(keys)})" if keys else ""))
     ev = evaluate_records(model, tok, formatter_for(pilot, tok), spec, prepared.splits["val"], protocol,
                           progress=False, label="verify")
     write_eval_files(out_dir, ev)

@@ -27,7 +27,7 @@ training examples:
   CPU: the peak RSS over the RSS just before the configuration's first step (a psutil
   thread samples every 5 ms; freed heap is handed back with malloc_trim first, so one
   configuration's leftovers do not hide the next one's growth). Weights and the
-  trainable parameters were loaded (and paged in: `make_resident`, since safetensors
+  trainable parameters were loaded (and paged in: `stepmeasure.make_resident`, since safetensors
   are memory-mapped lazily) before, so the RSS increase is compared with the
   estimate *without* its weights and trainable_master components (workspace recomputed
   on the rest, at the CPU's measured allocator overhead): `estimate_basis` says which. `peak_total_bytes` is the whole figure
@@ -40,21 +40,19 @@ start, other processes on the device, the checkpoint save time
 throughput (the eval protocol on up to 32 validation examples). `estimate_only` loads no
 weights: the shape comes from the base folder's config.json and the LoRA parameter count
 from the shapes.
+
+This module chooses what to measure, compares it with the memory model and writes the run;
+measuring one configuration (timing, peak memory, out-of-memory, checkpointing switch,
+other processes) is `stepmeasure`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import ctypes.util
 import dataclasses
-import gc
 import json
 import math
-import os
 import shutil
 import statistics
-import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -72,11 +70,17 @@ from lorapilot.memory import (
 )
 from lorapilot.models import pad_id_of
 from lorapilot.spec import AdapterSpec, Pilot
+from lorapilot.stepmeasure import (
+    PeakMemory,
+    make_resident,
+    measure,
+    other_processes,
+    set_checkpointing,
+)
 from lorapilot.train import EAGER_ATTENTION_MAX_WIDTH, collate, count_target_tokens, train_step
 
 MIN_STEPS, MIN_WARMUP = 5, 1
 EVAL_EXAMPLES = 32
-SAMPLE_EVERY_S = 0.005
 CPU_SAFE_FRACTION = 0.8  # of the RAM available at the start: the batch search's ceiling on CPU
 STEP_INCREASE = "step_increase"  # CPU: estimate without weights and trainable_master
 # what a step adds to a process whose weights are already resident (the CPU basis)
@@ -109,95 +113,6 @@ def pick_examples(lengths: Sequence[int], target: int, n: int) -> list[int]:
     with fewer than n examples they repeat, closest first."""
     order = sorted(range(len(lengths)), key=lambda i: (abs(lengths[i] - target), i))
     return [order[k % len(order)] for k in range(n)]
-
-
-# --------------------------------------------------------------------------- memory
-
-
-def _malloc_trim() -> None:
-    """Hand freed heap back to the OS (glibc), so RSS falls back to what is really live."""
-    with contextlib.suppress(Exception):
-        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
-
-
-class PeakMemory:
-    """Peak memory of a phase. CUDA: max allocated/reserved since entry. CPU: a thread
-    samples the process RSS every 5 ms; `increase` is the peak over the RSS at entry."""
-
-    def __init__(self, device):
-        import psutil
-
-        self.device, self._proc = device, psutil.Process()
-        self.rss_start = self.rss_peak = 0
-        self.cuda_allocated = self.cuda_reserved = None
-
-    def _sample(self) -> None:
-        self.rss_peak = max(self.rss_peak, self._proc.memory_info().rss)
-
-    def _run(self) -> None:
-        while not self._stop.wait(SAMPLE_EVERY_S):
-            self._sample()
-
-    def __enter__(self) -> PeakMemory:
-        import torch
-
-        gc.collect()
-        _malloc_trim()
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats(self.device)
-        self.rss_start = self.rss_peak = self._proc.memory_info().rss
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        import torch
-
-        self._stop.set()
-        self._thread.join()
-        self._sample()
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-            self.cuda_allocated = int(torch.cuda.max_memory_allocated(self.device))
-            self.cuda_reserved = int(torch.cuda.max_memory_reserved(self.device))
-
-    @property
-    def increase(self) -> int:
-        return self.rss_peak - self.rss_start
-
-    @property
-    def peak(self) -> int:
-        """The measured peak of a step: CUDA max allocated, CPU the RSS increase."""
-        return self.cuda_allocated if self.cuda_allocated is not None else self.increase
-
-    @property
-    def total(self) -> int:
-        """What a memory limit is checked against: CUDA max reserved, CPU the peak RSS."""
-        return self.cuda_reserved if self.cuda_reserved is not None else self.rss_peak
-
-
-def make_resident(model) -> None:
-    """Read every weight once. transformers maps safetensors files into memory and pages
-    them in lazily, so without this the first training step's RSS growth would include
-    the weights themselves (~the whole model on CPU) and not only what the step adds."""
-    import torch
-
-    with torch.no_grad():
-        for t in [*model.parameters(), *model.buffers()]:
-            if t.device.type == "cpu" and t.numel():
-                t.detach().reshape(-1)[:: max(1, 4096 // t.element_size())].sum()
-
-
-def is_out_of_memory(e: BaseException) -> bool:
-    import torch
-
-    oom = getattr(torch, "OutOfMemoryError", None)
-    return (oom is not None and isinstance(e, oom)) or (
-        isinstance(e, RuntimeError) and "out of memory" in str(e).lower()
-    )
 
 
 # --------------------------------------------------------------------------- estimates
@@ -289,53 +204,6 @@ def _relative_error(estimate: float, measured: float | None) -> float | None:
 # --------------------------------------------------------------------------- environment
 
 
-def other_processes(accelerator: str, device_index: int = 0, top: int = 5) -> dict:
-    """Who else uses the device. GPUs: the driver's process list. CPU: the load average
-    and the busiest processes (pid, name, cpu %, RSS; never command lines)."""
-    if accelerator in ("cuda", "rocm"):
-        import torch
-
-        with contextlib.suppress(Exception):
-            return {"gpu_processes": torch.cuda.list_gpu_processes(device_index)}
-        if shutil.which("nvidia-smi"):
-            import subprocess
-
-            with contextlib.suppress(Exception):
-                out = subprocess.run(
-                    [
-                        "nvidia-smi",
-                        "--query-compute-apps=pid,process_name,used_memory",
-                        "--format=csv,noheader",
-                    ],
-                    capture_output=True,
-                    text=True,
-                    timeout=10,
-                )
-                return {"gpu_processes": out.stdout.strip()}
-        return {"gpu_processes": None, "note": "no process list available (pynvml / nvidia-smi)"}
-    import psutil
-
-    me = os.getpid()
-    procs = [p for p in psutil.process_iter(["pid", "name"]) if p.info["pid"] != me]
-    for p in procs:
-        with contextlib.suppress(psutil.Error):
-            p.cpu_percent(None)
-    time.sleep(0.2)
-    rows = []
-    for p in procs:
-        with contextlib.suppress(psutil.Error):
-            rows.append(
-                {
-                    "pid": p.info["pid"],
-                    "name": p.info["name"],
-                    "cpu_percent": p.cpu_percent(None),
-                    "rss_bytes": p.memory_info().rss,
-                }
-            )
-    rows.sort(key=lambda r: -r["cpu_percent"])
-    return {"load_average": list(os.getloadavg()), "cpu_count": os.cpu_count(), "top": rows[:top]}
-
-
 def _environment(env: dict) -> dict:
     import psutil
     import torch
@@ -350,86 +218,6 @@ def _environment(env: dict) -> dict:
         out.update(available_device_memory_bytes=free, device_memory_bytes=total)
     out["other_processes"] = other_processes(out["accelerator"])
     return out
-
-
-# --------------------------------------------------------------------------- one configuration
-
-
-def measure(
-    model,
-    batch: dict,
-    *,
-    make_opt: Callable[[], Any],
-    precision: str,
-    max_grad_norm: float | None,
-    steps: int,
-    warmup: int,
-    device,
-) -> dict:
-    """Fresh optimizer, `warmup` + `steps` train_steps on one batch, timed and peak-measured.
-    An out-of-memory error is caught and returned as ok=False."""
-    import torch
-
-    total_targets = count_target_tokens(batch)
-    times: list[float] = []
-    out: dict[str, Any] = {"ok": True, "error": None}
-    optimizer = None
-    with PeakMemory(device) as mem:
-        try:
-            optimizer = make_opt()
-            for _ in range(warmup + steps):
-                t0 = time.perf_counter()
-                res = train_step(
-                    model, optimizer, None, [batch], total_targets, precision, max_grad_norm
-                )
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
-                times.append(time.perf_counter() - t0)
-                out["loss"] = res["loss"]
-        except Exception as e:
-            if not is_out_of_memory(e):
-                raise
-            out.update(ok=False, error=f"{type(e).__name__}: {e}"[:500])
-        finally:
-            if optimizer is not None:
-                optimizer.zero_grad(set_to_none=True)
-            del optimizer
-            for p in model.parameters():
-                p.grad = None
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-    later = times[warmup:]
-    tokens = int(batch["attention_mask"].sum())
-    out.update(
-        first_step_s=times[0] if times else None,
-        later_step_s=statistics.median(later) if later else None,
-        later_step_max_s=max(later) if later else None,
-        steps_run=len(times),
-        tokens=tokens,
-        target_tokens=total_targets,
-        tokens_per_s=tokens / statistics.median(later) if later else None,
-        peak_memory_bytes=mem.peak,
-        peak_total_bytes=mem.total,
-        rss_before_bytes=mem.rss_start,
-        cuda_max_reserved_bytes=mem.cuda_reserved,
-    )
-    return out
-
-
-def _set_checkpointing(model, on: bool) -> None:
-    """Non-reentrant activation checkpointing on or off, as the training loop sets it (LoRA's
-    inputs do not require grad). transformers 5 renamed gradient_checkpointing_* to
-    activation_checkpointing_* (the old names warn); either is used, whichever exists."""
-    kwargs = {"use_reentrant": False}
-    if on and hasattr(model, "activation_checkpointing_enable"):
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
-    elif on:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-    elif hasattr(model, "activation_checkpointing_disable"):
-        model.activation_checkpointing_disable()
-    else:
-        model.gradient_checkpointing_disable()
 
 
 # --------------------------------------------------------------------------- the verb
@@ -652,7 +440,7 @@ def _measured(
         batch = collate([train_ex[i] for i in idx], pad_id)
         seq_len = batch["input_ids"].shape[1]
         positions = max(1, math.ceil(count_target_tokens(batch) / mb))
-        _set_checkpointing(model, ckpt)
+        set_checkpointing(model, ckpt)
         m = measure(
             model,
             batch,
@@ -708,7 +496,7 @@ def _measured(
         if search_batch
         else None
     )
-    _set_checkpointing(model, False)
+    set_checkpointing(model, False)
 
     # -- one checkpoint as the training loop writes it (weights, optimizer, RNG), timed ------
     optimizer = make_optimizer(model, tcfg)

@@ -54,6 +54,17 @@ def deltas(base: dict, cand: dict) -> dict:
     return {"overall": overall, group: per_delta}
 
 
+def _protocol(pilot: Pilot, rec: registry.RunRecord) -> dict | None:
+    """The full evaluation protocol of a run: in its record, else its protocol.json."""
+    proto = rec.result.get("protocol")
+    if isinstance(proto, dict):
+        return proto
+    try:
+        return json.loads((registry.runs_dir(pilot.dir) / rec.id / "protocol.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
 def run_summary(pilot: Pilot, rec: registry.RunRecord, baseline: registry.RunRecord | None) -> dict:
     """One row of `compare`: identity, cost, metrics, deltas, guards and flips vs the baseline."""
     res = rec.result
@@ -68,7 +79,8 @@ def run_summary(pilot: Pilot, rec: registry.RunRecord, baseline: registry.RunRec
     }
     if baseline is None or not row["metrics"] or rec.id == baseline.id or row["split"] != "val":
         return row
-    ok, why = comparable(baseline.result.get("eval_protocol"), baseline.data_version, row["eval_protocol"], rec.data_version)
+    ok, why = comparable(baseline.result.get("eval_protocol"), baseline.data_version, row["eval_protocol"], rec.data_version,
+                         _protocol(pilot, baseline), _protocol(pilot, rec))
     row["comparable"], row["not_comparable_reason"] = ok, why
     if ok:
         base_m = baseline.result["metrics"]

@@ -1,0 +1,74 @@
+"""Numbers and values as the report prints them (the same text in HTML and Markdown)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from lorapilot.report.blocks import Mark
+
+DASH = "\u2014"
+
+
+def isnum(x: Any) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool)
+
+
+def fmt(x: Any, digits: int = 3) -> str:
+    if x is None:
+        return DASH
+    if isinstance(x, bool):
+        return "yes" if x else "no"
+    if isinstance(x, int):
+        return f"{x:,}"
+    if isinstance(x, float):
+        if not math.isfinite(x):
+            return str(x)
+        return f"{x:,.1f}" if abs(x) >= 1000 else f"{x:.{digits}f}"
+    if isinstance(x, list | tuple):
+        return ", ".join(fmt(v) for v in x) or DASH
+    if isinstance(x, dict):
+        return ", ".join(f"{k}={fmt(v)}" for k, v in x.items()) or DASH
+    return str(x)
+
+
+def fdelta(x: Any) -> str:
+    if isinstance(x, int) and not isinstance(x, bool):
+        return f"{x:+,d}"
+    return f"{x:+.3f}" if isnum(x) else DASH
+
+
+def fraw(x: Any) -> str:
+    """A setting as the user wrote it (32, 0.05, 2e-4), not rounded to 3 decimals."""
+    return f"{x:g}" if isinstance(x, float) else fmt(x)
+
+
+def fbytes(b: Any) -> str:
+    if not isnum(b):
+        return DASH
+    gib = b / 2**30
+    return f"{gib:.2f} GiB" if gib >= 1 else f"{b / 2**20:.1f} MiB"
+
+
+def fsec(s: Any) -> str:
+    if not isnum(s):
+        return DASH
+    if abs(s) < 120:
+        return f"{s:.2f} s"
+    if abs(s) < 7200:
+        return f"{s / 60:.1f} min"
+    return f"{s / 3600:.2f} h"
+
+
+def fusd(x: Any) -> str:
+    return f"${x:,.2f}" if isnum(x) else DASH
+
+
+def fpct(x: Any) -> str:
+    return f"{100 * x:+.1f}%" if isnum(x) else DASH
+
+
+def mark(ok: Any, yes: str = "yes", no: str = "no") -> Mark | str:
+    if ok is None:
+        return DASH
+    return Mark(yes if ok else no, bool(ok))
