@@ -57,6 +57,8 @@ def test_generation_does_not_depend_on_batch_size(model_and_tok):
     prompts = _prompts(seed=2)
     kw = dict(max_new_tokens=6, stop_ids=[tok.eos_token_id], pad_id=tok.pad_token_id)
     assert generate(model, prompts, batch_size=1, **kw) == generate(model, prompts, batch_size=8, **kw)
+    no_stop = generate(model, prompts[:3], max_new_tokens=4, stop_ids=[], pad_id=tok.pad_token_id)
+    assert [len(g) for g in no_stop] == [4, 4, 4]  # nothing ends a row: max_new_tokens each
 
 
 def test_shared_prefix_len_leaves_every_prompt_a_token_of_its_own():

@@ -83,6 +83,26 @@ def _expand_cache(model, kv, batch: int):
     return DynamicCache(rows, config=getattr(model, "config", None))
 
 
+def _prefixed_batches(model, prompts: list[list[int]], batch_size: int, pad_id: int, precision: str,
+                      share_prefix: bool) -> Iterator[tuple[list[int], torch.Tensor, torch.Tensor, torch.Tensor, object]]:
+    """(indices, ids, mask, position ids, cache) per length-grouped batch. Each row is laid out
+    as [shared prefix | left padding | the prompt's own tokens]: the prefix's KV cache is
+    computed once (batch 1) and expanded into every batch's cache, and `ids` holds only the
+    padded own tokens; without a shared prefix the cache is None."""
+    device = next(model.parameters()).device
+    n_prefix = shared_prefix_len(prompts) if share_prefix else 0
+    prefix_kv = _prefix_cache(model, prompts[0][:n_prefix], precision) if n_prefix else None
+    for idx in _length_batches([len(p) for p in prompts], batch_size):
+        b = len(idx)
+        ids, mask, pos = _left_pad([prompts[i][n_prefix:] for i in idx], pad_id, device)
+        cache = None
+        if prefix_kv is not None:
+            cache = _expand_cache(model, prefix_kv, b)
+            mask = torch.cat([torch.ones((b, n_prefix), dtype=mask.dtype, device=device), mask], dim=1)
+            pos = pos + n_prefix
+        yield idx, ids, mask, pos, cache
+
+
 @torch.no_grad()
 def score_labels(
     model,
@@ -112,18 +132,9 @@ def score_labels(
     first = lab[:, 0]
 
     tree = _LabelTree.build(label_ids, device) if _takes_4d_masks(model) else None
-    n_prefix = shared_prefix_len(prompts) if share_prefix else 0
-    prefix_kv = _prefix_cache(model, prompts[0][:n_prefix], precision) if n_prefix else None
 
-    for idx in _length_batches([len(p) for p in prompts], batch_size):
+    for idx, ids, mask, pos, cache in _prefixed_batches(model, prompts, batch_size, pad_id, precision, share_prefix):
         b = len(idx)
-        # Layout per row: [shared prefix | left padding | the prompt's own tokens].
-        ids, mask, pos = _left_pad([prompts[i][n_prefix:] for i in idx], pad_id, device)
-        cache = None
-        if prefix_kv is not None:
-            cache = _expand_cache(model, prefix_kv, b)
-            mask = torch.cat([torch.ones((b, n_prefix), dtype=mask.dtype, device=device), mask], dim=1)
-            pos = pos + n_prefix
         with autocast_ctx(device, precision):
             # Only the last position's logits are needed: a full [b, T, vocab] logits tensor
             # would cost more than the rest of the forward pass on a 49k vocabulary.
@@ -252,25 +263,18 @@ def generate(
     `share_prefix=False` recomputes the common prefix in every batch (for benchmarks)."""
     device = next(model.parameters()).device
     outs: list[list[int]] = [[] for _ in prompts]
-    stop = torch.tensor(sorted(set(stop_ids)), dtype=torch.long, device=device)
-    n_prefix = shared_prefix_len(prompts) if share_prefix else 0
-    prefix_kv = _prefix_cache(model, prompts[0][:n_prefix], precision) if n_prefix else None
-    for idx in _length_batches([len(p) for p in prompts], batch_size):
+    stop_set = set(stop_ids)
+    stop = torch.tensor(sorted(stop_set), dtype=torch.long, device=device)
+    for idx, ids, mask, pos, cache in _prefixed_batches(model, prompts, batch_size, pad_id, precision, share_prefix):
         b = len(idx)
-        ids, mask, pos = _left_pad([prompts[i][n_prefix:] for i in idx], pad_id, device)
-        cache = None
-        if prefix_kv is not None:
-            cache = _expand_cache(model, prefix_kv, b)
-            mask = torch.cat([torch.ones((b, n_prefix), dtype=mask.dtype, device=device), mask], dim=1)
-            pos = pos + n_prefix
         ended = torch.zeros(b, dtype=torch.bool, device=device)
-        steps: list[torch.Tensor] = []
+        steps: list[torch.Tensor] = []  # a row's tokens after its stop token are cut below
         for _ in range(max_new_tokens):
             with autocast_ctx(device, precision):
                 res = model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache,
                             use_cache=True, logits_to_keep=1)
             nxt = res.logits[:, -1, :].float().argmax(dim=-1)  # [b]
-            steps.append(torch.where(ended, stop[0], nxt))
+            steps.append(nxt)
             ended |= torch.isin(nxt, stop)
             if bool(ended.all()):
                 break
@@ -278,7 +282,6 @@ def generate(
             mask = torch.cat([mask, torch.ones((b, 1), dtype=mask.dtype, device=device)], dim=1)
             pos = pos[:, -1:] + 1
         gen = torch.stack(steps, dim=1).tolist() if steps else [[] for _ in idx]
-        stop_set = set(stop.tolist())
         for row, i in enumerate(idx):
             toks = []
             for t in gen[row]:
