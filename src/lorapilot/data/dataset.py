@@ -14,12 +14,11 @@ from lorapilot.data.clean import clean_records
 from lorapilot.data.dedup import DupItem, DupReport, find_duplicates
 from lorapilot.data.format import Encoded, PromptFormatter, answer_text, template_hash
 from lorapilot.data.load import Record, Skipped, load_records
+from lorapilot.data.source import SPLITS, file_sources
 from lorapilot.data.split import category_counts, split_records
 from lorapilot.errors import CheckFailed
 from lorapilot.fsutil import sha256_file, sha256_json
 from lorapilot.spec import Pilot
-
-SPLITS = ("train", "val", "test")
 
 
 @dataclass
@@ -39,16 +38,6 @@ class PreparedData:
         return category_counts(self.splits)
 
 
-def _file_sources(pilot: Pilot) -> list[tuple[str, str, str | None]]:
-    """(spec key, path relative to the pilot, split) of every data file or saved folder."""
-    data = pilot.spec.data
-    if data.file:
-        return [("data.file", data.file, None)]
-    if data.files is None:
-        return []
-    return [(f"data.files.{s}", getattr(data.files, s), s) for s in SPLITS if getattr(data.files, s)]
-
-
 def load_all(pilot: Pilot) -> tuple[list[Record], list[Skipped]]:
     """Read the spec's data: one file to split, pre-split files, or an HF dataset (a saved
     folder in data.file/files, or data.hf_dataset from the local cache)."""
@@ -60,7 +49,7 @@ def load_all(pilot: Pilot) -> tuple[list[Record], list[Skipped]]:
         return load_cached(data.hf_dataset, spec.task, data, pilot.dir)
     records: list[Record] = []
     skipped: list[Skipped] = []
-    for key, rel, split in _file_sources(pilot):
+    for key, rel, split in file_sources(pilot):
         path = pilot.path(rel, key)
         recs, skips = load_records(path, spec.task, data, split=split, display_path=rel, key=key)
         records += recs
@@ -78,7 +67,7 @@ def source_hashes(pilot: Pilot, datasets_only: bool = False) -> dict[str, str]:
         name = data.hf_dataset.name + (f"/{data.hf_dataset.config}" if data.hf_dataset.config else "")
         return {f"hf_dataset:{name}": arrow_hash(cache_tables(data.hf_dataset, pilot.dir))}
     out: dict[str, str] = {}
-    for key, rel, split in _file_sources(pilot):
+    for key, rel, split in file_sources(pilot):
         path = pilot.path(rel, key)
         if path.is_dir():
             from lorapilot.data.hf import arrow_hash, saved_kind, saved_tables

@@ -9,6 +9,19 @@ from typing import Any
 from lorapilot.errors import UsageError
 from lorapilot.spec import DataSpec, Pilot
 
+SPLITS = ("train", "val", "test")
+
+
+def file_sources(pilot: Pilot) -> list[tuple[str, str, str | None]]:
+    """(spec key, path relative to the pilot, split) of every data file or saved folder: the
+    list the loaders read and `check` looks at."""
+    data = pilot.spec.data
+    if data.file:
+        return [("data.file", data.file, None)]
+    if data.files is None:
+        return []
+    return [(f"data.files.{s}", getattr(data.files, s), s) for s in SPLITS if getattr(data.files, s)]
+
 
 def check_data_source(pilot: Pilot) -> dict:
     """Find the spec's data without reading a record: `check` catches a missing or unreadable
@@ -22,11 +35,9 @@ def check_data_source(pilot: Pilot) -> dict:
     data = pilot.spec.data
     if data.hf_dataset:
         return {"kind": "hf_dataset", "sources": [_cached_source(pilot)]}
-    from lorapilot.data.dataset import _file_sources  # the loaders' own list of keys and paths
-
     sources: list[dict] = []
     problems: list[str] = []
-    for key, rel, _split in _file_sources(pilot):
+    for key, rel, _split in file_sources(pilot):
         path = pilot.path(rel, key)
         entry: dict[str, Any] = {"key": key, "path": rel, "resolved": str(path), "exists": path.exists()}
         sources.append(entry)
