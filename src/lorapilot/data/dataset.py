@@ -14,8 +14,8 @@ from lorapilot.data.clean import clean_records
 from lorapilot.data.dedup import DupItem, DupReport, find_duplicates
 from lorapilot.data.format import Encoded, PromptFormatter, answer_text, template_hash
 from lorapilot.data.load import Record, Skipped, load_records
-from lorapilot.data.source import SPLITS, file_sources
-from lorapilot.data.split import category_counts, split_records
+from lorapilot.data.source import file_sources
+from lorapilot.data.split import SPLITS, category_counts, split_records
 from lorapilot.errors import CheckFailed
 from lorapilot.fsutil import sha256_file, sha256_json
 from lorapilot.spec import Pilot

@@ -6,10 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from lorapilot.data.split import SPLITS
 from lorapilot.errors import UsageError
 from lorapilot.spec import DataSpec, Pilot
-
-SPLITS = ("train", "val", "test")
 
 
 def file_sources(pilot: Pilot) -> list[tuple[str, str, str | None]]:
