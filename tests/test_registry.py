@@ -112,3 +112,30 @@ def test_a_live_run_is_still_running(tmp_path):
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_sigterm_while_the_record_is_first_written_still_closes_it_as_interrupted(tmp_path, monkeypatch):
+    """The SIGTERM handler is in place before run.json exists: a signal that lands as the
+    record is first written closes the run as interrupted. (Before, it landed in the gap
+    between writing run.json and installing the handler and killed the process, leaving a
+    "running" record; here a test handler stands in for that death.)"""
+    died = []
+    previous = signal.signal(signal.SIGTERM, lambda *a: died.append(True))
+    real_save = registry.RunHandle.save
+    calls = []
+
+    def save(self):
+        real_save(self)
+        calls.append(self.record.status)
+        if len(calls) == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(registry.RunHandle, "save", save)
+    try:
+        with pytest.raises(registry.Interrupted, match="SIGTERM"), registry.open_run(tmp_path, "data"):
+            pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert not died
+    (rec,) = registry.list_runs(tmp_path)
+    assert rec.status == "interrupted" and calls == ["running", "interrupted"]

@@ -234,45 +234,47 @@ def open_run(
     launch use it, so that only rank 0 creates and writes the run.
     """
     pilot_dir = Path(pilot_dir)
-    if not write:
-        if run_id is None:
-            raise ValueError("open_run(write=False) needs the run_id of the run it follows")
-        run_dir = runs_dir(pilot_dir) / check_run_id(run_id)
-        record = RunRecord(
-            id=run_id, kind=kind, parent=parent, started_at=now_iso(), pid=os.getpid(),
-            host=socket.gethostname(), pilot=str(pilot_dir), spec_hash=spec_hash,
-            config=config or {}, environment=environment or {},
-        )
-    elif run_id is None:
-        run_id, run_dir = new_run_dir(pilot_dir, kind)
-        record = RunRecord(
-            id=run_id, kind=kind, parent=parent, started_at=now_iso(), pid=os.getpid(),
-            host=socket.gethostname(), pilot=str(pilot_dir), spec_hash=spec_hash,
-            config=config or {}, environment=environment or {},
-        )
-    else:
-        record = get_run(pilot_dir, run_id)
-        run_dir = runs_dir(pilot_dir) / run_id
-        record.status, record.error, record.ended_at = "running", None, None
-        record.pid, record.host = os.getpid(), socket.gethostname()
-        record.result.setdefault("resumes", []).append(now_iso())
-    handle = RunHandle(pilot_dir, run_dir, record, write=write)
-    handle.save()
-    t0 = dt.datetime.fromisoformat(record.started_at)
-
-    def close(status: Status, error: str | None = None) -> None:
-        record.status = status
-        record.error = error
-        record.ended_at = now_iso()
-        record.duration_s = round((dt.datetime.fromisoformat(record.ended_at) - t0).total_seconds(), 3)
-        handle.save()
-        if write and record.config.get("tracking"):  # mirrors of the saved record; never raises
-            from lorapilot.tracking import mirror_quietly
-
-            mirror_quietly(run_dir, record.config["tracking"])
-
+    # SIGTERM becomes an exception before run.json exists: a signal arriving as the record is
+    # written must close it as interrupted, not kill the process with the record "running".
     with _sigterm_as_exception():
+        if not write:
+            if run_id is None:
+                raise ValueError("open_run(write=False) needs the run_id of the run it follows")
+            run_dir = runs_dir(pilot_dir) / check_run_id(run_id)
+            record = RunRecord(
+                id=run_id, kind=kind, parent=parent, started_at=now_iso(), pid=os.getpid(),
+                host=socket.gethostname(), pilot=str(pilot_dir), spec_hash=spec_hash,
+                config=config or {}, environment=environment or {},
+            )
+        elif run_id is None:
+            run_id, run_dir = new_run_dir(pilot_dir, kind)
+            record = RunRecord(
+                id=run_id, kind=kind, parent=parent, started_at=now_iso(), pid=os.getpid(),
+                host=socket.gethostname(), pilot=str(pilot_dir), spec_hash=spec_hash,
+                config=config or {}, environment=environment or {},
+            )
+        else:
+            record = get_run(pilot_dir, run_id)
+            run_dir = runs_dir(pilot_dir) / run_id
+            record.status, record.error, record.ended_at = "running", None, None
+            record.pid, record.host = os.getpid(), socket.gethostname()
+            record.result.setdefault("resumes", []).append(now_iso())
+        handle = RunHandle(pilot_dir, run_dir, record, write=write)
+        t0 = dt.datetime.fromisoformat(record.started_at)
+
+        def close(status: Status, error: str | None = None) -> None:
+            record.status = status
+            record.error = error
+            record.ended_at = now_iso()
+            record.duration_s = round((dt.datetime.fromisoformat(record.ended_at) - t0).total_seconds(), 3)
+            handle.save()
+            if write and record.config.get("tracking"):  # mirrors of the saved record; never raises
+                from lorapilot.tracking import mirror_quietly
+
+                mirror_quietly(run_dir, record.config["tracking"])
+
         try:
+            handle.save()  # inside: a signal right after the record is written still closes it
             yield handle
         except StoppedByLimit as e:
             close("stopped_by_limit", str(e))
