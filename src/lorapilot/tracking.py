@@ -127,6 +127,22 @@ def series(steps: list[dict], val: list[dict]) -> list[tuple[str, int, float, fl
     return out
 
 
+def _pilot_name(rec: registry.RunRecord) -> str:
+    """The MLflow experiment a run goes to: the pilot's name."""
+    return str(rec.config.get("name") or Path(rec.pilot).name)
+
+
+def _tb_tag(key: str) -> str:
+    return "val/loss" if key == "val_loss" else f"train/{key}"
+
+
+def _step_metrics(values: list[tuple[str, int, float, float | None]], default_ms: int | None) -> list:
+    """MLflow Metrics of per-step values; a value without its own time gets `default_ms`."""
+    from mlflow.entities import Metric
+
+    return [Metric(k, v, int(t * 1000) if t else default_ms, s) for k, s, v, t in values]
+
+
 class _Run:
     """What a mirror needs from a run folder, read once."""
 
@@ -137,7 +153,7 @@ class _Run:
             raise LorapilotError(f"{self.dir}: no readable run.json to mirror")
         self.record = rec
         self.status = registry.effective_status(rec)
-        self.pilot = str(rec.config.get("name") or Path(rec.pilot).name)
+        self.pilot = _pilot_name(rec)
         self.steps = read_jsonl(self.dir / "steps.jsonl")
         self.val = read_jsonl(self.dir / "val.jsonl")
         self.files = [self.dir / n for n in ARTIFACTS if (self.dir / n).is_file()]
@@ -270,7 +286,7 @@ def _mlflow(run: _Run, runs_root: Path) -> str:
     mr = client.create_run(exp_id, start_time=_ms(run.record.started_at), tags=run.tags(), run_name=rid)
     mid = mr.info.run_id
     end_ms = _ms(run.record.ended_at) or _ms(registry.now_iso())
-    metrics = [Metric(k, v, int(t * 1000) if t else end_ms, s) for k, s, v, t in run.series()]
+    metrics = _step_metrics(run.series(), end_ms)
     metrics += [Metric(k, v, end_ms, run.last_step) for k, v in run.final_metrics().items()]
     params = [Param(k, v) for k, v in run.params().items()]
     for chunk in _chunks(params):
@@ -304,8 +320,7 @@ def _tensorboard(run: _Run, runs_root: Path) -> str:
     writer = SummaryWriter(log_dir=str(tmp))
     try:
         for k, s, v, t in run.series():
-            tag = "val/loss" if k == "val_loss" else f"train/{k}"
-            writer.add_scalar(tag, v, s, walltime=t)
+            writer.add_scalar(_tb_tag(k), v, s, walltime=t)
         end = (_ms(run.record.ended_at) or 0) / 1000 or None
         for k, v in run.final_metrics().items():
             writer.add_scalar(f"final/{k}", v, run.last_step, walltime=end)
@@ -429,11 +444,9 @@ class LiveMirror:
         return rows
 
     def _send_mlflow(self, values: list[tuple[str, int, float, float | None]]) -> None:
-        from mlflow.entities import Metric
-
         if self._mlflow is None:
             rec = registry.read_record(self.dir)
-            pilot = str(rec.config.get("name") or Path(rec.pilot).name) if rec else self.dir.parent.parent.name
+            pilot = _pilot_name(rec) if rec else self.dir.parent.parent.name
             client, _, exp_id, _, _ = _mlflow_experiment(self.dir.parent, pilot)
             rid = self.dir.name
             tags = {"mlflow.runName": rid, "lorapilot.run_id": rid, "lorapilot.status": "running",
@@ -444,8 +457,7 @@ class LiveMirror:
             mr = client.create_run(exp_id, start_time=start, tags=tags, run_name=rid)
             self._mlflow = (client, mr.info.run_id)
         client, mid = self._mlflow
-        now = _ms(registry.now_iso())
-        metrics = [Metric(k, v, int(t * 1000) if t else now, s) for k, s, v, t in values]
+        metrics = _step_metrics(values, _ms(registry.now_iso()))
         for chunk in _chunks(metrics, 1000):
             client.log_batch(mid, metrics=chunk, synchronous=True)
 
@@ -455,7 +467,7 @@ class LiveMirror:
 
             self._writer = SummaryWriter(log_dir=str(self.dir.parent / TENSORBOARD_DIR / self.dir.name))
         for k, s, v, t in values:
-            self._writer.add_scalar("val/loss" if k == "val_loss" else f"train/{k}", v, s, walltime=t)
+            self._writer.add_scalar(_tb_tag(k), v, s, walltime=t)
         self._writer.flush()
 
     def poll(self) -> int:

@@ -54,11 +54,25 @@ def saved_kind(path: Path) -> str | None:
     return None
 
 
+def missing_message(what: str) -> str:
+    return f"{what} is read with the `datasets` package, which is not installed: {EXTRA}"
+
+
+def installed() -> bool:
+    """Whether `import datasets` would work, without importing it (seconds): `check` asks."""
+    import importlib.util
+    import sys
+
+    if "datasets" in sys.modules:  # None there means an import of it is refused
+        return sys.modules["datasets"] is not None
+    return importlib.util.find_spec("datasets") is not None
+
+
 def _datasets(what: str) -> Any:
     try:
         import datasets
     except ImportError:
-        raise UsageError(f"{what} is read with the `datasets` package, which is not installed: {EXTRA}") from None
+        raise UsageError(missing_message(what)) from None
     return datasets
 
 

@@ -48,15 +48,6 @@ def check_data_source(pilot: Pilot) -> dict:
     return {"kind": "file" if data.file else "files", "sources": sources}
 
 
-def _datasets_installed() -> bool:
-    import importlib.util
-    import sys
-
-    if "datasets" in sys.modules:  # None there means an import of it is refused
-        return sys.modules["datasets"] is not None
-    return importlib.util.find_spec("datasets") is not None
-
-
 def _file_problem(path: Path, entry: dict, data: DataSpec) -> str | None:
     """What `load_records` would refuse in this path before reading a record, or None;
     fills `entry` with what was found (type, format, bytes, n_files)."""
@@ -74,8 +65,8 @@ def _file_problem(path: Path, entry: dict, data: DataSpec) -> str | None:
         files = [f for f in path.rglob("*") if f.is_file()]
         entry.update(type="save_to_disk", saved_kind=kind, format="datasets", n_files=len(files),
                      bytes=sum(f.stat().st_size for f in files))
-        if not _datasets_installed():
-            return f"a datasets save_to_disk folder is read with the `datasets` package, which is not installed: {hf.EXTRA}"
+        if not hf.installed():
+            return hf.missing_message("a datasets save_to_disk folder")
         return None
     if not path.is_file():
         return "not a regular file"
