@@ -53,7 +53,9 @@ def make_items(n: int, seed: int = 0, vocab_size: int = 4000, words: int = 50):
             toks[p] = vocab[int(rng.integers(vocab_size))]
         planted.append((src, len(texts), "near"))
         texts.append(" ".join(toks))
-    items = [DupItem(f"r{i}", SPLITS[s], t) for i, (t, s) in enumerate(zip(texts, splits, strict=True))]
+    items = [
+        DupItem(f"r{i}", SPLITS[s], t) for i, (t, s) in enumerate(zip(texts, splits, strict=True))
+    ]
     return items, planted
 
 

@@ -59,26 +59,52 @@ def main() -> None:
     # The `_unshared` variants recompute the shared prefix in every batch: what the cache buys.
     # `prompt_pass`: generation stopped after its first token, i.e. the prompt pass alone (shared
     # prefix cached), which every mode pays: the floor under both.
-    timed = [m for m in ("score", "score_unshared") if classification] + ["generate", "generate_unshared",
-                                                                         "prompt_pass"]
+    timed = [m for m in ("score", "score_unshared") if classification] + [
+        "generate",
+        "generate_unshared",
+        "prompt_pass",
+    ]
     if classification:
         encs = [fmt.encode("x", lab, budget) for lab in pilot.spec.task.labels]
-        label_ids = [e.input_ids[e.prompt_len:] for e in encs]
+        label_ids = [e.input_ids[e.prompt_len :] for e in encs]
     times: dict[str, list[float]] = {m: [] for m in timed}
     metrics, new_tokens = {}, {}
     for _ in range(args.repeat):
         for mode in timed:
             t0 = time.perf_counter()
             if mode == "score_unshared":
-                score_labels(eval_model, prompts, label_ids, batch_size=batch, pad_id=pad_id, share_prefix=False)
+                score_labels(
+                    eval_model,
+                    prompts,
+                    label_ids,
+                    batch_size=batch,
+                    pad_id=pad_id,
+                    share_prefix=False,
+                )
             elif mode == "generate_unshared":
-                gen = generate(eval_model, prompts, max_new_tokens=gen_proto["max_new_tokens"], stop_ids=stop,
-                               pad_id=pad_id, batch_size=batch, share_prefix=False)
+                gen = generate(
+                    eval_model,
+                    prompts,
+                    max_new_tokens=gen_proto["max_new_tokens"],
+                    stop_ids=stop,
+                    pad_id=pad_id,
+                    batch_size=batch,
+                    share_prefix=False,
+                )
                 new_tokens[mode] = round(sum(len(g) for g in gen) / len(gen), 1)
             elif mode == "prompt_pass":
-                generate(eval_model, prompts, max_new_tokens=1, stop_ids=stop, pad_id=pad_id, batch_size=batch)
+                generate(
+                    eval_model,
+                    prompts,
+                    max_new_tokens=1,
+                    stop_ids=stop,
+                    pad_id=pad_id,
+                    batch_size=batch,
+                )
             else:
-                res = evaluate_records(model, tok, fmt, spec[mode], records, protocols[mode], progress=False)
+                res = evaluate_records(
+                    model, tok, fmt, spec[mode], records, protocols[mode], progress=False
+                )
                 key = "accuracy" if classification else "json_valid_rate"
                 metrics[mode] = res.metrics.get(key)
             times[mode].append(time.perf_counter() - t0)

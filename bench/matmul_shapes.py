@@ -31,14 +31,22 @@ def main() -> None:
             for _ in range(n):
                 F.linear(x, w)
             dt = (time.perf_counter() - t0) / n
-            rows.append({"dtype": str(dtype).removeprefix("torch."), "rows": m, "us": round(dt * 1e6, 1),
-                         "gflop_per_s": round(2 * m * 1536 * 576 / dt / 1e9, 1)})
+            rows.append(
+                {
+                    "dtype": str(dtype).removeprefix("torch."),
+                    "rows": m,
+                    "us": round(dt * 1e6, 1),
+                    "gflop_per_s": round(2 * m * 1536 * 576 / dt / 1e9, 1),
+                }
+            )
     out = {"threads": torch.get_num_threads(), "shape": [1536, 576], "results": rows}
     if args.json:
         print(json.dumps(out, indent=2))
     else:
         for r in rows:
-            print(f"{r['dtype']:>9} rows {r['rows']:>5}: {r['us']:>8.1f} us  {r['gflop_per_s']:>6.1f} GFLOP/s")
+            print(
+                f"{r['dtype']:>9} rows {r['rows']:>5}: {r['us']:>8.1f} us  {r['gflop_per_s']:>6.1f} GFLOP/s"
+            )
 
 
 if __name__ == "__main__":

@@ -272,7 +272,17 @@ def run_lorapilot(model, initial, examples, cfg, pad_id, warmup_steps, tmp: Path
         cpu.append(time.process_time())
 
     out = tmp / f"lorapilot-{len(list(tmp.iterdir()))}"
-    train(model, examples, [], cfg, out, pad_id=pad_id, cost_check=on_step, progress=False, log=lambda _m: None)
+    train(
+        model,
+        examples,
+        [],
+        cfg,
+        out,
+        pad_id=pad_id,
+        cost_check=on_step,
+        progress=False,
+        log=lambda _m: None,
+    )
     records = read_jsonl(out / "steps.jsonl")
     # The same (seed, epoch) gives the same batches: replay the stream to see the examples.
     stream = MicroBatchStream([e.n_tokens for e in examples], cfg.micro_batch, cfg.seed)
@@ -281,8 +291,13 @@ def run_lorapilot(model, initial, examples, cfg, pad_id, warmup_steps, tmp: Path
         idx = [i for _ in range(cfg.grad_accum) for i in stream.next()]
         pairs = [(examples[i].n_tokens, example_target_tokens(examples[i])) for i in idx]
         assert sum(s for s, _ in pairs) == rec["tokens"]
-        steps.append({"examples": pairs, "padded": round(rec["tokens"] / rec["padding_efficiency"]),
-                      "loss": rec["loss"]})
+        steps.append(
+            {
+                "examples": pairs,
+                "padded": round(rec["tokens"] / rec["padding_efficiency"]),
+                "loss": rec["loss"],
+            }
+        )
     return {"ends": ends, "cpu": cpu, "steps": steps}
 
 
@@ -306,7 +321,9 @@ class _CountingCollator:
 def reference_args(cfg, steps: int, warmup: int, out: Path, device):
     from transformers import TrainingArguments
 
-    schedule = {"cosine": "cosine", "linear": "linear", "constant": "constant_with_warmup"}[cfg.schedule]
+    schedule = {"cosine": "cosine", "linear": "linear", "constant": "constant_with_warmup"}[
+        cfg.schedule
+    ]
     return TrainingArguments(
         output_dir=str(out),
         per_device_train_batch_size=cfg.micro_batch,
@@ -368,8 +385,14 @@ def run_reference(model, initial, features, tok, cfg, steps: int, warmup: int, t
         }
         for i in range(steps)
     ]
-    return {"ends": ends, "cpu": cpu, "steps": per_step, "mean_loss": result.training_loss,
-            "mixed_precision": precision, "optimizer": optim}
+    return {
+        "ends": ends,
+        "cpu": cpu,
+        "steps": per_step,
+        "mean_loss": result.training_loss,
+        "mixed_precision": precision,
+        "optimizer": optim,
+    }
 
 
 def timed(run: dict, warmup: int) -> tuple[list[dict], float, float]:
@@ -384,18 +407,48 @@ def timed(run: dict, warmup: int) -> tuple[list[dict], float, float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--pilot", default=str(ROOT / "examples" / "ticket-triage"), help="pilot folder")
-    ap.add_argument("--steps", type=int, default=None, help="optimizer steps per run (default 32; 8 with --quick)")
-    ap.add_argument("--warmup", type=int, default=None, help="first steps of each run not timed (default 3; 2 with --quick)")
-    ap.add_argument("--repeat", type=int, default=None, help="a,b pairs (default 2; 1 with --quick)")
-    ap.add_argument("--quick", action="store_true", help="a short run (a couple of minutes on 2 CPU cores)")
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                    help="spec override for both sides, e.g. train.micro_batch=16 (repeatable)")
-    ap.add_argument("--threads", type=int, default=None,
-                    help="torch threads for training and the peak (default: torch's own choice)")
-    ap.add_argument("--also-sdpa", action="store_true",
-                    help="also time lorapilot without its CPU eager-attention switch (before/after)")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--pilot", default=str(ROOT / "examples" / "ticket-triage"), help="pilot folder"
+    )
+    ap.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="optimizer steps per run (default 32; 8 with --quick)",
+    )
+    ap.add_argument(
+        "--warmup",
+        type=int,
+        default=None,
+        help="first steps of each run not timed (default 3; 2 with --quick)",
+    )
+    ap.add_argument(
+        "--repeat", type=int, default=None, help="a,b pairs (default 2; 1 with --quick)"
+    )
+    ap.add_argument(
+        "--quick", action="store_true", help="a short run (a couple of minutes on 2 CPU cores)"
+    )
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="spec override for both sides, e.g. train.micro_batch=16 (repeatable)",
+    )
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads for training and the peak (default: torch's own choice)",
+    )
+    ap.add_argument(
+        "--also-sdpa",
+        action="store_true",
+        help="also time lorapilot without its CPU eager-attention switch (before/after)",
+    )
     ap.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     args = ap.parse_args()
     steps = args.steps or (8 if args.quick else 32)
@@ -431,8 +484,10 @@ def main() -> None:
     fmt = formatter_for(pilot, tok)
     examples = encode_records(fmt, spec.task, prepared.splits["train"], prepared.answer_budget)
     pad_id = pad_id_of(tok)
-    features = [{"input_ids": e.input_ids, "attention_mask": [1] * e.n_tokens, "labels": e.labels}
-                for e in examples]
+    features = [
+        {"input_ids": e.input_ids, "attention_mask": [1] * e.n_tokens, "labels": e.labels}
+        for e in examples
+    ]
     model_a, info = build_adapter(model_a, spec.adapter, seed=cfg.seed)
     model_b, _ = build_adapter(model_b, spec.adapter, seed=cfg.seed)
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
@@ -441,7 +496,9 @@ def main() -> None:
     initial_a = {n: p.detach().clone() for n, p in model_a.named_parameters() if p.requires_grad}
     initial_b = {n: p.detach().clone() for n, p in model_b.named_parameters() if p.requires_grad}
     assert initial_a.keys() == initial_b.keys()
-    assert all(torch.equal(initial_a[n], initial_b[n]) for n in initial_a), "adapters differ at init"
+    assert all(torch.equal(initial_a[n], initial_b[n]) for n in initial_a), (
+        "adapters differ at init"
+    )
     flops = FlopCounter(model_a)
 
     # The peak is measured before the runs and again after each repeat, and the best figure
@@ -463,12 +520,19 @@ def main() -> None:
             for name in names:
                 log(f"repeat {r + 1}/{repeat}: {name}, {steps} steps")
                 if name == "reference":
-                    run = run_reference(model_b, initial_b, features, tok, cfg, steps, warmup_sched, tmp)
+                    run = run_reference(
+                        model_b, initial_b, features, tok, cfg, steps, warmup_sched, tmp
+                    )
                     losses[name].append(run["mean_loss"])
-                    ref_meta = {"mixed_precision": run["mixed_precision"], "optimizer": run["optimizer"]}
+                    ref_meta = {
+                        "mixed_precision": run["mixed_precision"],
+                        "optimizer": run["optimizer"],
+                    }
                 else:
                     # lorapilot_sdpa: the loop without its CPU eager-attention switch (before/after)
-                    lp_train.EAGER_ATTENTION_MAX_WIDTH = 0 if name == "lorapilot_sdpa" else eager_width
+                    lp_train.EAGER_ATTENTION_MAX_WIDTH = (
+                        0 if name == "lorapilot_sdpa" else eager_width
+                    )
                     run = run_lorapilot(model_a, initial_a, examples, cfg, pad_id, warmup, tmp)
                     lp_train.EAGER_ATTENTION_MAX_WIDTH = eager_width
                     losses[name].append(statistics.fmean(s["loss"] for s in run["steps"]))
@@ -482,12 +546,23 @@ def main() -> None:
             r["mfu_6n"] = round(r.pop("flops_6n_per_s") / peak_flops, 4)
 
     def side(name: str) -> dict:
-        keys = ("examples_per_s", "target_tokens_per_s", "tokens_per_s", "step_s", "cpu_s_per_step", "cpu_s_per_example",
-                "padding_efficiency",
-                "model_flops_per_s", "mfu", "mfu_6n")
-        return {**{k: median_of(runs[name], k) for k in keys},
-                "mean_train_loss": round(statistics.median(losses[name]), 4),
-                "per_repeat": runs[name]}
+        keys = (
+            "examples_per_s",
+            "target_tokens_per_s",
+            "tokens_per_s",
+            "step_s",
+            "cpu_s_per_step",
+            "cpu_s_per_example",
+            "padding_efficiency",
+            "model_flops_per_s",
+            "mfu",
+            "mfu_6n",
+        )
+        return {
+            **{k: median_of(runs[name], k) for k in keys},
+            "mean_train_loss": round(statistics.median(losses[name]), 4),
+            "per_repeat": runs[name],
+        }
 
     pairs = list(zip(runs["lorapilot"], runs["reference"], strict=True))
     pair_ratios = [a["examples_per_s"] / b["examples_per_s"] for a, b in pairs]
@@ -497,8 +572,10 @@ def main() -> None:
     lp, ref = side("lorapilot"), side("reference")
     ref.update(ref_meta)
     ref["collator"] = "DataCollatorForSeq2Seq(padding=True, label_pad_token_id=-100), right padding"
-    lp["loop"] = ("lorapilot.train.train: length-grouped micro-batches, LM head at target positions, "
-                  f"eager attention on CPU up to {eager_width} tokens wide")
+    lp["loop"] = (
+        "lorapilot.train.train: length-grouped micro-batches, LM head at target positions, "
+        f"eager attention on CPU up to {eager_width} tokens wide"
+    )
     result = {
         "benchmark": "train_throughput",
         "date": datetime.date.today().isoformat(),
@@ -507,8 +584,13 @@ def main() -> None:
         "pilot": spec.name,
         "model": spec.model.base,
         "n_train_examples": len(examples),
-        "adapter": {"method": spec.adapter.method, "r": spec.adapter.r, "alpha": spec.adapter.alpha,
-                    "dropout": spec.adapter.dropout, "trainable_params": info["trainable_params"]},
+        "adapter": {
+            "method": spec.adapter.method,
+            "r": spec.adapter.r,
+            "alpha": spec.adapter.alpha,
+            "dropout": spec.adapter.dropout,
+            "trainable_params": info["trainable_params"],
+        },
         "steps": steps,
         "warmup_steps_excluded": warmup,
         "repeat": repeat,
@@ -523,12 +605,24 @@ def main() -> None:
         "ratio_cpu_time": round(statistics.median(cpu_ratios), 3),
         "lorapilot": lp,
         "reference": ref,
-        **({"lorapilot_sdpa": side("lorapilot_sdpa"),
-            "ratio_sdpa": round(statistics.median(
-                a["examples_per_s"] / b["examples_per_s"]
-                for a, b in zip(runs["lorapilot_sdpa"], runs["reference"], strict=True)), 3)}
-           if args.also_sdpa else {}),
-        "padding_efficiency": {"lorapilot": lp["padding_efficiency"], "reference": ref["padding_efficiency"]},
+        **(
+            {
+                "lorapilot_sdpa": side("lorapilot_sdpa"),
+                "ratio_sdpa": round(
+                    statistics.median(
+                        a["examples_per_s"] / b["examples_per_s"]
+                        for a, b in zip(runs["lorapilot_sdpa"], runs["reference"], strict=True)
+                    ),
+                    3,
+                ),
+            }
+            if args.also_sdpa
+            else {}
+        ),
+        "padding_efficiency": {
+            "lorapilot": lp["padding_efficiency"],
+            "reference": ref["padding_efficiency"],
+        },
         "mfu": {"lorapilot": lp["mfu"], "reference": ref["mfu"]},
         "mfu_6n": {"lorapilot": lp["mfu_6n"], "reference": ref["mfu_6n"]},
         "peak_flops": round(peak_flops),
@@ -536,24 +630,39 @@ def main() -> None:
         "flops": flops.describe(),
     }
     result["goals"] = {
-        "ratio": {"goal": GOALS["ratio"], "value": result["ratio"], "met": result["ratio"] >= GOALS["ratio"]},
+        "ratio": {
+            "goal": GOALS["ratio"],
+            "value": result["ratio"],
+            "met": result["ratio"] >= GOALS["ratio"],
+        },
         "mfu": {"goal": GOALS["mfu"], "value": lp["mfu"], "met": lp["mfu"] >= GOALS["mfu"]},
-        "padding_efficiency": {"goal": GOALS["padding_efficiency"], "value": lp["padding_efficiency"],
-                               "met": lp["padding_efficiency"] >= GOALS["padding_efficiency"]},
+        "padding_efficiency": {
+            "goal": GOALS["padding_efficiency"],
+            "value": lp["padding_efficiency"],
+            "met": lp["padding_efficiency"] >= GOALS["padding_efficiency"],
+        },
     }
     if args.json:
         print(json.dumps(result, indent=2))
         return
-    print(f"{spec.name}, {spec.model.base}, {steps} steps x {result['global_batch']} examples, "
-          f"{cfg.precision}, {repeat} repeat(s), first {warmup} steps not timed")
+    print(
+        f"{spec.name}, {spec.model.base}, {steps} steps x {result['global_batch']} examples, "
+        f"{cfg.precision}, {repeat} repeat(s), first {warmup} steps not timed"
+    )
     print(f"peak {peak_flops / 1e9:.0f} GFLOP/s ({result['machine']['torch_threads']} threads)")
-    print(f"{'':15}{'examples/s':>12}{'target tok/s':>14}{'padding eff':>13}{'MFU':>8}{'MFU 6N':>8}{'loss':>8}")
+    print(
+        f"{'':15}{'examples/s':>12}{'target tok/s':>14}{'padding eff':>13}{'MFU':>8}{'MFU 6N':>8}{'loss':>8}"
+    )
     for name in names:
         s = result[name]
-        print(f"{name:15}{s['examples_per_s']:>12.2f}{s['target_tokens_per_s']:>14.1f}"
-              f"{s['padding_efficiency']:>13.3f}{s['mfu']:>8.1%}{s['mfu_6n']:>8.1%}{s['mean_train_loss']:>8.3f}")
-    print(f"ratio (lorapilot / reference examples/s): {result['ratio']} per repeat {result['ratio_per_repeat']}; "
-          f"by process CPU time per example: {result['ratio_cpu_time']}")
+        print(
+            f"{name:15}{s['examples_per_s']:>12.2f}{s['target_tokens_per_s']:>14.1f}"
+            f"{s['padding_efficiency']:>13.3f}{s['mfu']:>8.1%}{s['mfu_6n']:>8.1%}{s['mean_train_loss']:>8.3f}"
+        )
+    print(
+        f"ratio (lorapilot / reference examples/s): {result['ratio']} per repeat {result['ratio_per_repeat']}; "
+        f"by process CPU time per example: {result['ratio_cpu_time']}"
+    )
     if args.also_sdpa:
         print(f"ratio without the CPU eager-attention switch: {result['ratio_sdpa']}")
     for k, g in result["goals"].items():

@@ -41,7 +41,9 @@ def tiny_model_dir(tmp_path_factory, default_model_dir) -> Path:
     """A 2-layer 32-wide random Llama with the real SmolLM2 tokenizer and chat template."""
     from lorapilot.models import make_tiny_model
 
-    return make_tiny_model(tmp_path_factory.mktemp("tiny") / "model", tokenizer_dir=default_model_dir)
+    return make_tiny_model(
+        tmp_path_factory.mktemp("tiny") / "model", tokenizer_dir=default_model_dir
+    )
 
 
 @pytest.fixture(scope="module")
@@ -57,18 +59,26 @@ def one_thread():
     torch.set_num_threads(n)
 
 
-def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
+def run_cli(
+    *args: str, cwd: Path | None = None, env: dict | None = None, timeout: int = 600
+) -> subprocess.CompletedProcess:
     """Run `python -m lorapilot ARGS` as a subprocess, the way a user would."""
     return subprocess.run(
         [sys.executable, "-m", "lorapilot", *args],
-        capture_output=True, text=True, cwd=cwd, timeout=timeout, env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
     )
 
 
 def run_json(*args: str, expect: int = 0, **kw) -> dict:
     """Run a verb with --json; assert its exit code and that stdout is exactly one JSON object."""
     proc = run_cli(*args, "--json", **kw)
-    assert proc.returncode == expect, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    assert proc.returncode == expect, (
+        f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    )
     assert "Traceback" not in proc.stderr, proc.stderr
     return json.loads(proc.stdout)
 

@@ -156,13 +156,26 @@ def test_comparable():
 
 def test_incomparable_protocols_name_the_keys_that_differ():
     a = {"mode": "score", "batch_size": 32, "precision": "bf16", "eval_protocol": "ep-1"}
-    b = {"mode": "score", "batch_size": 8, "precision": "bf16", "shared_prefix_cache": True, "eval_protocol": "ep-2"}
+    b = {
+        "mode": "score",
+        "batch_size": 8,
+        "precision": "bf16",
+        "shared_prefix_cache": True,
+        "eval_protocol": "ep-2",
+    }
     ok, why = comparable("ep-1", "dv-1", "ep-2", "dv-1", a, b)
     assert not ok
-    assert why == "evaluation protocols differ (ep-1 vs ep-2): batch_size (32 vs 8), shared_prefix_cache (missing vs true)"
+    assert (
+        why
+        == "evaluation protocols differ (ep-1 vs ep-2): batch_size (32 vs 8), shared_prefix_cache (missing vs true)"
+    )
     many = {f"k{i}": i for i in range(9)}
-    assert protocol_differences(many, {})[-1] == "3 more" and len(protocol_differences(many, {})) == 7
-    assert protocol_differences({"labels": ["x" * 60]}, {}) == ['labels (["' + "x" * 35 + '... vs missing)']
+    assert (
+        protocol_differences(many, {})[-1] == "3 more" and len(protocol_differences(many, {})) == 7
+    )
+    assert protocol_differences({"labels": ["x" * 60]}, {}) == [
+        'labels (["' + "x" * 35 + "... vs missing)"
+    ]
 
 
 def test_one_change_check_is_the_spec_rule():

@@ -36,7 +36,7 @@ ACCELERATE_CONFIGS = ROOT / "examples" / "accelerate"
 
 # Run on every rank (torchrun) or alone: lorapilot.train.train() as the train verb calls it, then
 # every rank dumps its own trainable tensors (the run folder stays rank 0's alone).
-WORKER = r'''
+WORKER = r"""
 import sys
 from pathlib import Path
 
@@ -73,7 +73,7 @@ if state is not None:  # leave the group cleanly: a live gloo group at exit can 
 
     dist.barrier()
     dist.destroy_process_group()
-'''
+"""
 
 
 def _free_port() -> int:
@@ -83,21 +83,42 @@ def _free_port() -> int:
 
 
 def _env() -> dict:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-           and not k.startswith("ACCELERATE_")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k
+        not in (
+            "RANK",
+            "LOCAL_RANK",
+            "WORLD_SIZE",
+            "LOCAL_WORLD_SIZE",
+            "MASTER_ADDR",
+            "MASTER_PORT",
+        )
+        and not k.startswith("ACCELERATE_")
+    }
     return {**env, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
 def _run(cmd: list[str], cwd: Path | None = None) -> subprocess.CompletedProcess:
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT, env=_env(), cwd=cwd)
-    assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-6000:]}"
+    assert proc.returncode == 0, (
+        f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-6000:]}"
+    )
     return proc
 
 
 def _torchrun(*args: str, nproc: int = 2) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
-            "--master_port", str(_free_port()), *args]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        str(nproc),
+        "--master_port",
+        str(_free_port()),
+        *args,
+    ]
 
 
 def _one_json(stdout: str) -> dict:
@@ -154,31 +175,60 @@ def test_torchrun_two_ranks_one_run_matching_single_process(pilot):
     assert rec["status"] == "completed"
     dist = rec["result"]["distributed"]
     assert dist["world_size"] == 2 and dist["backend"] == "gloo" and dist["mode"] == "ddp"
-    assert dist["rank0_host"] == rec["host"] and dist["torch"] == torch.__version__ and dist["accelerate"]
+    assert (
+        dist["rank0_host"] == rec["host"]
+        and dist["torch"] == torch.__version__
+        and dist["accelerate"]
+    )
     assert out["distributed"] == dist
     assert rec["result"]["train"]["world_size"] == 2
     assert rec["environment"]["libraries"]["torch"]
     ddp_steps = _steps(runs[0])
     assert [s["step"] for s in ddp_steps] == [1, 2, 3]
-    assert {"adapter_model.safetensors", "lorapilot.json"} <= {p.name for p in (runs[0] / "adapter").iterdir()}
+    assert {"adapter_model.safetensors", "lorapilot.json"} <= {
+        p.name for p in (runs[0] / "adapter").iterdir()
+    }
     assert (runs[0] / "metrics.json").is_file() and (runs[0] / "predictions.jsonl").is_file()
 
     # The same global batch in one process: micro_batch 2 x grad_accum 2.
-    single = run_json("train", str(pilot), "--set", "train.grad_accum=2", "--no-progress", env=_env(),
-                      timeout=TIMEOUT)
+    single = run_json(
+        "train",
+        str(pilot),
+        "--set",
+        "train.grad_accum=2",
+        "--no-progress",
+        env=_env(),
+        timeout=TIMEOUT,
+    )
     assert single["distributed"]["world_size"] == 1 and single["distributed"]["backend"] is None
     single_dir = pilot / "runs" / single["run_id"]
     for d, s in zip(ddp_steps, _steps(single_dir), strict=True):
         assert d["target_tokens"] == s["target_tokens"] and d["tokens"] == s["tokens"]
         assert d["loss"] == pytest.approx(s["loss"], abs=1e-5)
-        assert d["grad_norm"] == pytest.approx(s["grad_norm"], rel=1e-4)  # a missing x world shows here
+        assert d["grad_norm"] == pytest.approx(
+            s["grad_norm"], rel=1e-4
+        )  # a missing x world shows here
     _assert_same_tensors(_adapter(runs[0]), _adapter(single_dir), atol=1e-5)
 
 
 def test_accelerate_launch_with_the_example_ddp_config(pilot):
-    proc = _run([sys.executable, "-m", "accelerate.commands.launch",
-                 "--config_file", str(ACCELERATE_CONFIGS / "ddp_multi_gpu.yaml"), "--num_processes", "2",
-                 "-m", "lorapilot", "train", str(pilot), "--json", "--no-progress"])
+    proc = _run(
+        [
+            sys.executable,
+            "-m",
+            "accelerate.commands.launch",
+            "--config_file",
+            str(ACCELERATE_CONFIGS / "ddp_multi_gpu.yaml"),
+            "--num_processes",
+            "2",
+            "-m",
+            "lorapilot",
+            "train",
+            str(pilot),
+            "--json",
+            "--no-progress",
+        ]
+    )
     out = _one_json(proc.stdout)
     runs = _train_runs(pilot)
     assert [r.name for r in runs] == [out["run_id"]] and out["status"] == "completed"
@@ -199,11 +249,17 @@ def test_ddp_stop_at_limit_then_resume_keeps_one_run(pilot):
     assert rec["status"] == "stopped_by_limit" and rec["result"]["distributed"]["world_size"] == 2
     assert (run_dir / "checkpoints" / "step-1").is_dir()
     out = _one_json(_run(_torchrun(*cmd, "--resume", run_dir.name)).stdout)
-    assert out["run_id"] == run_dir.name and out["status"] == "completed" and out["resumed_from"] == 1
+    assert (
+        out["run_id"] == run_dir.name and out["status"] == "completed" and out["resumed_from"] == 1
+    )
     assert _train_runs(pilot) == [run_dir]
     rec = json.loads((run_dir / "run.json").read_text())
     assert rec["status"] == "completed" and len(rec["result"]["resumes"]) == 1
-    _assert_same_tensors(_adapter(run_dir), load_file(run_dir / "checkpoints" / "step-1" / "adapter_model.safetensors"), atol=0)
+    _assert_same_tensors(
+        _adapter(run_dir),
+        load_file(run_dir / "checkpoints" / "step-1" / "adapter_model.safetensors"),
+        atol=0,
+    )
 
 
 def test_ddp_ranks_end_with_identical_adapters(pilot, tmp_path):
@@ -234,7 +290,9 @@ def test_fsdp_matches_single_process_writes_its_files_and_resumes(pilot):
     gradient norm is summed from shards in another order (measured 1e-7 apart), which moves
     the clip factor and so the weights by float32 rounding (measured 1.5e-8)."""
     spec = yaml.safe_load((pilot / "pilot.yaml").read_text())
-    spec["train"].update(distributed="fsdp", max_steps=2, micro_batch=4, max_grad_norm=0.1, save_every=1)
+    spec["train"].update(
+        distributed="fsdp", max_steps=2, micro_batch=4, max_grad_norm=0.1, save_every=1
+    )
     (pilot / "pilot.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
     cmd = ["-m", "lorapilot", "train", str(pilot), "--json", "--no-progress"]
     out = _one_json(_run(_torchrun(*cmd)).stdout)
@@ -242,33 +300,62 @@ def test_fsdp_matches_single_process_writes_its_files_and_resumes(pilot):
     (run_dir,) = _train_runs(pilot)
     rec = json.loads((run_dir / "run.json").read_text())
     dist = rec["result"]["distributed"]
-    assert (dist["mode"], dist["requested"], dist["world_size"], dist["backend"]) == ("fsdp", "fsdp", 2, "gloo")
+    assert (dist["mode"], dist["requested"], dist["world_size"], dist["backend"]) == (
+        "fsdp",
+        "fsdp",
+        2,
+        "gloo",
+    )
     assert out["distributed"] == dist and rec["result"]["train"]["world_size"] == 2
     assert (run_dir / "metrics.json").is_file()  # rank 0 evaluated the reloaded adapter
 
     # fsdp without a launcher: one process, unsharded, with a note; here the reference run.
-    proc = run_cli("train", str(pilot), "--set", "train.grad_accum=2", "--json", "--no-progress",
-                   env=_env(), timeout=TIMEOUT)
+    proc = run_cli(
+        "train",
+        str(pilot),
+        "--set",
+        "train.grad_accum=2",
+        "--json",
+        "--no-progress",
+        env=_env(),
+        timeout=TIMEOUT,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "train.distributed is fsdp but one process was launched" in proc.stderr
     single = json.loads(proc.stdout)
     assert (single["distributed"]["mode"], single["distributed"]["world_size"]) == ("none", 1)
     single_dir = pilot / "runs" / single["run_id"]
     for f, s in zip(_steps(run_dir), _steps(single_dir), strict=True):
-        assert f["target_tokens"] == s["target_tokens"] and f["loss"] == pytest.approx(s["loss"], abs=1e-5)
+        assert f["target_tokens"] == s["target_tokens"] and f["loss"] == pytest.approx(
+            s["loss"], abs=1e-5
+        )
         assert f["grad_norm"] == pytest.approx(s["grad_norm"], rel=1e-4) and f["grad_norm"] > 0.1
     val = [json.loads(line) for line in (run_dir / "val.jsonl").read_text().splitlines()]
     single_val = [json.loads(line) for line in (single_dir / "val.jsonl").read_text().splitlines()]
     assert [v["step"] for v in val] == [v["step"] for v in single_val] == [0, 2]
-    assert [v["val_loss"] for v in val] == pytest.approx([v["val_loss"] for v in single_val], abs=1e-6)
+    assert [v["val_loss"] for v in val] == pytest.approx(
+        [v["val_loss"] for v in single_val], abs=1e-6
+    )
     adapter = _adapter(run_dir)
     _assert_same_tensors(adapter, _adapter(single_dir), atol=1e-5)
     # The checkpoint is the single-process format: same files, tensors, optimizer layout.
     ckpt, single_ckpt = run_dir / "checkpoints" / "step-2", single_dir / "checkpoints" / "step-2"
     assert sorted(p.name for p in ckpt.iterdir()) == sorted(p.name for p in single_ckpt.iterdir())
-    _assert_same_tensors(load_file(ckpt / "optimizer.safetensors"), load_file(single_ckpt / "optimizer.safetensors"), atol=1e-5)
+    _assert_same_tensors(
+        load_file(ckpt / "optimizer.safetensors"),
+        load_file(single_ckpt / "optimizer.safetensors"),
+        atol=1e-5,
+    )
     state, single_state = (json.loads((c / "state.json").read_text()) for c in (ckpt, single_ckpt))
-    for key in ("param_names", "optimizer", "scheduler", "step", "epoch", "batch_index", "data_hash"):
+    for key in (
+        "param_names",
+        "optimizer",
+        "scheduler",
+        "step",
+        "epoch",
+        "batch_index",
+        "data_hash",
+    ):
         assert state[key] == single_state[key], key
 
     # A kill -9 after the step-1 checkpoint leaves: status running (its pid gone), no step-2
@@ -278,7 +365,9 @@ def test_fsdp_matches_single_process_writes_its_files_and_resumes(pilot):
     rec["status"] = "running"
     (run_dir / "run.json").write_text(json.dumps(rec))
     out = _one_json(_run(_torchrun(*cmd, "--resume", run_dir.name)).stdout)
-    assert out["run_id"] == run_dir.name and out["status"] == "completed" and out["resumed_from"] == 1
+    assert (
+        out["run_id"] == run_dir.name and out["status"] == "completed" and out["resumed_from"] == 1
+    )
     assert _train_runs(pilot) == sorted([run_dir, single_dir])
     assert [s["step"] for s in _steps(run_dir)] == [1, 2]
     _assert_same_tensors(_adapter(run_dir), adapter, atol=0)  # resuming is exact
@@ -299,7 +388,12 @@ def test_example_accelerate_configs_load():
         cfg = load_config_from_file(str(ACCELERATE_CONFIGS / f"{name}.yaml"))
         kinds[name] = str(cfg.distributed_type).split(".")[-1]
         assert cfg.mixed_precision == "no"  # lorapilot applies train.precision itself
-    assert kinds == {"single_gpu": "NO", "ddp_multi_gpu": "MULTI_GPU", "multi_node": "MULTI_GPU", "fsdp": "FSDP"}
+    assert kinds == {
+        "single_gpu": "NO",
+        "ddp_multi_gpu": "MULTI_GPU",
+        "multi_node": "MULTI_GPU",
+        "fsdp": "FSDP",
+    }
     multi = load_config_from_file(str(ACCELERATE_CONFIGS / "multi_node.yaml"))
     assert multi.num_machines > 1 and multi.rdzv_backend == "c10d" and multi.main_process_ip
 

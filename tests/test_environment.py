@@ -39,9 +39,11 @@ def test_mlflow_version_comes_from_mlflow_skinny_too(monkeypatch):
 
 def test_library_versions_import_nothing():
     """Reading versions must not import datasets/mlflow/tensorboard (seconds each)."""
-    code = ("import sys; from lorapilot.environment import library_versions; v = library_versions(); "
-            "heavy = [m for m in ('datasets', 'mlflow', 'tensorboard', 'torch', 'transformers') if m in sys.modules]; "
-            "assert v['typer'] and not heavy, heavy")
+    code = (
+        "import sys; from lorapilot.environment import library_versions; v = library_versions(); "
+        "heavy = [m for m in ('datasets', 'mlflow', 'tensorboard', 'torch', 'transformers') if m in sys.modules]; "
+        "assert v['typer'] and not heavy, heavy"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
 
@@ -49,10 +51,24 @@ def test_library_versions_import_nothing():
 def test_platform_fingerprint_ignores_the_added_libraries():
     """Installing a tracker or datasets changes no result: `run` must not redo its launch
     checks, and fingerprints of runs recorded before these were added stay equal."""
-    env = {"accelerator": "cpu", "devices": [], "cuda": None, "hip": None, "python": "3.12.0",
-           "libraries": {"torch": "2.0", "peft": "0.1"}}
-    newer = {**env, "libraries": {**env["libraries"], "datasets": "4.0", "mlflow": None,
-                                  "tensorboard": "2.0", "typer": "0.9"}}
+    env = {
+        "accelerator": "cpu",
+        "devices": [],
+        "cuda": None,
+        "hip": None,
+        "python": "3.12.0",
+        "libraries": {"torch": "2.0", "peft": "0.1"},
+    }
+    newer = {
+        **env,
+        "libraries": {
+            **env["libraries"],
+            "datasets": "4.0",
+            "mlflow": None,
+            "tensorboard": "2.0",
+            "typer": "0.9",
+        },
+    }
     assert environment.platform_fingerprint(newer) == environment.platform_fingerprint(env)
     changed = {**env, "libraries": {**env["libraries"], "torch": "2.1"}}
     assert environment.platform_fingerprint(changed) != environment.platform_fingerprint(env)

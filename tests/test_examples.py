@@ -139,7 +139,9 @@ def test_no_single_keyword_gives_the_label_away(tickets: list[dict]) -> None:
             df_label[w][r["label"]] += 1
     frequent = [w for w, n in df.items() if n >= 20]
     for label in n_label:
-        scored = [(df_label[w][label] / df[w], df_label[w][label] / n_label[label], w) for w in frequent]
+        scored = [
+            (df_label[w][label] / df[w], df_label[w][label] / n_label[label], w) for w in frequent
+        ]
         precision, coverage, word = max(scored)
         assert coverage < 0.7, f"{label}: the most predictive word {word!r} covers {coverage:.0%}"
         for precision, coverage, word in scored:
@@ -164,8 +166,20 @@ def test_shared_vocabulary_across_categories(tickets: list[dict]) -> None:
 
 # --------------------------------------------------------------------------- invoice-fields
 
-_MONTHS = ["January", "February", "March", "April", "May", "June", "July", "August",
-           "September", "October", "November", "December"]
+_MONTHS = [
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
+]
 
 
 def _date_renderings(iso: str) -> set[str]:
@@ -173,10 +187,16 @@ def _date_renderings(iso: str) -> set[str]:
     mon = _MONTHS[d.month - 1]
     day_suffix = "th" if 11 <= d.day <= 13 else {1: "st", 2: "nd", 3: "rd"}.get(d.day % 10, "th")
     return {
-        iso, f"{mon} {d.day}, {d.year}", f"{mon[:3]} {d.day}, {d.year}", f"{d.day} {mon} {d.year}",
-        f"{d.day} {mon[:3]} {d.year}", f"{d.day}{day_suffix} {mon} {d.year}",
-        f"{d.day:02d}-{mon[:3]}-{d.year}", f"{d.month:02d}/{d.day:02d}/{d.year}",
-        f"{d.day:02d}/{d.month:02d}/{d.year}", f"{d.day:02d}.{d.month:02d}.{d.year}",
+        iso,
+        f"{mon} {d.day}, {d.year}",
+        f"{mon[:3]} {d.day}, {d.year}",
+        f"{d.day} {mon} {d.year}",
+        f"{d.day} {mon[:3]} {d.year}",
+        f"{d.day}{day_suffix} {mon} {d.year}",
+        f"{d.day:02d}-{mon[:3]}-{d.year}",
+        f"{d.month:02d}/{d.day:02d}/{d.year}",
+        f"{d.day:02d}/{d.month:02d}/{d.year}",
+        f"{d.day:02d}.{d.month:02d}.{d.year}",
         f"{d.year}/{d.month:02d}/{d.day:02d}",
     }
 

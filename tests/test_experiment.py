@@ -34,7 +34,9 @@ def test_train_tiny_records_identity_and_variant(tmp_path, tiny_model_dir):
     assert out["update_audit"]["ok"] and out["update_audit"]["unchanged_trainable"] == []
     assert out["trainable_params"] > 0 and out["target_modules"]
     adapter = tmp_path / "ticket-triage" / "runs" / out["run_id"] / "adapter"
-    assert {"adapter_model.safetensors", "adapter_config.json", "lorapilot.json"} <= {p.name for p in adapter.iterdir()}
+    assert {"adapter_model.safetensors", "adapter_config.json", "lorapilot.json"} <= {
+        p.name for p in adapter.iterdir()
+    }
     assert not list(adapter.glob("*.bin")) and not list(adapter.glob("*.pt"))
     manifest = json.loads((adapter / "lorapilot.json").read_text())
     assert manifest["base"]["sha256"] and manifest["data_version"] == out["data_version"]
@@ -42,13 +44,17 @@ def test_train_tiny_records_identity_and_variant(tmp_path, tiny_model_dir):
     rec = json.loads((adapter.parent / "run.json").read_text())
     assert rec["variant"]["label"] == "one_change" and rec["data_version"] == out["data_version"]
     assert rec["result"]["metrics"]["accuracy"] == out["metrics"]["accuracy"]
-    steps = [json.loads(x)["step"] for x in (adapter.parent / "steps.jsonl").read_text().splitlines()]
+    steps = [
+        json.loads(x)["step"] for x in (adapter.parent / "steps.jsonl").read_text().splitlines()
+    ]
     assert steps == [1, 2, 3, 4]
 
 
 def test_combined_variant_label(tmp_path, tiny_model_dir):
     pilot = _pilot(tmp_path, tiny_model_dir, precision="fp32", max_steps=2)
-    out = run_json("train", str(pilot), "--set", "adapter.r=4", "--set", "train.lr=0.001", "--no-progress")
+    out = run_json(
+        "train", str(pilot), "--set", "adapter.r=4", "--set", "train.lr=0.001", "--no-progress"
+    )
     assert out["variant"] == "combined"
     base = run_json("train", str(pilot), "--no-progress")
     assert base["variant"] == "base"
@@ -61,9 +67,15 @@ def test_bad_set_value_is_exit_2(tmp_path, tiny_model_dir):
 
 
 def test_sigkill_then_resume_completes_one_run(tmp_path, tiny_model_dir):
-    pilot = _pilot(tmp_path, tiny_model_dir, precision="fp32", max_steps=60, save_every=5, micro_batch=2)
-    proc = subprocess.Popen([sys.executable, "-m", "lorapilot", "train", str(pilot), "--no-progress", "--json"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pilot = _pilot(
+        tmp_path, tiny_model_dir, precision="fp32", max_steps=60, save_every=5, micro_batch=2
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lorapilot", "train", str(pilot), "--no-progress", "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     runs = pilot / "runs"
     deadline = time.time() + 120
     steps_file = None
@@ -104,7 +116,14 @@ def test_train_default_model_20_steps(tmp_path, default_model_dir):
     out = run_json("train", str(pilot), "--set", "train.max_steps=20", "--no-progress")
     assert out["status"] == "completed" and out["update_audit"]["ok"]
     assert out["final_val_loss"] < out["initial_val_loss"]
-    assert (tmp_path / "ticket-triage" / "runs" / out["run_id"] / "adapter" / "adapter_model.safetensors").is_file()
+    assert (
+        tmp_path
+        / "ticket-triage"
+        / "runs"
+        / out["run_id"]
+        / "adapter"
+        / "adapter_model.safetensors"
+    ).is_file()
 
 
 def test_train_refuses_when_the_probe_exceeds_the_limits(tmp_path, tiny_model_dir):

@@ -38,7 +38,11 @@ def test_verify_fresh_process_matches(trained):
     assert out["metrics"]["accuracy"] == train["metrics"]["accuracy"]
     assert out["device"] == "cpu"  # where the fresh process evaluated (no accelerator here)
     rec = json.loads((pilot / "runs" / out["run_id"] / "run.json").read_text())
-    assert rec["kind"] == "verify" and rec["parent"] == train["run_id"] and rec["status"] == "completed"
+    assert (
+        rec["kind"] == "verify"
+        and rec["parent"] == train["run_id"]
+        and rec["status"] == "completed"
+    )
 
 
 def test_adapter_files_and_plain_peft_reload(trained):
@@ -55,7 +59,9 @@ def test_adapter_files_and_plain_peft_reload(trained):
     ids = torch.tensor([[1, 2, 3, 4, 5, 6, 7, 8]])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        plain = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), adapter).eval()
+        plain = PeftModel.from_pretrained(
+            AutoModelForCausalLM.from_pretrained(base), adapter
+        ).eval()
     assert not [w for w in caught if "missing" in str(w.message).lower()]
     from lorapilot.evaluate.stage import attach_adapter, load_base
     from lorapilot.spec import load_pilot
@@ -63,7 +69,9 @@ def test_adapter_files_and_plain_peft_reload(trained):
     _, ours, _ = load_base(load_pilot(pilot))
     ours = attach_adapter(ours, adapter)
     with torch.no_grad():
-        torch.testing.assert_close(plain(input_ids=ids).logits, ours(input_ids=ids).logits, rtol=0, atol=0)
+        torch.testing.assert_close(
+            plain(input_ids=ids).logits, ours(input_ids=ids).logits, rtol=0, atol=0
+        )
     # modules_to_save were trained, saved and restored
     saved = {n for n, _ in plain.named_parameters() if "modules_to_save" in n}
     assert saved, "modules_to_save not restored"

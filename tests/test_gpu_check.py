@@ -20,7 +20,9 @@ def test_script_is_valid_bash():
 
 
 def test_help_lists_the_options_and_runs_nothing(tmp_path):
-    proc = subprocess.run(["bash", str(SCRIPT), "--help"], capture_output=True, text=True, timeout=30, cwd=tmp_path)
+    proc = subprocess.run(
+        ["bash", str(SCRIPT), "--help"], capture_output=True, text=True, timeout=30, cwd=tmp_path
+    )
     assert proc.returncode == 0, proc.stderr
     for word in ("--quick", "--full", "--keep", "--work", "GPU_CHECK_PYTHON", "one JSON object"):
         assert word in proc.stdout
@@ -28,5 +30,7 @@ def test_help_lists_the_options_and_runs_nothing(tmp_path):
 
 
 def test_unknown_option_exits_2():
-    proc = subprocess.run(["bash", str(SCRIPT), "--nope"], capture_output=True, text=True, timeout=30)
+    proc = subprocess.run(
+        ["bash", str(SCRIPT), "--nope"], capture_output=True, text=True, timeout=30
+    )
     assert proc.returncode == 2 and "unknown option --nope" in proc.stderr and proc.stdout == ""

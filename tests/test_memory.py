@@ -240,14 +240,29 @@ def test_autocast_weight_casts_of_fp32_weights():
     smol = ModelShape.from_config(SMOLLM2_135M)
     linears = decoder_linear_params(smol)
     assert linears == 30 * (2 * 576 * 576 + 2 * 576 * 192 + 3 * 576 * 1536)
-    casts = weight_cast_bytes(smol, precision="bf16", weight_dtype_bytes=4, grad_checkpointing=False)
+    casts = weight_cast_bytes(
+        smol, precision="bf16", weight_dtype_bytes=4, grad_checkpointing=False
+    )
     assert casts == 2 * (linears + 49152 * 576)
     assert 250 < casts / 2**20 < 260
     ckpt = weight_cast_bytes(smol, precision="bf16", weight_dtype_bytes=4, grad_checkpointing=True)
     assert ckpt == 2 * (linears // 30 + 49152 * 576)  # one layer while recomputed + the head
     # nothing is cast in fp32, nor when the weights are already 16-bit
-    assert weight_cast_bytes(smol, precision="fp32", weight_dtype_bytes=4, grad_checkpointing=False) == 0
-    assert weight_cast_bytes(smol, precision="bf16", weight_dtype_bytes=2, grad_checkpointing=False) == 0
-    est = estimate_step_memory(smol, trainable_params=0, weight_dtype_bytes=4, micro_batch=8, seq_len=100,
-                               precision="bf16", grad_checkpointing=False)
+    assert (
+        weight_cast_bytes(smol, precision="fp32", weight_dtype_bytes=4, grad_checkpointing=False)
+        == 0
+    )
+    assert (
+        weight_cast_bytes(smol, precision="bf16", weight_dtype_bytes=2, grad_checkpointing=False)
+        == 0
+    )
+    est = estimate_step_memory(
+        smol,
+        trainable_params=0,
+        weight_dtype_bytes=4,
+        micro_batch=8,
+        seq_len=100,
+        precision="bf16",
+        grad_checkpointing=False,
+    )
     assert est["weight_casts"] == casts

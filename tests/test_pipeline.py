@@ -30,17 +30,29 @@ def test_compare_lists_failed_and_interrupted_runs_with_reasons(tmp_path, tiny_m
     ok = run_json("train", str(pilot), "--no-progress")
     # a failed run: a variant whose training data cannot be batched is not needed; a bad
     # --resume target fails before a run exists, so make a real failure: an impossible target
-    failed = run_json("train", str(pilot), "--set", "adapter.target_modules=[no_such_module]", "--no-progress", expect=2)
+    failed = run_json(
+        "train",
+        str(pilot),
+        "--set",
+        "adapter.target_modules=[no_such_module]",
+        "--no-progress",
+        expect=2,
+    )
     assert "target_modules" in failed["error"]
     # an interrupted run: SIGKILL mid-training
     spec = yaml.safe_load((pilot / "pilot.yaml").read_text())
     spec["train"].update(max_steps=400, micro_batch=1)
     (pilot / "pilot.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
-    proc = subprocess.Popen([sys.executable, "-m", "lorapilot", "train", str(pilot), "--no-progress"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lorapilot", "train", str(pilot), "--no-progress"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.time() + 120
     while time.time() < deadline:
-        steps = [p for p in (pilot / "runs").glob("train-*/steps.jsonl") if p.parent.name != ok["run_id"]]
+        steps = [
+            p for p in (pilot / "runs").glob("train-*/steps.jsonl") if p.parent.name != ok["run_id"]
+        ]
         if steps and steps[0].read_text().count("\n") >= 2:
             break
         time.sleep(0.05)
@@ -48,7 +60,9 @@ def test_compare_lists_failed_and_interrupted_runs_with_reasons(tmp_path, tiny_m
     proc.wait()
     out = run_json("compare", str(pilot))
     by_status = {r["status"]: r for r in out["runs"]}
-    assert {"completed", "failed", "interrupted"} <= set(by_status), [r["status"] for r in out["runs"]]
+    assert {"completed", "failed", "interrupted"} <= set(by_status), [
+        r["status"] for r in out["runs"]
+    ]
     assert by_status["interrupted"]["reason"] and by_status["failed"]["reason"]
     trained = next(r for r in out["runs"] if r["id"] == ok["run_id"])
     assert trained["comparable"] and "overall" in trained["deltas"] and "fixed" in trained["flips"]
@@ -70,8 +84,18 @@ def test_run_whole_pilot_then_rerun_reuses_every_phase(tmp_path, default_model_d
     pilot = tmp_path / "q"
     first = run_json("run", str(pilot), "--no-progress", timeout=1800)
     assert first["decision"] in ("GO", "NO-GO", "INCONCLUSIVE") and first["reasons"]
-    assert [p["phase"] for p in first["phases"]] == ["data", "inspect", "baseline", "smoke", "probe", "budget",
-                                                    "train", "verify", "test", "report"]
+    assert [p["phase"] for p in first["phases"]] == [
+        "data",
+        "inspect",
+        "baseline",
+        "smoke",
+        "probe",
+        "budget",
+        "train",
+        "verify",
+        "test",
+        "report",
+    ]
     t0 = time.time()
     second = run_json("run", str(pilot), "--no-progress")
     assert time.time() - t0 < 60

@@ -52,7 +52,9 @@ def test_distinct_ids_and_listing_order(tmp_path):
         with registry.open_run(tmp_path, "data") as run:
             ids.append(run.id)
     assert len(set(ids)) == 5
-    assert [r.id for r in registry.list_runs(tmp_path)] == sorted(ids, key=lambda i: (registry.get_run(tmp_path, i).started_at, i))
+    assert [r.id for r in registry.list_runs(tmp_path)] == sorted(
+        ids, key=lambda i: (registry.get_run(tmp_path, i).started_at, i)
+    )
     assert registry.latest_run(tmp_path, "data").id == registry.list_runs(tmp_path)[-1].id
 
 
@@ -65,7 +67,9 @@ def test_torn_record_is_skipped(tmp_path):
     assert len(registry.list_runs(tmp_path)) == 1
 
 
-@pytest.mark.parametrize("rid", ["../x", "/etc", "train-1-2-3", "train-20260101-000000-abcdef/../../x"])
+@pytest.mark.parametrize(
+    "rid", ["../x", "/etc", "train-1-2-3", "train-20260101-000000-abcdef/../../x"]
+)
 def test_run_ids_cannot_escape(rid, tmp_path):
     with pytest.raises(UsageError):
         registry.get_run(tmp_path, rid)
@@ -114,7 +118,9 @@ def test_a_live_run_is_still_running(tmp_path):
         proc.wait()
 
 
-def test_sigterm_while_the_record_is_first_written_still_closes_it_as_interrupted(tmp_path, monkeypatch):
+def test_sigterm_while_the_record_is_first_written_still_closes_it_as_interrupted(
+    tmp_path, monkeypatch
+):
     """The SIGTERM handler is in place before run.json exists: a signal that lands as the
     record is first written closes the run as interrupted. (Before, it landed in the gap
     between writing run.json and installing the handler and killed the process, leaving a
@@ -132,7 +138,10 @@ def test_sigterm_while_the_record_is_first_written_still_closes_it_as_interrupte
 
     monkeypatch.setattr(registry.RunHandle, "save", save)
     try:
-        with pytest.raises(registry.Interrupted, match="SIGTERM"), registry.open_run(tmp_path, "data"):
+        with (
+            pytest.raises(registry.Interrupted, match="SIGTERM"),
+            registry.open_run(tmp_path, "data"),
+        ):
             pass
     finally:
         signal.signal(signal.SIGTERM, previous)

@@ -28,8 +28,18 @@ from lorapilot.runs_view import (
 
 
 def _step(n: int, **kw) -> dict:
-    return {"step": n, "epoch": n / 10, "loss": 2.0 / n, "lr": 3e-4, "grad_norm": 0.5, "tokens": 2000,
-            "target_tokens": 40, "step_time_s": 0.5, "peak_memory_bytes": 3 * 2**30, "time": 0.0} | kw
+    return {
+        "step": n,
+        "epoch": n / 10,
+        "loss": 2.0 / n,
+        "lr": 3e-4,
+        "grad_norm": 0.5,
+        "tokens": 2000,
+        "target_tokens": 40,
+        "step_time_s": 0.5,
+        "peak_memory_bytes": 3 * 2**30,
+        "time": 0.0,
+    } | kw
 
 
 @pytest.fixture
@@ -40,8 +50,10 @@ def pilot(tmp_path):
 
 def _finished_train(pilot, n_steps: int = 3, fail: str | None = None) -> str:
     """A closed train run with `n_steps` step records: completed, or failed with `fail`."""
-    with contextlib.suppress(RuntimeError), \
-            registry.open_run(pilot, "train", config={"train": {"max_steps": n_steps}}) as run:
+    with (
+        contextlib.suppress(RuntimeError),
+        registry.open_run(pilot, "train", config={"train": {"max_steps": n_steps}}) as run,
+    ):
         for i in range(1, n_steps + 1):
             append_jsonl(run.dir / "steps.jsonl", _step(i))
         if fail:
@@ -65,10 +77,17 @@ def test_summary_and_render(pilot):
     rec = registry.get_run(pilot, run_id)
     steps = [_step(i) for i in range(1, 5)]
     s = run_summary(rec, steps)
-    assert (s["run_id"], s["status"], s["steps_done"], s["steps_planned"]) == (run_id, "completed", 4, 4)
+    assert (s["run_id"], s["status"], s["steps_done"], s["steps_planned"]) == (
+        run_id,
+        "completed",
+        4,
+        4,
+    )
     assert s["tokens_per_s_recent"] == 4000.0 and s["last_step"]["step"] == 4
     table = render(s, steps, last=2)
-    assert table.row_count == 2 and "step 4/4" in str(table.title) and "completed" in str(table.title)
+    assert (
+        table.row_count == 2 and "step 4/4" in str(table.title) and "completed" in str(table.title)
+    )
 
 
 def test_step_tail_reads_only_complete_new_lines_and_follows_a_rewrite(tmp_path):
@@ -80,21 +99,35 @@ def test_step_tail_reads_only_complete_new_lines_and_follows_a_rewrite(tmp_path)
         f.write(b'{"step": 2, "loss"')  # a torn line: the writer is mid-write
     assert tail.poll() is True and [s["step"] for s in tail.steps] == [1]
     with open(path, "ab") as f:
-        f.write(b': 0.5}\n')
+        f.write(b": 0.5}\n")
     assert tail.poll() is True and [s["step"] for s in tail.steps] == [1, 2]
     assert tail.poll() is False
-    atomic_write_text(path, json.dumps(_step(1)) + "\n")  # a resume trims the file to its checkpoint
+    atomic_write_text(
+        path, json.dumps(_step(1)) + "\n"
+    )  # a resume trims the file to its checkpoint
     assert tail.poll() is True and [s["step"] for s in tail.steps] == [1]
 
 
 def test_runs_csv_quotes_and_keeps_its_columns():
-    rows = [{"id": "train-1", "kind": "train", "status": "failed", "duration_s": 1.5,
-             "error": 'ValueError: bad "x", then\na second line', "parent": None, "extra": "ignored"}]
+    rows = [
+        {
+            "id": "train-1",
+            "kind": "train",
+            "status": "failed",
+            "duration_s": 1.5,
+            "error": 'ValueError: bad "x", then\na second line',
+            "parent": None,
+            "extra": "ignored",
+        }
+    ]
     text = runs_csv(rows)
     parsed = list(csv.reader(io.StringIO(text)))
     assert tuple(parsed[0]) == CSV_COLUMNS
     assert parsed[1][CSV_COLUMNS.index("error")] == 'ValueError: bad "x", then\na second line'
-    assert parsed[1][CSV_COLUMNS.index("parent")] == "" and parsed[1][CSV_COLUMNS.index("duration_s")] == "1.5"
+    assert (
+        parsed[1][CSV_COLUMNS.index("parent")] == ""
+        and parsed[1][CSV_COLUMNS.index("duration_s")] == "1.5"
+    )
     assert runs_csv([]) == ",".join(CSV_COLUMNS) + "\n"
 
 
@@ -115,9 +148,11 @@ def test_runs_formats(pilot):
     assert parsed[1]["error"] == 'RuntimeError: bad, "quoted"\nvalue'
     table = run_cli("runs", str(pilot), "--format", "table")
     assert table.returncode == 0 and a in table.stdout
-    for bad, msg in ((["--format", "xml"], "expected table, json or csv"),
-                     (["--format", "csv", "--json"], "both claim stdout"),
-                     (["--run", a], "add --watch")):
+    for bad, msg in (
+        (["--format", "xml"], "expected table, json or csv"),
+        (["--format", "csv", "--json"], "both claim stdout"),
+        (["--run", a], "add --watch"),
+    ):
         proc = run_cli("runs", str(pilot), *bad)
         assert proc.returncode == 2 and msg in proc.stderr and "Traceback" not in proc.stderr
 
@@ -142,8 +177,22 @@ def test_watch_follows_a_live_run_until_it_completes(pilot):
     """A run is open (status running, this process alive) while a watcher subprocess follows
     it; steps arrive, then the run closes as completed and the watcher exits by itself."""
     with registry.open_run(pilot, "train", config={"train": {"max_steps": 4}}) as run:
-        proc = subprocess.Popen([sys.executable, "-m", "lorapilot", "runs", str(pilot), "--watch", "--json",
-                                 "--interval", "0.1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "lorapilot",
+                "runs",
+                str(pilot),
+                "--watch",
+                "--json",
+                "--interval",
+                "0.1",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         try:
             for i in range(1, 5):
                 append_jsonl(run.dir / "steps.jsonl", _step(i))
@@ -156,7 +205,12 @@ def test_watch_follows_a_live_run_until_it_completes(pilot):
     stdout, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 0, stderr
     out = json.loads(stdout)
-    assert (out["run_id"], out["status"], out["steps_done"], out["steps_planned"]) == (run.id, "completed", 4, 4)
+    assert (out["run_id"], out["status"], out["steps_done"], out["steps_planned"]) == (
+        run.id,
+        "completed",
+        4,
+        4,
+    )
     assert run.id in stderr  # the live table went to stderr, stdout held only the JSON
 
 
@@ -165,8 +219,14 @@ def test_watch_in_process_sees_the_status_flip(pilot):
     from rich.console import Console
 
     run_id, run_dir = registry.new_run_dir(pilot, "train")
-    rec = registry.RunRecord(id=run_id, kind="train", started_at=registry.now_iso(), pid=0, host="elsewhere",
-                             pilot=str(pilot))  # another host: its pid cannot be checked, it stays running
+    rec = registry.RunRecord(
+        id=run_id,
+        kind="train",
+        started_at=registry.now_iso(),
+        pid=0,
+        host="elsewhere",
+        pilot=str(pilot),
+    )  # another host: its pid cannot be checked, it stays running
     registry.write_record(run_dir, rec)
     calls = []
 
@@ -174,7 +234,9 @@ def test_watch_in_process_sees_the_status_flip(pilot):
         calls.append(seconds)
         append_jsonl(run_dir / "steps.jsonl", _step(len(calls)))
         if len(calls) == 3:
-            registry.write_record(run_dir, rec.model_copy(update={"status": "failed", "error": "OOM"}))
+            registry.write_record(
+                run_dir, rec.model_copy(update={"status": "failed", "error": "OOM"})
+            )
 
     console = Console(file=io.StringIO(), width=120)
     summary = watch(pilot, None, console, interval=0.25, sleep=fake_sleep)

@@ -29,7 +29,9 @@ def test_smoke_passes_and_catches_shifted_labels(tmp_path, default_model_dir, mo
         return enc
 
     monkeypatch.setattr(fmt_mod.PromptFormatter, "encode", shifted)
-    bad = run_smoke(load_pilot(pilot), per_category=1, max_steps=10, progress=False, log=lambda m: None)
+    bad = run_smoke(
+        load_pilot(pilot), per_category=1, max_steps=10, progress=False, log=lambda m: None
+    )
     assert not bad["ok"] and bad["n_correct"] < bad["n_examples"]
     human = run_cli("runs", str(pilot))
     assert human.returncode == 0

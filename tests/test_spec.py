@@ -51,12 +51,18 @@ def test_extraction_default_success_metric():
         ({**BASE, "train": {"lr": -0.1}}, "train.lr: must be a positive number"),
         ({**BASE, "trian": {}}, "trian: unknown key"),
         ({**BASE, "adapter": {"rank": 8}}, "adapter.rank: unknown key"),
-        ({k: v for k, v in BASE.items() if k != "hypothesis"}, "hypothesis: required key is missing"),
+        (
+            {k: v for k, v in BASE.items() if k != "hypothesis"},
+            "hypothesis: required key is missing",
+        ),
         ({**BASE, "hypothesis": "   "}, "hypothesis: must state the behaviour"),
         ({**BASE, "task": {"kind": "classification"}}, "task.labels is required"),
         ({**BASE, "task": {"kind": "regression"}}, "task.kind"),
         ({**BASE, "task": {"kind": "classification", "labels": ["a", "a"]}}, "unique"),
-        ({**BASE, "task": {"kind": "classification", "labels": ["a", "b\x07"]}}, "control characters"),
+        (
+            {**BASE, "task": {"kind": "classification", "labels": ["a", "b\x07"]}},
+            "control characters",
+        ),
         ({**BASE, "task": {**BASE["task"], "template": "no placeholder"}}, "task.template"),
         ({**BASE, "data": {}}, "exactly one of data.file"),
         ({**BASE, "data": {"file": "x", "cleaning": ["scrub"]}}, "unknown cleaning rule 'scrub'"),
@@ -84,7 +90,8 @@ def test_yaml_errors_name_the_line():
 
 def test_yaml_bomb_is_refused_without_expanding():
     bomb = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
-        f"{chr(98 + i)}: &{chr(98 + i)} [*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}]\n" for i in range(20)
+        f"{chr(98 + i)}: &{chr(98 + i)} [*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}]\n"
+        for i in range(20)
     )
     with pytest.raises(UsageError, match="aliases"):
         parse_yaml(bomb, "bomb.yaml")
@@ -144,11 +151,21 @@ def test_json_schema_describes_the_spec():
 
 
 @pytest.mark.parametrize("value", [float("inf"), float("-inf"), float("nan")])
-@pytest.mark.parametrize("section, key", [
-    ("train", "lr"), ("train", "epochs"), ("train", "weight_decay"), ("train", "max_grad_norm"),
-    ("adapter", "alpha"), ("adapter", "dropout"), ("success", "min_gain"), ("limits", "margin"),
-    ("limits", "memory_gb"), ("limits", "usd_per_hour"),
-])
+@pytest.mark.parametrize(
+    "section, key",
+    [
+        ("train", "lr"),
+        ("train", "epochs"),
+        ("train", "weight_decay"),
+        ("train", "max_grad_norm"),
+        ("adapter", "alpha"),
+        ("adapter", "dropout"),
+        ("success", "min_gain"),
+        ("limits", "margin"),
+        ("limits", "memory_gb"),
+        ("limits", "usd_per_hour"),
+    ],
+)
 def test_non_finite_numbers_are_refused_naming_the_key(section, key, value):
     extra = {"metric": "macro_f1"} if section == "success" else {}
     msg = bad({**BASE, section: {**extra, key: value}})
@@ -165,9 +182,11 @@ def test_non_finite_numbers_in_yaml_lists_and_nested_sections(tmp_path):
     with pytest.raises(UsageError) as e:
         load_pilot(tmp_path)
     msg = str(e.value)
-    for needle in ("data.split.val: must be a finite number (got nan)",
-                   "data.near_dup_threshold: must be a finite number (got nan)",
-                   "guards[0].min: must be a finite number (got -inf)"):
+    for needle in (
+        "data.split.val: must be a finite number (got nan)",
+        "data.near_dup_threshold: must be a finite number (got nan)",
+        "guards[0].min: must be a finite number (got -inf)",
+    ):
         assert needle in msg, msg
 
 
@@ -179,8 +198,11 @@ def test_every_float_field_of_the_spec_refuses_non_finite_values():
 
     from lorapilot import spec as spec_mod
 
-    models = [m for m in vars(spec_mod).values()
-              if isinstance(m, type) and issubclass(m, BaseModel) and m.__module__ == spec_mod.__name__]
+    models = [
+        m
+        for m in vars(spec_mod).values()
+        if isinstance(m, type) and issubclass(m, BaseModel) and m.__module__ == spec_mod.__name__
+    ]
     seen = 0
     for model in models:
         for name, info in model.model_fields.items():
@@ -200,7 +222,9 @@ def test_non_finite_overrides_are_refused(tmp_path, value):
     import yaml
 
     (tmp_path / "pilot.yaml").write_text(yaml.safe_dump(BASE))
-    with pytest.raises(UsageError, match=r"with --set train\.lr=.*: invalid pilot spec: train\.lr: must be a finite number"):
+    with pytest.raises(
+        UsageError,
+        match=r"with --set train\.lr=.*: invalid pilot spec: train\.lr: must be a finite number",
+    ):
         load_pilot(tmp_path, [f"train.lr={value}"])
     assert load_pilot(tmp_path, ["train.lr=1e-4"]).spec.train.lr == 1e-4  # a finite one still works
-

@@ -94,9 +94,7 @@ def trainer_for(model, examples, tmp_path, optimizer=None, **args):
     from transformers import DataCollatorForSeq2Seq, Trainer, TrainingArguments
 
     tok = args.pop("tok")
-    schedule = (
-        torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0) if optimizer else None
-    )
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0) if optimizer else None
     return Trainer(
         model=model,
         args=TrainingArguments(
@@ -167,8 +165,15 @@ def test_one_accumulated_step_updates_like_the_trainer(
     assert all(torch.equal(before[n], p) for n, p in trainable(theirs).items())
     sgd = torch.optim.SGD([p for p in theirs.parameters() if p.requires_grad], lr=1.0)
     trainer = trainer_for(
-        theirs, examples, tmp_path, sgd, tok=tok, per_device_train_batch_size=4,
-        gradient_accumulation_steps=2, max_steps=1, max_grad_norm=0.0,
+        theirs,
+        examples,
+        tmp_path,
+        sgd,
+        tok=tok,
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=2,
+        max_steps=1,
+        max_grad_norm=0.0,
     )
     result = trainer.train()
 

@@ -26,8 +26,12 @@ one_change_check = variant_label
 
 
 def comparable(
-    a_protocol: str | None, a_data: str | None, b_protocol: str | None, b_data: str | None,
-    a_detail: dict | None = None, b_detail: dict | None = None,
+    a_protocol: str | None,
+    a_data: str | None,
+    b_protocol: str | None,
+    b_data: str | None,
+    a_detail: dict | None = None,
+    b_detail: dict | None = None,
 ) -> tuple[bool, str | None]:
     """Two results can be set side by side only with the same evaluation protocol (prompts,
     decoding, metrics) on the same data version -> (True, None) or (False, why not). With

@@ -18,7 +18,17 @@ from pathlib import Path
 from lorapilot import __version__
 
 # The compute stack: these change results or speed, so they are part of platform_fingerprint.
-_LIBS = ("torch", "transformers", "peft", "accelerate", "safetensors", "tokenizers", "gguf", "numpy", "pydantic")
+_LIBS = (
+    "torch",
+    "transformers",
+    "peft",
+    "accelerate",
+    "safetensors",
+    "tokenizers",
+    "gguf",
+    "numpy",
+    "pydantic",
+)
 # Recorded too, but outside the fingerprint: data readers, trackers and the CLI change no
 # result, and installing a tracker must not make `run` redo its launch checks.
 _OTHER_LIBS = ("datasets", "mlflow", "tensorboard", "typer")
@@ -77,12 +87,18 @@ def git_commit() -> str | None:
     try:
         out = subprocess.run(
             ["git", "-C", str(here), "rev-parse", "HEAD"],
-            capture_output=True, text=True, timeout=5, check=False,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
         )
         if out.returncode == 0:
             dirty = subprocess.run(
                 ["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"],
-                capture_output=True, text=True, timeout=5, check=False,
+                capture_output=True,
+                text=True,
+                timeout=5,
+                check=False,
             ).stdout.strip()
             return out.stdout.strip() + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
@@ -121,7 +137,10 @@ def snapshot() -> dict:
     if torch.cuda.is_available():
         env["accelerator"] = "rocm" if env["hip"] else "cuda"
         env["devices"] = [
-            {"name": torch.cuda.get_device_name(i), "memory_bytes": torch.cuda.get_device_properties(i).total_memory}
+            {
+                "name": torch.cuda.get_device_name(i),
+                "memory_bytes": torch.cuda.get_device_properties(i).total_memory,
+            }
             for i in range(torch.cuda.device_count())
         ]
         if torch.backends.cudnn.is_available():

@@ -46,7 +46,9 @@ def _live_interval() -> float:
     except ValueError:
         value = -1.0
     if not value > 0 or value == float("inf"):
-        raise UsageError(f"LORAPILOT_TRACKING_INTERVAL={raw!r}: must be a positive number of seconds")
+        raise UsageError(
+            f"LORAPILOT_TRACKING_INTERVAL={raw!r}: must be a positive number of seconds"
+        )
     return value
 
 
@@ -56,9 +58,15 @@ def _limit_checks(pilot: Pilot, started: float):
     deadline = started + lim.time_hours * 3600 if lim.time_hours else None
     cost_check = None
     if lim.cost_cap_usd and lim.usd_per_hour:
+
         def cost_check(status: dict) -> str | None:
             spent = status["wall_s"] / 3600 * lim.usd_per_hour
-            return f"the cost cap of ${lim.cost_cap_usd:.2f} was reached (${spent:.2f})" if spent >= lim.cost_cap_usd else None
+            return (
+                f"the cost cap of ${lim.cost_cap_usd:.2f} was reached (${spent:.2f})"
+                if spent >= lim.cost_cap_usd
+                else None
+            )
+
     return deadline, cost_check
 
 
@@ -66,7 +74,7 @@ def _audit_batches(examples, micro_batch: int, pad_id: int, steps: int = 2) -> l
     """Real batches for the update audit: the first micro-batches of the training data."""
     out = []
     for i in range(steps):
-        chunk = examples[i * micro_batch:(i + 1) * micro_batch] or examples[:micro_batch]
+        chunk = examples[i * micro_batch : (i + 1) * micro_batch] or examples[:micro_batch]
         out.append(collate(chunk, pad_id))
     return out
 
@@ -87,17 +95,29 @@ def _distributed_info(state, requested: str = "none") -> dict:
     import torch
 
     host = socket.gethostname()
-    info = {"mode": "none", "requested": requested, "world_size": 1, "backend": None,
-            "rank0_host": host, "hosts": [host], "torch": torch.__version__,
-            "accelerate": accelerate.__version__}
+    info = {
+        "mode": "none",
+        "requested": requested,
+        "world_size": 1,
+        "backend": None,
+        "rank0_host": host,
+        "hosts": [host],
+        "torch": torch.__version__,
+        "accelerate": accelerate.__version__,
+    }
     if state is None:
         return info
     hosts: list = [None] * state.num_processes
     torch.distributed.all_gather_object(hosts, host)
     mode = "fsdp" if requested == "fsdp" else "ddp"
-    info.update(mode=mode, world_size=state.num_processes, backend=state.backend,
-                rank0_host=hosts[0], hosts=sorted(set(hosts)),
-                local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", state.num_processes)))
+    info.update(
+        mode=mode,
+        world_size=state.num_processes,
+        backend=state.backend,
+        rank0_host=hosts[0],
+        hosts=sorted(set(hosts)),
+        local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", state.num_processes)),
+    )
     return info
 
 
@@ -117,7 +137,9 @@ def _open_train_run(state, pilot_dir: Path, **kwargs):
             yield run
     else:
         run_id = broadcast_object_list([None])[0]
-        with registry.open_run(pilot_dir, "train", **{**kwargs, "run_id": run_id}, write=False) as run:
+        with registry.open_run(
+            pilot_dir, "train", **{**kwargs, "run_id": run_id}, write=False
+        ) as run:
             yield run
 
 
@@ -135,9 +157,15 @@ def refuse_over_limits(pilot: Pilot, log=print) -> None:
     limits = budget.get("limits") or {}
     over = {k: v for k, v in limits.items() if isinstance(v, dict) and not v.get("ok", True)}
     if over:
-        detail = "; ".join(f"{k}: {v.get('detail') or (str(v.get('value')) + ' > ' + str(v.get('limit')))}" for k, v in over.items())
-        raise CheckFailed(f"the measured probe / budget estimate exceeds the spec's limits ({detail}); "
-                          "raise limits in pilot.yaml or shrink the run", {"limits": limits})
+        detail = "; ".join(
+            f"{k}: {v.get('detail') or (str(v.get('value')) + ' > ' + str(v.get('limit')))}"
+            for k, v in over.items()
+        )
+        raise CheckFailed(
+            f"the measured probe / budget estimate exceeds the spec's limits ({detail}); "
+            "raise limits in pilot.yaml or shrink the run",
+            {"limits": limits},
+        )
 
 
 def run_train(pilot: Pilot, *, resume: str | None = None, progress: bool = True, log=print) -> dict:
@@ -173,8 +201,12 @@ def run_train(pilot: Pilot, *, resume: str | None = None, progress: bool = True,
         refuse_over_limits(pilot, log)
     started = time.time()
     with _open_train_run(
-        state, pilot.dir, spec_hash=spec.spec_hash(), config=spec.model_dump(mode="json"),
-        environment=environment.snapshot(), run_id=resume,
+        state,
+        pilot.dir,
+        spec_hash=spec.spec_hash(),
+        config=spec.model_dump(mode="json"),
+        environment=environment.snapshot(),
+        run_id=resume,
     ) as run:
         if not resume:
             run.record.variant = variant
@@ -188,15 +220,28 @@ def run_train(pilot: Pilot, *, resume: str | None = None, progress: bool = True,
         pad_id = pad_id_of(tok)
 
         model, adapter_info = build_adapter(model, spec.adapter, seed=spec.train.seed)
-        base_info = {"id": resolved.id, "path": str(resolved.path), "revision": resolved.revision,
-                     "sha256": resolved.weights_sha256, "source": resolved.source}
-        run.update(adapter=adapter_info, trainable_params=adapter_info["trainable_params"],
-                   target_modules=adapter_info["target_modules"], base=base_info, distributed=distributed)
+        base_info = {
+            "id": resolved.id,
+            "path": str(resolved.path),
+            "revision": resolved.revision,
+            "sha256": resolved.weights_sha256,
+            "source": resolved.source,
+        }
+        run.update(
+            adapter=adapter_info,
+            trainable_params=adapter_info["trainable_params"],
+            target_modules=adapter_info["target_modules"],
+            base=base_info,
+            distributed=distributed,
+        )
 
         if not resume:
             audit = run_update_audit(
-                model, _audit_batches(train_ex, spec.train.micro_batch, pad_id),
-                lambda m: make_optimizer(m, spec.train), steps=2, precision=spec.train.precision,
+                model,
+                _audit_batches(train_ex, spec.train.micro_batch, pad_id),
+                lambda m: make_optimizer(m, spec.train),
+                steps=2,
+                precision=spec.train.precision,
                 max_grad_norm=spec.train.max_grad_norm,
             )
             run.update(update_audit=audit)
@@ -211,15 +256,31 @@ def run_train(pilot: Pilot, *, resume: str | None = None, progress: bool = True,
         try:
             with live:
                 result = train(
-                    model, train_ex, val_ex, spec.train, run.dir, pad_id=pad_id, resume=bool(resume),
-                    deadline=deadline, cost_check=cost_check, progress=progress, log=log,
+                    model,
+                    train_ex,
+                    val_ex,
+                    spec.train,
+                    run.dir,
+                    pad_id=pad_id,
+                    resume=bool(resume),
+                    deadline=deadline,
+                    cost_check=cost_check,
+                    progress=progress,
+                    log=log,
                 )
         except registry.StoppedByLimit as e:
-            run.update(checkpoint=str(getattr(e, "checkpoint", "")), stopped_at_step=getattr(e, "step", None))
+            run.update(
+                checkpoint=str(getattr(e, "checkpoint", "")),
+                stopped_at_step=getattr(e, "step", None),
+            )
             raise
         adapter_dir = Path(result["adapter"])
-        run.update(train=result, adapter_path=str(adapter_dir), final_val_loss=result["final_val_loss"],
-                   initial_val_loss=result["initial_val_loss"])
+        run.update(
+            train=result,
+            adapter_path=str(adapter_dir),
+            final_val_loss=result["final_val_loss"],
+            initial_val_loss=result["initial_val_loss"],
+        )
         if not run.write:  # a non-zero rank: rank 0 evaluates the adapter and writes the files
             return {"run_id": run.id, "status": "completed", "rank": state.process_index}
 
@@ -228,15 +289,35 @@ def run_train(pilot: Pilot, *, resume: str | None = None, progress: bool = True,
             del model
             model = fsdp.model_for_final_eval(pilot, adapter_dir, init_distributed().device)
         protocol = make_protocol(spec, tok, prepared)
-        ev = evaluate_records(model, tok, fmt, spec, prepared.splits["val"], protocol, progress=progress,
-                              label="eval (val)")
+        ev = evaluate_records(
+            model,
+            tok,
+            fmt,
+            spec,
+            prepared.splits["val"],
+            protocol,
+            progress=progress,
+            label="eval (val)",
+        )
         write_eval_files(run.dir, ev)
-        run.update(metrics=ev.metrics, eval_protocol=protocol["eval_protocol"], protocol=protocol,
-                   eval_seconds=round(ev.seconds, 3), eval_device=ev.device)
+        run.update(
+            metrics=ev.metrics,
+            eval_protocol=protocol["eval_protocol"],
+            protocol=protocol,
+            eval_seconds=round(ev.seconds, 3),
+            eval_device=ev.device,
+        )
         write_adapter_manifest(
-            adapter_dir, base=base_info, spec=spec.model_dump(mode="json"), data_version=prepared.version,
-            eval_protocol=protocol, metrics=ev.metrics, tokenizer_sha256=tokenizer_hash(tok),
-            template_sha256=template_hash(tok, spec.task), adapter_info=adapter_info, run_id=run.id,
+            adapter_dir,
+            base=base_info,
+            spec=spec.model_dump(mode="json"),
+            data_version=prepared.version,
+            eval_protocol=protocol,
+            metrics=ev.metrics,
+            tokenizer_sha256=tokenizer_hash(tok),
+            template_sha256=template_hash(tok, spec.task),
+            adapter_info=adapter_info,
+            run_id=run.id,
         )
     rec = run.record
     return {
@@ -261,8 +342,15 @@ def run_train(pilot: Pilot, *, resume: str | None = None, progress: bool = True,
     }
 
 
-def run_smoke(pilot: Pilot, *, per_category: int = 2, max_steps: int = 40, lr: float = 2e-3,
-              progress: bool = True, log=print) -> dict:
+def run_smoke(
+    pilot: Pilot,
+    *,
+    per_category: int = 2,
+    max_steps: int = 40,
+    lr: float = 2e-3,
+    progress: bool = True,
+    log=print,
+) -> dict:
     """Overfit a few examples per category through the real training and evaluation code.
 
     It proves wiring (labels aligned, mask right, eval prompt = training prompt), not
@@ -271,8 +359,13 @@ def run_smoke(pilot: Pilot, *, per_category: int = 2, max_steps: int = 40, lr: f
     from lorapilot.data.audit import sample_per_category
 
     spec = pilot.spec
-    with registry.open_run(pilot.dir, "smoke", spec_hash=spec.spec_hash(), config=spec.model_dump(mode="json"),
-                           environment=environment.snapshot()) as run:
+    with registry.open_run(
+        pilot.dir,
+        "smoke",
+        spec_hash=spec.spec_hash(),
+        config=spec.model_dump(mode="json"),
+        environment=environment.snapshot(),
+    ) as run:
         _, model, tok = load_base(pilot)
         prepared = prepare_data(pilot, tok)
         run.record.data_version = prepared.version
@@ -280,15 +373,29 @@ def run_smoke(pilot: Pilot, *, per_category: int = 2, max_steps: int = 40, lr: f
         records = sample_per_category(prepared.splits["train"], per_category, spec.train.seed)
         examples = encode_records(fmt, spec.task, records, prepared.answer_budget)
         pad_id = pad_id_of(tok)
-        model, _ = build_adapter(model, spec.adapter.model_copy(update={"dropout": 0.0}), seed=spec.train.seed)
-        cfg = spec.train.model_copy(update={
-            "max_steps": max_steps, "lr": lr, "micro_batch": min(len(examples), 16), "grad_accum": 1,
-            "warmup_ratio": 0.0, "schedule": "constant", "eval_every": None, "save_every": None,
-            "weight_decay": 0.0,
-        })
-        result = train(model, examples, examples, cfg, run.dir, pad_id=pad_id, progress=progress, log=log)
+        model, _ = build_adapter(
+            model, spec.adapter.model_copy(update={"dropout": 0.0}), seed=spec.train.seed
+        )
+        cfg = spec.train.model_copy(
+            update={
+                "max_steps": max_steps,
+                "lr": lr,
+                "micro_batch": min(len(examples), 16),
+                "grad_accum": 1,
+                "warmup_ratio": 0.0,
+                "schedule": "constant",
+                "eval_every": None,
+                "save_every": None,
+                "weight_decay": 0.0,
+            }
+        )
+        result = train(
+            model, examples, examples, cfg, run.dir, pad_id=pad_id, progress=progress, log=log
+        )
         protocol = make_protocol(spec, tok, prepared)
-        ev = evaluate_records(model, tok, fmt, spec, records, protocol, progress=progress, label="smoke eval")
+        ev = evaluate_records(
+            model, tok, fmt, spec, records, protocol, progress=progress, label="smoke eval"
+        )
         n_correct = sum(bool(r["correct"]) for r in ev.predictions)
         final_loss = result["final_val_loss"]
         ok = final_loss < 0.1 and n_correct == len(records)

@@ -25,9 +25,19 @@ def adapter_files(adapter_dir: Path) -> dict[str, str]:
     }
 
 
-def write_adapter_manifest(adapter_dir: Path, *, base: dict, spec: dict, data_version: str, eval_protocol: dict,
-                           metrics: dict, tokenizer_sha256: str, template_sha256: str, adapter_info: dict,
-                           run_id: str) -> dict:
+def write_adapter_manifest(
+    adapter_dir: Path,
+    *,
+    base: dict,
+    spec: dict,
+    data_version: str,
+    eval_protocol: dict,
+    metrics: dict,
+    tokenizer_sha256: str,
+    template_sha256: str,
+    adapter_info: dict,
+    run_id: str,
+) -> dict:
     env = environment.snapshot()
     manifest: dict[str, Any] = {
         "manifest_version": 1,
@@ -66,7 +76,9 @@ def read_manifest(adapter_dir: Path) -> dict:
 
     path = Path(adapter_dir) / MANIFEST
     if not path.is_file():
-        raise UsageError(f"{path}: missing; this folder is not a lorapilot adapter (or its train run did not finish)")
+        raise UsageError(
+            f"{path}: missing; this folder is not a lorapilot adapter (or its train run did not finish)"
+        )
     try:
         return json.loads(path.read_text())
     except ValueError as e:
@@ -114,13 +126,22 @@ def compare_predictions(first: list[dict], second: list[dict]) -> dict:
     mismatched, max_score_diff = [], 0.0
     for r in first:
         other = by_id.get(r["id"])
-        if other is None or other.get("parsed") != r.get("parsed") or other.get("raw_output") != r.get("raw_output"):
+        if (
+            other is None
+            or other.get("parsed") != r.get("parsed")
+            or other.get("raw_output") != r.get("raw_output")
+        ):
             mismatched.append(r["id"])
         if other is not None and r.get("scores") and other.get("scores"):
-            max_score_diff = max(max_score_diff, *(abs(r["scores"][k] - other["scores"][k]) for k in r["scores"]))
+            max_score_diff = max(
+                max_score_diff, *(abs(r["scores"][k] - other["scores"][k]) for k in r["scores"])
+            )
     missing = sorted(set(by_id) - {r["id"] for r in first})
-    return {"n_mismatched_predictions": len(mismatched) + len(missing), "mismatched_ids": (mismatched + missing)[:50],
-            "max_label_score_diff": max_score_diff}
+    return {
+        "n_mismatched_predictions": len(mismatched) + len(missing),
+        "mismatched_ids": (mismatched + missing)[:50],
+        "max_label_score_diff": max_score_diff,
+    }
 
 
 def verify_child(pilot_dir: Path, adapter_dir: Path, out_dir: Path) -> dict:
@@ -138,43 +159,76 @@ def verify_child(pilot_dir: Path, adapter_dir: Path, out_dir: Path) -> dict:
     files_now = adapter_files(adapter_dir)
     for name, sha in manifest["files"].items():
         if files_now.get(name) != sha:
-            problems.append(f"adapter file {name}: sha256 {files_now.get(name, 'missing')} != manifest {sha}")
+            problems.append(
+                f"adapter file {name}: sha256 {files_now.get(name, 'missing')} != manifest {sha}"
+            )
     spec = PilotSpec.model_validate(manifest["spec"])
     pilot = Pilot(Path(pilot_dir), Path(pilot_dir) / "pilot.yaml", spec, {})
     m = spec.model
     resolved = resolve_base(m.base, m.revision, root=pilot.dir, allow_pickle=m.allow_pickle)
     base_sha = weights_sha256(resolved.path, m.allow_pickle)
     expected = manifest["base"]["sha256"]
-    result: dict[str, Any] = {"base_sha256": base_sha, "expected_base_sha256": expected, "base_path": str(resolved.path)}
+    result: dict[str, Any] = {
+        "base_sha256": base_sha,
+        "expected_base_sha256": expected,
+        "base_path": str(resolved.path),
+    }
     if base_sha != expected:
-        result.update(ok=False, refused=True, problems=problems + [
-            f"base weights in {resolved.path} have sha256 {base_sha}, but the adapter was trained on {expected}"])
+        result.update(
+            ok=False,
+            refused=True,
+            problems=problems
+            + [
+                f"base weights in {resolved.path} have sha256 {base_sha}, but the adapter was trained on {expected}"
+            ],
+        )
         return result
     if problems:
         result.update(ok=False, refused=True, problems=problems)
         return result
     model, tok = load_model(resolved, m.dtype, m.trust_remote_code)
-    for what, now, then in (("tokenizer", tokenizer_hash(tok), manifest["tokenizer_sha256"]),
-                            ("chat template", template_hash(tok, spec.task), manifest["template_sha256"])):
+    for what, now, then in (
+        ("tokenizer", tokenizer_hash(tok), manifest["tokenizer_sha256"]),
+        ("chat template", template_hash(tok, spec.task), manifest["template_sha256"]),
+    ):
         if now != then:
             problems.append(f"{what} sha256 {now} differs from the one trained with ({then})")
     model = attach_adapter(model, Path(adapter_dir))
     prepared = prepare_data(pilot, tok)
     if prepared.version != manifest["data_version"]:
-        problems.append(f"data version {prepared.version} differs from the trained one ({manifest['data_version']})")
+        problems.append(
+            f"data version {prepared.version} differs from the trained one ({manifest['data_version']})"
+        )
     protocol = make_protocol(spec, tok, prepared)
     if protocol["eval_protocol"] != manifest["eval_protocol"]["eval_protocol"]:
         from lorapilot.compare import protocol_differences
 
         keys = protocol_differences(manifest["eval_protocol"], protocol)
-        problems.append(f"eval protocol {protocol['eval_protocol']} differs from {manifest['eval_protocol']['eval_protocol']}"
-                        + (f" (trained vs now: {', '.join(keys)})" if keys else ""))
-    ev = evaluate_records(model, tok, formatter_for(pilot, tok), spec, prepared.splits["val"], protocol,
-                          progress=False, label="verify")
+        problems.append(
+            f"eval protocol {protocol['eval_protocol']} differs from {manifest['eval_protocol']['eval_protocol']}"
+            + (f" (trained vs now: {', '.join(keys)})" if keys else "")
+        )
+    ev = evaluate_records(
+        model,
+        tok,
+        formatter_for(pilot, tok),
+        spec,
+        prepared.splits["val"],
+        protocol,
+        progress=False,
+        label="verify",
+    )
     write_eval_files(out_dir, ev)
-    result.update(ok=not problems, refused=False, problems=problems, metrics=ev.metrics,
-                  eval_protocol=protocol["eval_protocol"], data_version=prepared.version,
-                  seconds=round(ev.seconds, 3), device=ev.device)
+    result.update(
+        ok=not problems,
+        refused=False,
+        problems=problems,
+        metrics=ev.metrics,
+        eval_protocol=protocol["eval_protocol"],
+        data_version=prepared.version,
+        seconds=round(ev.seconds, 3),
+        device=ev.device,
+    )
     return result
 
 
@@ -210,15 +264,33 @@ def run_verify(pilot, run_id: str | None = None, timeout: int = 3600) -> dict:
     train_id, adapter_dir = adapter_of(pilot, run_id)
     manifest = read_manifest(adapter_dir)
     train_dir = registry.runs_dir(pilot.dir) / train_id
-    with registry.open_run(pilot.dir, "verify", parent=train_id, spec_hash=pilot.spec.spec_hash(),
-                           config=pilot.spec.model_dump(mode="json"), environment=environment.snapshot()) as run:
+    with registry.open_run(
+        pilot.dir,
+        "verify",
+        parent=train_id,
+        spec_hash=pilot.spec.spec_hash(),
+        config=pilot.spec.model_dump(mode="json"),
+        environment=environment.snapshot(),
+    ) as run:
         proc = subprocess.run(
-            [sys.executable, "-m", "lorapilot.export", str(pilot.dir), str(adapter_dir), str(run.dir)],
-            capture_output=True, text=True, timeout=timeout, env={**os.environ, "PYTHONHASHSEED": "0"},
+            [
+                sys.executable,
+                "-m",
+                "lorapilot.export",
+                str(pilot.dir),
+                str(adapter_dir),
+                str(run.dir),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env={**os.environ, "PYTHONHASHSEED": "0"},
         )
         child_path = run.dir / "verify_child.json"
         if proc.returncode != 0 or not child_path.is_file():
-            raise LorapilotError(f"the verify process failed (exit {proc.returncode}): {proc.stderr.strip()[-2000:]}")
+            raise LorapilotError(
+                f"the verify process failed (exit {proc.returncode}): {proc.stderr.strip()[-2000:]}"
+            )
         child = json.loads(child_path.read_text())
         run.record.data_version = child.get("data_version")
         out: dict[str, Any] = {
@@ -233,20 +305,36 @@ def run_verify(pilot, run_id: str | None = None, timeout: int = 3600) -> dict:
         if child.get("refused"):
             out.update(ok=False, metrics_match=False, n_mismatched_predictions=None, metrics=None)
             run.update(**out)
-            raise CheckFailed("verify refused: " + "; ".join(out["problems"]), {"run_id": run.id, **out})
+            raise CheckFailed(
+                "verify refused: " + "; ".join(out["problems"]), {"run_id": run.id, **out}
+            )
         in_proc = json.loads((train_dir / "metrics.json").read_text())
-        cmp = compare_predictions(read_jsonl(train_dir / "predictions.jsonl"), read_jsonl(run.dir / "predictions.jsonl"))
+        cmp = compare_predictions(
+            read_jsonl(train_dir / "predictions.jsonl"), read_jsonl(run.dir / "predictions.jsonl")
+        )
         match, differing = metrics_equal(in_proc, child["metrics"])
         ok = bool(child.get("ok")) and match and cmp["n_mismatched_predictions"] == 0
-        out.update(ok=ok, metrics_match=match, metrics_differing=differing, metrics=child["metrics"],
-                   in_process_metrics=in_proc, eval_protocol=child.get("eval_protocol"),
-                   tolerance={"metrics": METRIC_TOLERANCE, "predictions": "identical",
-                              "label_scores_reported_not_gated": SCORE_TOLERANCE}, **cmp)
+        out.update(
+            ok=ok,
+            metrics_match=match,
+            metrics_differing=differing,
+            metrics=child["metrics"],
+            in_process_metrics=in_proc,
+            eval_protocol=child.get("eval_protocol"),
+            tolerance={
+                "metrics": METRIC_TOLERANCE,
+                "predictions": "identical",
+                "label_scores_reported_not_gated": SCORE_TOLERANCE,
+            },
+            **cmp,
+        )
         run.update(**out)
         if not ok:
             raise CheckFailed(
                 f"verify mismatch: {cmp['n_mismatched_predictions']} prediction(s) differ, metrics match: {match}"
-                + (f"; {'; '.join(out['problems'])}" if out["problems"] else ""), {"run_id": run.id, **out})
+                + (f"; {'; '.join(out['problems'])}" if out["problems"] else ""),
+                {"run_id": run.id, **out},
+            )
     return {"run_id": run.id, "status": run.record.status, **out}
 
 
@@ -268,7 +356,9 @@ def run_export(pilot, run_id: str | None, out: Path, merge: bool = True) -> dict
     from lorapilot.evaluate.stage import adapter_of, attach_adapter, load_base
 
     if not merge:
-        raise UsageError("export writes a merged model; pass --merge (the adapter itself is in the train run)")
+        raise UsageError(
+            "export writes a merged model; pass --merge (the adapter itself is in the train run)"
+        )
     out = Path(out).resolve()
     if out.exists() and any(out.iterdir()):
         raise UsageError(f"--out {out}: exists and is not empty; choose a new folder")
@@ -276,11 +366,15 @@ def run_export(pilot, run_id: str | None, out: Path, merge: bool = True) -> dict
     manifest = read_manifest(adapter_dir)
     resolved, base, tok = load_base(pilot)
     if weights_sha256(resolved.path, pilot.spec.model.allow_pickle) != manifest["base"]["sha256"]:
-        raise CheckFailed(f"the base weights in {resolved.path} are not the ones the adapter was trained on")
+        raise CheckFailed(
+            f"the base weights in {resolved.path} are not the ones the adapter was trained on"
+        )
     model = attach_adapter(base, adapter_dir).float()
     prepared = prepare_data(pilot, tok)
     fmt = formatter_for(pilot, tok)
-    prompts = [fmt.encode_prompt(r.text, prepared.answer_budget) for r in prepared.splits["val"][:4]]
+    prompts = [
+        fmt.encode_prompt(r.text, prepared.answer_budget) for r in prepared.splits["val"][:4]
+    ]
     with torch.no_grad():
         before = [model(input_ids=torch.tensor([p])).logits[0, -1].clone() for p in prompts]
         merged = model.merge_and_unload()
@@ -292,11 +386,21 @@ def run_export(pilot, run_id: str | None, out: Path, merge: bool = True) -> dict
         merged.save_pretrained(tmp, safe_serialization=True)
         tok.save_pretrained(tmp)
         files = adapter_files(tmp)
-        atomic_write_json(tmp / MANIFEST, {
-            "manifest_version": 1, "kind": "merged", "train_run": train_id, "base": manifest["base"],
-            "adapter_manifest": {k: manifest[k] for k in ("data_version", "eval_protocol", "metrics", "method")},
-            "merge_max_logit_diff": max_diff, "merge_tolerance": MERGE_TOLERANCE, "files": files,
-        })
+        atomic_write_json(
+            tmp / MANIFEST,
+            {
+                "manifest_version": 1,
+                "kind": "merged",
+                "train_run": train_id,
+                "base": manifest["base"],
+                "adapter_manifest": {
+                    k: manifest[k] for k in ("data_version", "eval_protocol", "metrics", "method")
+                },
+                "merge_max_logit_diff": max_diff,
+                "merge_tolerance": MERGE_TOLERANCE,
+                "files": files,
+            },
+        )
         if out.exists():
             out.rmdir()
         tmp.rename(out)
@@ -304,10 +408,18 @@ def run_export(pilot, run_id: str | None, out: Path, merge: bool = True) -> dict
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     ok = max_diff <= MERGE_TOLERANCE
-    result = {"ok": ok, "out": str(out), "train_run": train_id, "max_logit_diff": max_diff,
-              "tolerance": MERGE_TOLERANCE, "files": sorted(files)}
+    result = {
+        "ok": ok,
+        "out": str(out),
+        "train_run": train_id,
+        "max_logit_diff": max_diff,
+        "tolerance": MERGE_TOLERANCE,
+        "files": sorted(files),
+    }
     if not ok:
-        raise CheckFailed(f"merged model differs from base+adapter by {max_diff:.2e} > {MERGE_TOLERANCE}", result)
+        raise CheckFailed(
+            f"merged model differs from base+adapter by {max_diff:.2e} > {MERGE_TOLERANCE}", result
+        )
     return result
 
 

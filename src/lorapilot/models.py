@@ -503,7 +503,14 @@ def load_model(resolved: ResolvedModel, dtype: str = "float32", trust_remote_cod
             local_files_only=True,
         )
     except pickle.UnpicklingError as e:
-        why = next((ln.strip() for ln in str(e).splitlines() if "GLOBAL" in ln or "WeightsUnpickler" in ln), "")
+        why = next(
+            (
+                ln.strip()
+                for ln in str(e).splitlines()
+                if "GLOBAL" in ln or "WeightsUnpickler" in ln
+            ),
+            "",
+        )
         raise UsageError(
             f"base folder {resolved.path}: its pickle weights hold more than tensors and were "
             f"refused by torch's weights-only loader ({why or 'not a plain tensor file'}); "

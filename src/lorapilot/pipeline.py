@@ -21,34 +21,60 @@ from lorapilot.errors import CheckFailed
 from lorapilot.fsutil import sha256_json
 from lorapilot.spec import Pilot
 
-PHASES = ("data", "inspect", "baseline", "smoke", "probe", "budget", "train", "verify", "test", "report")
+PHASES = (
+    "data",
+    "inspect",
+    "baseline",
+    "smoke",
+    "probe",
+    "budget",
+    "train",
+    "verify",
+    "test",
+    "report",
+)
 
 
 def inputs_key(pilot: Pilot, env: dict) -> str:
     """What a phase's result depends on; a change means the phase is redone."""
     from lorapilot.data.dataset import source_hashes
 
-    return "in-" + sha256_json({
-        "spec": pilot.spec.spec_hash(),
-        "data_files": source_hashes(pilot),
-        "code": [__version__, environment.git_commit()],
-        "platform": environment.platform_fingerprint(env),
-    })[:16]
+    return (
+        "in-"
+        + sha256_json(
+            {
+                "spec": pilot.spec.spec_hash(),
+                "data_files": source_hashes(pilot),
+                "code": [__version__, environment.git_commit()],
+                "platform": environment.platform_fingerprint(env),
+            }
+        )[:16]
+    )
 
 
-def _reusable(pilot: Pilot, kind: str, key: str, where: Callable[[registry.RunRecord], bool] | None = None):
+def _reusable(
+    pilot: Pilot, kind: str, key: str, where: Callable[[registry.RunRecord], bool] | None = None
+):
     for rec in reversed(registry.list_runs(pilot.dir, kind)):
-        if rec.status == "completed" and rec.result.get("inputs_key") == key and (where is None or where(rec)):
+        if (
+            rec.status == "completed"
+            and rec.result.get("inputs_key") == key
+            and (where is None or where(rec))
+        ):
             return rec
     return None
 
 
 def _tag(pilot: Pilot, run_id: str, key: str) -> None:
-    handle = registry.RunHandle(pilot.dir, registry.runs_dir(pilot.dir) / run_id, registry.get_run(pilot.dir, run_id))
+    handle = registry.RunHandle(
+        pilot.dir, registry.runs_dir(pilot.dir) / run_id, registry.get_run(pilot.dir, run_id)
+    )
     handle.update(inputs_key=key)
 
 
-def run_pipeline(pilot: Pilot, *, progress: bool = True, log: Callable[[str], None] = print) -> dict[str, Any]:
+def run_pipeline(
+    pilot: Pilot, *, progress: bool = True, log: Callable[[str], None] = print
+) -> dict[str, Any]:
     from lorapilot.data.stage import run_data, run_inspect
     from lorapilot.evaluate.stage import run_evaluation
     from lorapilot.experiment import run_smoke, run_train
@@ -73,41 +99,86 @@ def run_pipeline(pilot: Pilot, *, progress: bool = True, log: Callable[[str], No
         try:
             out = fn()
         except CheckFailed as e:
-            phases.append({"phase": name, "reused": False, "failed": True, "seconds": round(time.time() - t0, 2)})
+            phases.append(
+                {
+                    "phase": name,
+                    "reused": False,
+                    "failed": True,
+                    "seconds": round(time.time() - t0, 2),
+                }
+            )
             e.details = {**e.details, "failed_phase": name, "phases": phases}
             raise
         if kind and out.get("run_id"):
             _tag(pilot, out["run_id"], key)
-        phases.append({"phase": name, "run_id": out.get("run_id"), "reused": False, "seconds": round(time.time() - t0, 2)})
+        phases.append(
+            {
+                "phase": name,
+                "run_id": out.get("run_id"),
+                "reused": False,
+                "seconds": round(time.time() - t0, 2),
+            }
+        )
         log(f"    {name} done in {time.time() - t0:.1f} s")
         return out
 
     phase("data", "data", lambda: run_data(pilot))
     ins = phase("inspect", None, lambda: run_inspect(pilot, per_category=1))
     if not ins["ok"]:
-        raise CheckFailed("inspect: some examples' loss tokens do not decode to their answer", {"phases": phases})
-    phase("baseline", "baseline", lambda: run_evaluation(pilot, "baseline", split="val", progress=progress))
-    sm = phase("smoke", "smoke", lambda: run_smoke(pilot, per_category=1, max_steps=30, progress=progress, log=log))
+        raise CheckFailed(
+            "inspect: some examples' loss tokens do not decode to their answer", {"phases": phases}
+        )
+    phase(
+        "baseline",
+        "baseline",
+        lambda: run_evaluation(pilot, "baseline", split="val", progress=progress),
+    )
+    sm = phase(
+        "smoke",
+        "smoke",
+        lambda: run_smoke(pilot, per_category=1, max_steps=30, progress=progress, log=log),
+    )
     if not sm.get("ok"):
-        raise CheckFailed(f"smoke: the pipeline could not overfit {sm.get('n_examples')} examples "
-                          f"(final loss {sm.get('final_loss')}); check the loss mask and labels", {"phases": phases})
+        raise CheckFailed(
+            f"smoke: the pipeline could not overfit {sm.get('n_examples')} examples "
+            f"(final loss {sm.get('final_loss')}); check the loss mask and labels",
+            {"phases": phases},
+        )
     phase("probe", "probe", lambda: run_probe(pilot, progress=progress, log=log))
     bud = phase("budget", None, lambda: run_budget(pilot))
     limits = bud.get("limits") or {}
     if limits and not limits.get("ok", True):
         over = [k for k, v in limits.items() if isinstance(v, dict) and not v.get("ok", True)]
-        raise CheckFailed(f"budget: the estimate exceeds the spec's limits ({', '.join(over)}); "
-                          "raise the limits or shrink the run", {"phases": phases, "budget": bud})
+        raise CheckFailed(
+            f"budget: the estimate exceeds the spec's limits ({', '.join(over)}); "
+            "raise the limits or shrink the run",
+            {"phases": phases, "budget": bud},
+        )
     tr = phase("train", "train", lambda: run_train(pilot, progress=progress, log=log))
     train_id = tr["run_id"]
-    phase("verify", "verify", lambda: run_verify(pilot, train_id), where=lambda r: r.parent == train_id)
+    phase(
+        "verify",
+        "verify",
+        lambda: run_verify(pilot, train_id),
+        where=lambda r: r.parent == train_id,
+    )
     from lorapilot.evaluate.stage import adapter_of
 
     # The reserved test split, once per chosen adapter: never re-touched on a rerun.
-    test = phase("test", "eval", lambda: run_evaluation(pilot, "eval", split="test", final=True,
-                                                         adapter_dir=adapter_of(pilot, train_id)[1], parent=train_id,
-                                                         progress=progress),
-                 where=lambda r: r.parent == train_id and r.result.get("split") == "test")
+    test = phase(
+        "test",
+        "eval",
+        lambda: run_evaluation(
+            pilot,
+            "eval",
+            split="test",
+            final=True,
+            adapter_dir=adapter_of(pilot, train_id)[1],
+            parent=train_id,
+            progress=progress,
+        ),
+        where=lambda r: r.parent == train_id and r.result.get("split") == "test",
+    )
     rep = phase("report", None, lambda: run_report(pilot))
     return {
         "ok": True,

@@ -166,7 +166,9 @@ def estimate_row(
     spec = pilot.spec
     workspace = DEFAULT_WORKSPACE_FRACTION
     if on_cpu:
-        workspace = CPU_WORKSPACE_FRACTION_CHECKPOINTING if grad_checkpointing else CPU_WORKSPACE_FRACTION
+        workspace = (
+            CPU_WORKSPACE_FRACTION_CHECKPOINTING if grad_checkpointing else CPU_WORKSPACE_FRACTION
+        )
     est = estimate_step_memory(
         shape,
         trainable_params=trainable,

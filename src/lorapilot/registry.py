@@ -116,7 +116,11 @@ def _pid_alive(pid: int) -> bool:
 
 def effective_status(record: RunRecord) -> Status:
     """`running` whose process is gone (same host) is reported as `interrupted`."""
-    if record.status == "running" and record.host == socket.gethostname() and not _pid_alive(record.pid):
+    if (
+        record.status == "running"
+        and record.host == socket.gethostname()
+        and not _pid_alive(record.pid)
+    ):
         return "interrupted"
     return record.status
 
@@ -144,7 +148,12 @@ def list_runs(pilot_dir: Path, kind: str | None = None) -> list[RunRecord]:
             continue
         status = effective_status(rec)
         if status != rec.status:
-            rec = rec.model_copy(update={"status": status, "error": rec.error or "process ended without closing the run (killed?)"})
+            rec = rec.model_copy(
+                update={
+                    "status": status,
+                    "error": rec.error or "process ended without closing the run (killed?)",
+                }
+            )
         out.append(rec)
     out.sort(key=lambda r: (r.started_at, r.id))
     return out
@@ -153,14 +162,18 @@ def list_runs(pilot_dir: Path, kind: str | None = None) -> list[RunRecord]:
 def check_run_id(run_id: str) -> str:
     """Run ids reach paths: only the generated shape is accepted (no `../`, no `/`)."""
     if not RUN_ID_RE.match(run_id):
-        raise UsageError(f"--run {run_id!r}: not a run id (expected e.g. train-20260101-120000-a1b2c3)")
+        raise UsageError(
+            f"--run {run_id!r}: not a run id (expected e.g. train-20260101-120000-a1b2c3)"
+        )
     return run_id
 
 
 def get_run(pilot_dir: Path, run_id: str) -> RunRecord:
     check_run_id(run_id)
     if (runs_dir(pilot_dir) / run_id).is_symlink():  # a resume would write through it
-        raise UsageError(f"{runs_dir(pilot_dir) / run_id} is a symlink; a run folder must be a real folder")
+        raise UsageError(
+            f"{runs_dir(pilot_dir) / run_id} is a symlink; a run folder must be a real folder"
+        )
     rec = read_record(runs_dir(pilot_dir) / run_id)
     if rec is None:
         raise UsageError(f"{runs_dir(pilot_dir) / run_id}: no such run (see `lorapilot runs`)")
@@ -242,16 +255,30 @@ def open_run(
                 raise ValueError("open_run(write=False) needs the run_id of the run it follows")
             run_dir = runs_dir(pilot_dir) / check_run_id(run_id)
             record = RunRecord(
-                id=run_id, kind=kind, parent=parent, started_at=now_iso(), pid=os.getpid(),
-                host=socket.gethostname(), pilot=str(pilot_dir), spec_hash=spec_hash,
-                config=config or {}, environment=environment or {},
+                id=run_id,
+                kind=kind,
+                parent=parent,
+                started_at=now_iso(),
+                pid=os.getpid(),
+                host=socket.gethostname(),
+                pilot=str(pilot_dir),
+                spec_hash=spec_hash,
+                config=config or {},
+                environment=environment or {},
             )
         elif run_id is None:
             run_id, run_dir = new_run_dir(pilot_dir, kind)
             record = RunRecord(
-                id=run_id, kind=kind, parent=parent, started_at=now_iso(), pid=os.getpid(),
-                host=socket.gethostname(), pilot=str(pilot_dir), spec_hash=spec_hash,
-                config=config or {}, environment=environment or {},
+                id=run_id,
+                kind=kind,
+                parent=parent,
+                started_at=now_iso(),
+                pid=os.getpid(),
+                host=socket.gethostname(),
+                pilot=str(pilot_dir),
+                spec_hash=spec_hash,
+                config=config or {},
+                environment=environment or {},
             )
         else:
             record = get_run(pilot_dir, run_id)
@@ -266,7 +293,9 @@ def open_run(
             record.status = status
             record.error = error
             record.ended_at = now_iso()
-            record.duration_s = round((dt.datetime.fromisoformat(record.ended_at) - t0).total_seconds(), 3)
+            record.duration_s = round(
+                (dt.datetime.fromisoformat(record.ended_at) - t0).total_seconds(), 3
+            )
             handle.save()
             if write and record.config.get("tracking"):  # mirrors of the saved record; never raises
                 from lorapilot.tracking import mirror_quietly

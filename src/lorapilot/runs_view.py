@@ -28,11 +28,26 @@ from lorapilot import registry
 from lorapilot.errors import UsageError
 
 # The columns of `runs --format csv`, in this order; adding one is fine, renaming is not.
-CSV_COLUMNS = ("id", "kind", "status", "parent", "started_at", "ended_at", "duration_s",
-               "data_version", "variant", "error")
+CSV_COLUMNS = (
+    "id",
+    "kind",
+    "status",
+    "parent",
+    "started_at",
+    "ended_at",
+    "duration_s",
+    "data_version",
+    "variant",
+    "error",
+)
 STEP_COLUMNS = ("step", "loss", "lr", "grad norm", "tokens/s", "step time", "peak mem")
-STATUS_COLOUR = {"completed": "green", "failed": "red", "interrupted": "yellow", "running": "cyan",
-                 "stopped_by_limit": "magenta"}
+STATUS_COLOUR = {
+    "completed": "green",
+    "failed": "red",
+    "interrupted": "yellow",
+    "running": "cyan",
+    "stopped_by_limit": "magenta",
+}
 
 
 def runs_csv(rows: list[dict[str, Any]]) -> str:
@@ -62,19 +77,24 @@ def step_rows(steps: list[dict], last: int = 15) -> list[tuple[str, ...]]:
     rows = []
     for s in steps[-last:] if last > 0 else []:
         mem = s.get("peak_memory_bytes")
-        rows.append((
-            _num(s.get("step"), "d"),
-            _num(s.get("loss"), ".4f"),
-            _num(s.get("lr"), ".2e"),
-            _num(s.get("grad_norm"), ".3f"),
-            _num(tokens_per_s(s), ",.0f"),
-            _num(s.get("step_time_s"), ".2f") + ("s" if isinstance(s.get("step_time_s"), (int, float)) else ""),
-            f"{mem / 2**30:.2f} GiB" if isinstance(mem, (int, float)) and mem > 0 else "-",
-        ))
+        rows.append(
+            (
+                _num(s.get("step"), "d"),
+                _num(s.get("loss"), ".4f"),
+                _num(s.get("lr"), ".2e"),
+                _num(s.get("grad_norm"), ".3f"),
+                _num(tokens_per_s(s), ",.0f"),
+                _num(s.get("step_time_s"), ".2f")
+                + ("s" if isinstance(s.get("step_time_s"), (int, float)) else ""),
+                f"{mem / 2**30:.2f} GiB" if isinstance(mem, (int, float)) and mem > 0 else "-",
+            )
+        )
     return rows
 
 
-def run_summary(record: registry.RunRecord, steps: list[dict], now: float | None = None) -> dict[str, Any]:
+def run_summary(
+    record: registry.RunRecord, steps: list[dict], now: float | None = None
+) -> dict[str, Any]:
     """What the watcher says about the run besides the table (also the `--json` result)."""
     planned = ((record.config or {}).get("train") or {}).get("max_steps")
     if record.kind == "smoke":
@@ -103,8 +123,11 @@ def render(summary: dict[str, Any], steps: list[dict], last: int = 15) -> Table:
     colour = STATUS_COLOUR.get(summary["status"], "white")
     done, planned = summary["steps_done"], summary["steps_planned"]
     progress = f"step {done}/{planned}" if planned else f"step {done}"
-    t = Table(title=f"{summary['run_id']}  [{colour}]{summary['status']}[/]  {progress}  "
-                    f"{summary['elapsed_s']:.0f} s", title_justify="left")
+    t = Table(
+        title=f"{summary['run_id']}  [{colour}]{summary['status']}[/]  {progress}  "
+        f"{summary['elapsed_s']:.0f} s",
+        title_justify="left",
+    )
     for col in STEP_COLUMNS:
         t.add_column(col, justify="right")
     for row in step_rows(steps, last):
@@ -175,8 +198,10 @@ def pick_run(pilot_dir: Path, run_id: str | None) -> registry.RunRecord:
         return running[-1]
     if runs:
         return runs[-1]
-    raise UsageError(f"{registry.runs_dir(pilot_dir)}: no train run to watch; start one with "
-                     "`lorapilot train PILOT` (or name a run with --run)")
+    raise UsageError(
+        f"{registry.runs_dir(pilot_dir)}: no train run to watch; start one with "
+        "`lorapilot train PILOT` (or name a run with --run)"
+    )
 
 
 def watch(
@@ -198,8 +223,13 @@ def watch(
     if record.status != "running":
         console.print(render(summary, tail.steps, last))
         return summary
-    with Live(render(summary, tail.steps, last), console=console, auto_refresh=False,
-              redirect_stdout=False, redirect_stderr=False) as live:
+    with Live(
+        render(summary, tail.steps, last),
+        console=console,
+        auto_refresh=False,
+        redirect_stdout=False,
+        redirect_stderr=False,
+    ) as live:
         while record.status == "running":
             sleep(interval)
             tail.poll()

@@ -79,13 +79,34 @@ limits: {{memory_gb: 8, time_hours: 1, usd_per_hour: 0, rental_days: 3}}
 
 
 def _classification_rows(rng: random.Random) -> list[dict]:
-    things = ["delivery", "support team", "app", "invoice", "new feature", "checkout", "refund", "manual"]
-    praise = ["I love the {t}, thank you!", "The {t} worked perfectly today.", "Great job on the {t}.",
-              "Really happy with the {t} so far."]
-    complaint = ["The {t} is broken again and I am annoyed.", "Your {t} wasted an hour of my day.",
-                 "Terrible experience with the {t}.", "The {t} failed twice, please fix it."]
-    question = ["How do I change the {t}?", "Can you tell me where the {t} is?", "Is the {t} available on weekends?",
-                "What does the {t} cost?"]
+    things = [
+        "delivery",
+        "support team",
+        "app",
+        "invoice",
+        "new feature",
+        "checkout",
+        "refund",
+        "manual",
+    ]
+    praise = [
+        "I love the {t}, thank you!",
+        "The {t} worked perfectly today.",
+        "Great job on the {t}.",
+        "Really happy with the {t} so far.",
+    ]
+    complaint = [
+        "The {t} is broken again and I am annoyed.",
+        "Your {t} wasted an hour of my day.",
+        "Terrible experience with the {t}.",
+        "The {t} failed twice, please fix it.",
+    ]
+    question = [
+        "How do I change the {t}?",
+        "Can you tell me where the {t} is?",
+        "Is the {t} available on weekends?",
+        "What does the {t} cost?",
+    ]
     rows = []
     for label, pats in (("praise", praise), ("complaint", complaint), ("question", question)):
         for p in pats:
@@ -97,15 +118,23 @@ def _classification_rows(rng: random.Random) -> list[dict]:
 def _extraction_rows(rng: random.Random) -> list[dict]:
     names = ["Acme Ltd", "Birch & Co", "Cobalt GmbH", "Delta Foods", "Evergreen Inc", "Fjord AS"]
     products = ["steel bolts", "paper rolls", "coffee beans", "LED panels", "copper wire"]
-    pats = ["{c} orders {q} boxes of {p}{d}.", "Please ship {q} units of {p} to {c}{d}.",
-            "New order from {c}: {p}, quantity {q}{d}.", "{c} needs {q} x {p}{d}."]
+    pats = [
+        "{c} orders {q} boxes of {p}{d}.",
+        "Please ship {q} units of {p} to {c}{d}.",
+        "New order from {c}: {p}, quantity {q}{d}.",
+        "{c} needs {q} x {p}{d}.",
+    ]
     rows = []
     for i in range(48):
         c, p, q = rng.choice(names), rng.choice(products), rng.randint(2, 500)
         deadline = f"2026-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}" if i % 2 else None
         d = f" by {deadline}" if deadline else ""
-        rows.append({"text": rng.choice(pats).format(c=c, q=q, p=p, d=d),
-                     "target": {"customer": c, "quantity": q, "product": p, "deadline": deadline}})
+        rows.append(
+            {
+                "text": rng.choice(pats).format(c=c, q=q, p=p, d=d),
+                "target": {"customer": c, "quantity": q, "product": p, "deadline": deadline},
+            }
+        )
     return rows
 
 
@@ -125,8 +154,17 @@ def init_pilot(name: str, task: str, parent: Path) -> dict:
         if r["text"] not in seen:
             seen.add(r["text"])
             data.append({"id": f"ex{i:03d}", **r})
-    yaml_text = (CLASSIFICATION_YAML if task == "classification" else EXTRACTION_YAML).format(name=name)
-    atomic_write_text(folder / "data" / "examples.jsonl", "".join(json.dumps(r) + "\n" for r in data))
+    yaml_text = (CLASSIFICATION_YAML if task == "classification" else EXTRACTION_YAML).format(
+        name=name
+    )
+    atomic_write_text(
+        folder / "data" / "examples.jsonl", "".join(json.dumps(r) + "\n" for r in data)
+    )
     atomic_write_text(folder / "pilot.yaml", yaml_text)
     load_spec_file(folder / "pilot.yaml")  # what we scaffold must validate
-    return {"pilot": str(folder), "spec": str(folder / "pilot.yaml"), "n_examples": len(data), "task": task}
+    return {
+        "pilot": str(folder),
+        "spec": str(folder / "pilot.yaml"),
+        "n_examples": len(data),
+        "task": task,
+    }

@@ -27,7 +27,14 @@ from lorapilot.fsutil import sha256_json
 
 SPEC_FILENAME = "pilot.yaml"
 DEFAULT_BASE = "smollm2-135m-instruct"
-CLEANING_RULES = ("strip", "collapse_whitespace", "unicode_nfc", "drop_empty", "max_chars", "lowercase")
+CLEANING_RULES = (
+    "strip",
+    "collapse_whitespace",
+    "unicode_nfc",
+    "drop_empty",
+    "max_chars",
+    "lowercase",
+)
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
@@ -174,7 +181,9 @@ class HFDataset(_Strict):
         description="Hub id as it was downloaded, e.g. `org/name`; read from the local HF "
         "datasets cache, never from the network (needs the `datasets` extra)."
     )
-    config: str | None = Field(None, description="Config (subset) name; needed when several are cached.")
+    config: str | None = Field(
+        None, description="Config (subset) name; needed when several are cached."
+    )
     split: str | None = Field(
         None, description="One split to divide into train/val/test (like data.file)."
     )
@@ -199,7 +208,9 @@ class HFDataset(_Strict):
     @model_validator(mode="after")
     def _one_split_rule(self) -> HFDataset:
         if self.split and self.splits:
-            raise ValueError("give data.hf_dataset.split (to divide) or .splits (as they are), not both")
+            raise ValueError(
+                "give data.hf_dataset.split (to divide) or .splits (as they are), not both"
+            )
         return self
 
 
@@ -220,7 +231,8 @@ class DataSpec(_Strict):
         None, description="A dataset in the local HF datasets cache, by name, offline."
     )
     format: Literal["auto", "jsonl", "csv", "parquet", "datasets"] = Field(
-        "auto", description="auto: by extension; a save_to_disk folder is recognised by its metadata."
+        "auto",
+        description="auto: by extension; a save_to_disk folder is recognised by its metadata.",
     )
     fields: FieldMap = Field(default_factory=FieldMap)
     cleaning: list[str] = Field(
@@ -247,13 +259,17 @@ class DataSpec(_Strict):
     def _rules(cls, v: list[str]) -> list[str]:
         for rule in v:
             if rule not in CLEANING_RULES:
-                raise ValueError(f"unknown cleaning rule {rule!r}; known: {', '.join(CLEANING_RULES)}")
+                raise ValueError(
+                    f"unknown cleaning rule {rule!r}; known: {', '.join(CLEANING_RULES)}"
+                )
         return v
 
     @model_validator(mode="after")
     def _one_source(self) -> DataSpec:
         if sum(bool(x) for x in (self.file, self.files, self.hf_dataset)) != 1:
-            raise ValueError("give exactly one of data.file (to split), data.files or data.hf_dataset")
+            raise ValueError(
+                "give exactly one of data.file (to split), data.files or data.hf_dataset"
+            )
         if "max_chars" in self.cleaning and self.max_chars is None:
             raise ValueError("the max_chars cleaning rule needs data.max_chars")
         return self
@@ -475,7 +491,9 @@ def parse_yaml(text: str, source: str) -> Any:
 
 def spec_from_dict(raw: Any, source: str = "pilot.yaml") -> PilotSpec:
     if not isinstance(raw, dict):
-        raise UsageError(f"{source}: the pilot spec must be a YAML mapping (key: value), got {type(raw).__name__}")
+        raise UsageError(
+            f"{source}: the pilot spec must be a YAML mapping (key: value), got {type(raw).__name__}"
+        )
     try:
         return PilotSpec.model_validate(raw)
     except ValidationError as e:
@@ -488,7 +506,9 @@ def resolve_pilot(path: str | Path) -> tuple[Path, Path]:
     if p.is_dir():
         spec = p / SPEC_FILENAME
         if not spec.is_file():
-            raise UsageError(f"{p}: no {SPEC_FILENAME} in this folder (PILOT is a pilot folder or its YAML file)")
+            raise UsageError(
+                f"{p}: no {SPEC_FILENAME} in this folder (PILOT is a pilot folder or its YAML file)"
+            )
         return p.resolve(), spec.resolve()
     if p.is_file():
         return p.parent.resolve(), p.resolve()
@@ -591,7 +611,9 @@ def json_schema() -> dict:
 class Pilot:
     """A loaded pilot: its folder, spec file, validated spec and the raw mapping as written."""
 
-    def __init__(self, dir: Path, spec_path: Path, spec: PilotSpec, raw: dict, diff: dict | None = None):
+    def __init__(
+        self, dir: Path, spec_path: Path, spec: PilotSpec, raw: dict, diff: dict | None = None
+    ):
         self.dir = dir
         self.spec_path = spec_path
         self.spec = spec
@@ -606,10 +628,14 @@ class Pilot:
         """Resolve a data path from the spec; it must stay inside the pilot folder."""
         p = Path(relative)
         if p.is_absolute():
-            raise UsageError(f"{self.spec_path}: {key}: {relative!r} must be a path relative to the pilot folder")
+            raise UsageError(
+                f"{self.spec_path}: {key}: {relative!r} must be a path relative to the pilot folder"
+            )
         full = (self.dir / p).resolve()
         if not full.is_relative_to(self.dir):
-            raise UsageError(f"{self.spec_path}: {key}: {relative!r} points outside the pilot folder {self.dir}")
+            raise UsageError(
+                f"{self.spec_path}: {key}: {relative!r} points outside the pilot folder {self.dir}"
+            )
         return full
 
 

@@ -43,11 +43,32 @@ MLFLOW_ARTIFACTS = "mlflow-artifacts"
 TENSORBOARD_DIR = "tensorboard"
 MARKER = "lorapilot-mirror.json"
 LOCK = ".tracking.lock"
-STATUS = {"completed": "FINISHED", "failed": "FAILED", "interrupted": "KILLED",
-          "stopped_by_limit": "KILLED", "running": "RUNNING"}
-STEP_KEYS = ("loss", "lr", "grad_norm", "step_time_s", "tokens", "target_tokens",
-             "padding_efficiency", "peak_memory_bytes", "epoch")
-ARTIFACTS = ("run.json", "metrics.json", "predictions.jsonl", "protocol.json", "steps.jsonl", "val.jsonl")
+STATUS = {
+    "completed": "FINISHED",
+    "failed": "FAILED",
+    "interrupted": "KILLED",
+    "stopped_by_limit": "KILLED",
+    "running": "RUNNING",
+}
+STEP_KEYS = (
+    "loss",
+    "lr",
+    "grad_norm",
+    "step_time_s",
+    "tokens",
+    "target_tokens",
+    "padding_efficiency",
+    "peak_memory_bytes",
+    "epoch",
+)
+ARTIFACTS = (
+    "run.json",
+    "metrics.json",
+    "predictions.jsonl",
+    "protocol.json",
+    "steps.jsonl",
+    "val.jsonl",
+)
 MANIFEST = ("adapter", "lorapilot.json")
 _SQL_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql")
 _PARAM_MAX, _TAG_MAX, _BATCH = 6000, 8000, 100  # MLflow's limits
@@ -58,7 +79,10 @@ _PARAM_MAX, _TAG_MAX, _BATCH = 6000, 8000, 100  # MLflow's limits
 
 def mlflow_uri(runs_root: Path) -> str:
     """MLFLOW_TRACKING_URI when set, else a sqlite store inside the pilot's runs folder."""
-    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path(runs_root).resolve() / MLFLOW_DB}"
+    return (
+        os.environ.get("MLFLOW_TRACKING_URI")
+        or f"sqlite:///{Path(runs_root).resolve() / MLFLOW_DB}"
+    )
 
 
 def _modules(target: str) -> list[str]:
@@ -136,7 +160,9 @@ def _tb_tag(key: str) -> str:
     return "val/loss" if key == "val_loss" else f"train/{key}"
 
 
-def _step_metrics(values: list[tuple[str, int, float, float | None]], default_ms: int | None) -> list:
+def _step_metrics(
+    values: list[tuple[str, int, float, float | None]], default_ms: int | None
+) -> list:
     """MLflow Metrics of per-step values; a value without its own time gets `default_ms`."""
     from mlflow.entities import Metric
 
@@ -161,10 +187,16 @@ class _Run:
         self.manifest = manifest if manifest.is_file() else None
         self.last_step = int(self.steps[-1]["step"]) if self.steps else 0
         # Changes whenever a mirrored file or the effective status does: then re-mirror.
-        self.fingerprint = sha256_json({
-            "v": MIRROR_VERSION, "status": self.status,
-            "files": {str(p.relative_to(self.dir)): sha256_file(p) for p in [*self.files, *filter(None, [self.manifest])]},
-        })[:32]
+        self.fingerprint = sha256_json(
+            {
+                "v": MIRROR_VERSION,
+                "status": self.status,
+                "files": {
+                    str(p.relative_to(self.dir)): sha256_file(p)
+                    for p in [*self.files, *filter(None, [self.manifest])]
+                },
+            }
+        )[:32]
 
     def series(self) -> list[tuple[str, int, float, float | None]]:
         return series(self.steps, self.val)
@@ -176,7 +208,13 @@ class _Run:
         if (self.dir / "metrics.json").is_file():
             metrics = json.loads((self.dir / "metrics.json").read_text(encoding="utf-8"))
         out = {k: v for k, v in ((k, _number(v)) for k, v in res.items()) if v is not None}
-        out.update({k: v for k, v in ((k, _number(v)) for k, v in flatten(metrics).items()) if v is not None})
+        out.update(
+            {
+                k: v
+                for k, v in ((k, _number(v)) for k, v in flatten(metrics).items())
+                if v is not None
+            }
+        )
         if self.record.duration_s is not None:
             out["duration_s"] = self.record.duration_s
         return {_key(k): v for k, v in out.items()}
@@ -199,7 +237,9 @@ class _Run:
             "lorapilot.kind": rec.kind,
             "lorapilot.status": self.status,
             "lorapilot.variant": (rec.variant or {}).get("label"),
-            "lorapilot.variant_diff": json.dumps((rec.variant or {}).get("diff")) if rec.variant else None,
+            "lorapilot.variant_diff": json.dumps((rec.variant or {}).get("diff"))
+            if rec.variant
+            else None,
             "lorapilot.data_version": rec.data_version or res.get("data_version"),
             "lorapilot.eval_protocol": protocol if isinstance(protocol, str) else None,
             "lorapilot.base_sha256": base.get("sha256"),
@@ -216,7 +256,7 @@ class _Run:
 
 
 def _sqlite_path(uri: str) -> Path | None:
-    path = uri[len("sqlite:///"):] if uri.startswith("sqlite:///") else ""
+    path = uri[len("sqlite:///") :] if uri.startswith("sqlite:///") else ""
     return Path(path) if path and path != ":memory:" else None
 
 
@@ -239,7 +279,7 @@ def _check_sqlite(uri: str) -> None:
 
 def _chunks(items: list, n: int = _BATCH) -> Iterable[list]:
     for i in range(0, len(items), n):
-        yield items[i:i + n]
+        yield items[i : i + n]
 
 
 def _mlflow_experiment(runs_root: Path, pilot: str):
@@ -268,13 +308,19 @@ def _mlflow_experiment(runs_root: Path, pilot: str):
 def _mlflow(run: _Run, runs_root: Path) -> str:
     """One MLflow run per lorapilot run, in the experiment named after the pilot."""
     from mlflow.entities import Metric, Param, RunTag
+
     client, exp, exp_id, db, artifacts = _mlflow_experiment(runs_root, run.pilot)
     rid = run.record.id
     existing = client.search_runs([exp_id], filter_string=f"tags.`lorapilot.run_id` = '{rid}'")
     if any(r.data.tags.get("lorapilot.mirror") == run.fingerprint for r in existing):
         return "unchanged"
     old = exp.artifact_location if exp is not None else ""
-    if artifacts and old.startswith("file:") and old.endswith(f"/{MLFLOW_ARTIFACTS}") and old != artifacts:
+    if (
+        artifacts
+        and old.startswith("file:")
+        and old.endswith(f"/{MLFLOW_ARTIFACTS}")
+        and old != artifacts
+    ):
         # MLflow keeps absolute artifact paths: a store copied with the pilot folder would
         # write outside it. It is a mirror, so it is rebuilt rather than patched.
         raise LorapilotError(
@@ -283,7 +329,9 @@ def _mlflow(run: _Run, runs_root: Path) -> str:
         )
     for stale in existing:  # the record changed (resumed, re-tagged, ...): replace, never duplicate
         client.delete_run(stale.info.run_id)
-    mr = client.create_run(exp_id, start_time=_ms(run.record.started_at), tags=run.tags(), run_name=rid)
+    mr = client.create_run(
+        exp_id, start_time=_ms(run.record.started_at), tags=run.tags(), run_name=rid
+    )
     mid = mr.info.run_id
     end_ms = _ms(run.record.ended_at) or _ms(registry.now_iso())
     metrics = _step_metrics(run.series(), end_ms)
@@ -326,7 +374,10 @@ def _tensorboard(run: _Run, runs_root: Path) -> str:
             writer.add_scalar(f"final/{k}", v, run.last_step, walltime=end)
     finally:
         writer.close()
-    atomic_write_json(tmp / MARKER, {"run_id": run.record.id, "status": run.status, "fingerprint": run.fingerprint})
+    atomic_write_json(
+        tmp / MARKER,
+        {"run_id": run.record.id, "status": run.status, "fingerprint": run.fingerprint},
+    )
     existed = dest.exists()
     shutil.rmtree(dest, ignore_errors=True)
     os.replace(tmp, dest)
@@ -361,9 +412,12 @@ def mirror_quietly(run_dir: Path, targets: Iterable[str]) -> dict[str, str]:
         except Exception as e:  # a mirror must never fail the run it mirrors
             out[target] = f"failed: {type(e).__name__}: {e}"
             pilot = Path(run_dir).parent.parent
-            print(f"warning: tracking ({target}) could not mirror run {Path(run_dir).name}: "
-                  f"{type(e).__name__}: {e}. The run's records are intact; retry with "
-                  f"`lorapilot sync {pilot} --to {target}`.", file=sys.stderr)
+            print(
+                f"warning: tracking ({target}) could not mirror run {Path(run_dir).name}: "
+                f"{type(e).__name__}: {e}. The run's records are intact; retry with "
+                f"`lorapilot sync {pilot} --to {target}`.",
+                file=sys.stderr,
+            )
     return out
 
 
@@ -385,8 +439,13 @@ def sync(pilot_dir: Path, targets: list[str]) -> dict[str, Any]:
         for t in targets:
             outcome = row[t].split(":", 1)[0]
             counts[t][outcome] = counts[t].get(outcome, 0) + 1
-    out: dict[str, Any] = {"ok": failed == 0, "pilot": str(pilot_dir), "targets": targets, "runs": rows,
-                           "counts": counts}
+    out: dict[str, Any] = {
+        "ok": failed == 0,
+        "pilot": str(pilot_dir),
+        "targets": targets,
+        "runs": rows,
+        "counts": counts,
+    }
     if "mlflow" in targets:
         out["mlflow_uri"] = mlflow_uri(runs_root)
     if "tensorboard" in targets:
@@ -413,7 +472,11 @@ class LiveMirror:
     FILES = ("steps.jsonl", "val.jsonl")
 
     def __init__(self, run_dir: Path, targets: Iterable[str], interval: float = LIVE_INTERVAL_S):
-        self.dir, self.targets, self.interval = Path(run_dir), [t for t in targets if t in TARGETS], interval
+        self.dir, self.targets, self.interval = (
+            Path(run_dir),
+            [t for t in targets if t in TARGETS],
+            interval,
+        )
         self.offsets = dict.fromkeys(self.FILES, 0)
         self.failed: dict[str, str] = {}
         self.logged = 0  # values sent to every working tracker so far
@@ -428,7 +491,9 @@ class LiveMirror:
         try:
             with open(path, "rb") as f:
                 if os.fstat(f.fileno()).st_size < self.offsets[name]:
-                    self.offsets[name] = 0  # rewritten shorter (a resume cuts records after its checkpoint)
+                    self.offsets[name] = (
+                        0  # rewritten shorter (a resume cuts records after its checkpoint)
+                    )
                 f.seek(self.offsets[name])
                 chunk = f.read()
         except FileNotFoundError:
@@ -449,8 +514,12 @@ class LiveMirror:
             pilot = _pilot_name(rec) if rec else self.dir.parent.parent.name
             client, _, exp_id, _, _ = _mlflow_experiment(self.dir.parent, pilot)
             rid = self.dir.name
-            tags = {"mlflow.runName": rid, "lorapilot.run_id": rid, "lorapilot.status": "running",
-                    "lorapilot.live": "true"}
+            tags = {
+                "mlflow.runName": rid,
+                "lorapilot.run_id": rid,
+                "lorapilot.status": "running",
+                "lorapilot.live": "true",
+            }
             if rec is not None:
                 tags["lorapilot.kind"] = rec.kind
             start = _ms(rec.started_at) if rec is not None else None
@@ -465,7 +534,9 @@ class LiveMirror:
         if self._writer is None:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._writer = SummaryWriter(log_dir=str(self.dir.parent / TENSORBOARD_DIR / self.dir.name))
+            self._writer = SummaryWriter(
+                log_dir=str(self.dir.parent / TENSORBOARD_DIR / self.dir.name)
+            )
         for k, s, v, t in values:
             self._writer.add_scalar(_tb_tag(k), v, s, walltime=t)
         self._writer.flush()
@@ -482,8 +553,11 @@ class LiveMirror:
                 (self._send_mlflow if target == "mlflow" else self._send_tensorboard)(values)
             except Exception as e:  # a live mirror must never disturb training
                 self.failed[target] = f"{type(e).__name__}: {e}"
-                print(f"warning: live tracking ({target}) stopped for run {self.dir.name}: {self.failed[target]}. "
-                      "Training goes on; the run is mirrored again when it ends.", file=sys.stderr)
+                print(
+                    f"warning: live tracking ({target}) stopped for run {self.dir.name}: {self.failed[target]}. "
+                    "Training goes on; the run is mirrored again when it ends.",
+                    file=sys.stderr,
+                )
         self.logged += len(values)
         return len(values)
 
@@ -493,7 +567,9 @@ class LiveMirror:
 
     def __enter__(self) -> LiveMirror:
         if self.targets:
-            self._thread = threading.Thread(target=self._loop, name="lorapilot-live-tracking", daemon=True)
+            self._thread = threading.Thread(
+                target=self._loop, name="lorapilot-live-tracking", daemon=True
+            )
             self._thread.start()
         return self
 

@@ -572,7 +572,9 @@ def train(
         what = "FSDP (sharded weights)" if use_fsdp else "DDP"
         log(f"{what} over {world} processes ({acc.state.backend}); each takes its slice of a step")
     elif cfg.distributed != "none" and world == 1:
-        log(f"train.distributed is {cfg.distributed} but one process was launched: training on one device")
+        log(
+            f"train.distributed is {cfg.distributed} but one process was launched: training on one device"
+        )
     if use_fsdp and eval_fn is not None:
         raise UsageError("train(eval_fn=...) is not supported with train.distributed: fsdp")
     seed_everything(cfg.seed)
@@ -646,7 +648,9 @@ def train(
                     sharded, val_examples, cfg.micro_batch, pad_id, cfg.precision, acc
                 )
             else:
-                val = validation_loss(model, val_examples, cfg.micro_batch, pad_id, cfg.precision, acc)
+                val = validation_loss(
+                    model, val_examples, cfg.micro_batch, pad_id, cfg.precision, acc
+                )
             record = {"step": at_step, "val_loss": val}
             if eval_fn is not None:
                 model.eval()

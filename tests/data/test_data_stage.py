@@ -18,7 +18,15 @@ def test_data_is_stable_and_inspect_matches(example, tmp_path, default_model_dir
     a = run_json("data", str(pilot))
     b = run_json("data", str(pilot))
     assert a["version"] == b["version"] and a["run_id"] != b["run_id"]
-    for key in ("version", "splits", "per_category", "duplicates", "lengths", "skipped", "mask_audit"):
+    for key in (
+        "version",
+        "splits",
+        "per_category",
+        "duplicates",
+        "lengths",
+        "skipped",
+        "mask_audit",
+    ):
         assert key in a
     assert a["duplicates"]["cross_split"] == [] and a["mask_audit"]["ok"]
     assert a["mask_audit"]["end_of_turn_trained"] and a["mask_audit"]["eval_prompt_is_train_prefix"]
@@ -31,7 +39,16 @@ def test_data_is_stable_and_inspect_matches(example, tmp_path, default_model_dir
     assert {ex["category"] for ex in ins["examples"]} == cats
     assert all(ex["match"] for ex in ins["examples"]) and ins["ok"]
     for ex in ins["examples"]:
-        assert {"id", "category", "n_tokens", "loss_positions", "decoded_target", "expected_target", "match", "truncated"} <= set(ex)
+        assert {
+            "id",
+            "category",
+            "n_tokens",
+            "loss_positions",
+            "decoded_target",
+            "expected_target",
+            "match",
+            "truncated",
+        } <= set(ex)
     # the human view renders too (rich, stdout)
     human = run_cli("inspect", str(pilot), "--per-category", "1")
     assert human.returncode == 0 and "<|im_start|>assistant" in human.stdout
@@ -48,8 +65,13 @@ def _presplit_pilot(tmp_path: Path, leakage: str = "fail") -> Path:
     words[3], words[-3] = "zebra", "quokka"
     near = dict(test[1], id="leak-near", text=" ".join(words))
     train += [leaked, near]
-    spec["data"] = {**spec["data"], "file": None, "files": {"train": "train.jsonl", "val": "val.jsonl", "test": "test.jsonl"},
-                    "leakage": leakage, "near_dup_threshold": 0.6}
+    spec["data"] = {
+        **spec["data"],
+        "file": None,
+        "files": {"train": "train.jsonl", "val": "val.jsonl", "test": "test.jsonl"},
+        "leakage": leakage,
+        "near_dup_threshold": 0.6,
+    }
     del spec["data"]["file"]
     del spec["data"]["split"]
     pilot = tmp_path / "leaky"
@@ -63,7 +85,9 @@ def _presplit_pilot(tmp_path: Path, leakage: str = "fail") -> Path:
 def test_leaks_fail_then_drop_from_train(tmp_path, default_model_dir):
     pilot = _presplit_pilot(tmp_path)
     out = run_json("data", str(pilot), expect=1)
-    pairs = {(p["a_id"], p["b_id"]) for p in out["duplicates"]["cross_split"]} | {(p["b_id"], p["a_id"]) for p in out["duplicates"]["cross_split"]}
+    pairs = {(p["a_id"], p["b_id"]) for p in out["duplicates"]["cross_split"]} | {
+        (p["b_id"], p["a_id"]) for p in out["duplicates"]["cross_split"]
+    }
     test_ids = {json.loads(x)["id"] for x in (pilot / "test.jsonl").read_text().splitlines()}
     assert any("leak-exact" in pr and (set(pr) - {"leak-exact"}) <= test_ids for pr in pairs)
     assert any("leak-near" in pr for pr in pairs)

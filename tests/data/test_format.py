@@ -52,9 +52,14 @@ def test_loss_tokens_are_the_answer_and_end_of_turn(tok):
     assert all(lab == IGNORE_INDEX for lab in enc.labels[: enc.prompt_len])
     assert enc.labels[-1] == enc.end_of_turn_id == tok.eos_token_id
     # the eval prompt is the training prefix, token for token
-    assert fmt.encode_prompt("I was charged twice {weird braces} for my order.", budget) == enc.prompt_ids
+    assert (
+        fmt.encode_prompt("I was charged twice {weird braces} for my order.", budget)
+        == enc.prompt_ids
+    )
     rendered = tok.decode(enc.input_ids)
-    assert "{weird braces}" in rendered and "One of: billing, technical, feature_request." in rendered
+    assert (
+        "{weird braces}" in rendered and "One of: billing, technical, feature_request." in rendered
+    )
     assert not rendered.endswith("\n")  # what follows end-of-turn is not trained
 
 
@@ -79,7 +84,10 @@ def test_truncation_cuts_the_input_never_the_answer(tok, side):
     enc = fmt.encode(text, "feature_request", budget)
     assert enc.truncated and enc.n_text_tokens_cut > 0 and not enc.target_truncated
     assert enc.n_tokens <= 96
-    assert tok.decode([enc.input_ids[i] for i in enc.loss_positions]) == "feature_request" + tok.eos_token
+    assert (
+        tok.decode([enc.input_ids[i] for i in enc.loss_positions])
+        == "feature_request" + tok.eos_token
+    )
     kept = enc.extra["text"]
     assert ("word399" in kept) == (side == "left") and ("word0 " in kept) == (side == "right")
     assert fmt.encode_prompt(text, budget) == enc.prompt_ids

@@ -52,7 +52,9 @@ def _save_dict(rows: list[dict], path: Path, test: bool = True) -> Path:
     parts = {"train": rows[:80], "validation": rows[80:100]}
     if test:
         parts["test"] = rows[100:]
-    datasets.DatasetDict({k: datasets.Dataset.from_list(v) for k, v in parts.items()}).save_to_disk(str(path))
+    datasets.DatasetDict({k: datasets.Dataset.from_list(v) for k, v in parts.items()}).save_to_disk(
+        str(path)
+    )
     return path
 
 
@@ -66,6 +68,7 @@ def tokenizer(default_model_dir):
 @pytest.fixture
 def no_network(monkeypatch):
     """Any attempt to open a connection fails the test."""
+
     def refuse(*a, **k):
         raise AssertionError("network access attempted")
 
@@ -81,7 +84,11 @@ def test_saved_dataset_folder_runs_data_via_cli(tmp_path):
     pilot = _pilot(tmp_path / "p", {"file": "data/tickets_ds"})
     _save(_rows(), pilot / "data" / "tickets_ds")
     out = run_json("data", str(pilot))
-    assert sum(out["splits"].values()) == 120 and out["splits"]["val"] > 0 and out["splits"]["test"] > 0
+    assert (
+        sum(out["splits"].values()) == 120
+        and out["splits"]["val"] > 0
+        and out["splits"]["test"] > 0
+    )
     assert out["mask_audit"]["ok"] and out["skipped"] == []
     rec = json.loads((pilot / "runs" / out["run_id"] / "run.json").read_text())
     assert rec["status"] == "completed" and rec["data_version"] == out["version"]
@@ -96,7 +103,9 @@ def test_saved_dataset_gives_the_records_of_the_same_jsonl(tmp_path):
     (js_pilot / "data" / "t.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     a, _ = load_all(load_pilot(ds_pilot))
     b, _ = load_all(load_pilot(js_pilot))
-    assert [(r.id, r.text, r.label, r.split, r.category) for r in a] == [(r.id, r.text, r.label, r.split, r.category) for r in b]
+    assert [(r.id, r.text, r.label, r.split, r.category) for r in a] == [
+        (r.id, r.text, r.label, r.split, r.category) for r in b
+    ]
     assert a[2].source == "data/tickets_ds:row 3"
 
 
@@ -115,23 +124,30 @@ def test_datasetdict_splits_are_used_as_they_are(tmp_path, tokenizer):
 
 
 def test_split_folders_of_a_datasetdict_as_data_files(tmp_path, tokenizer):
-    pilot = _pilot(tmp_path / "p", {"files": {"train": "data/dd/train", "val": "data/dd/validation"}})
+    pilot = _pilot(
+        tmp_path / "p", {"files": {"train": "data/dd/train", "val": "data/dd/validation"}}
+    )
     _save_dict(_rows(), pilot / "data" / "dd", test=False)
     prep = prepare_data(load_pilot(pilot), tokenizer)
     assert len(prep.splits["train"]) == 80 and len(prep.splits["val"]) == 20
     # the whole DatasetDict where one split is expected: the message says which folder to use
     bad = _pilot(tmp_path / "bad", {"files": {"train": "data/dd", "val": "data/dd/validation"}})
     shutil.copytree(pilot / "data", bad / "data")
-    with pytest.raises(UsageError, match=r"data\.files\.train: data/dd holds a DatasetDict .* e\.g\. data/dd/train"):
+    with pytest.raises(
+        UsageError, match=r"data\.files\.train: data/dd holds a DatasetDict .* e\.g\. data/dd/train"
+    ):
         load_all(load_pilot(bad))
 
 
 def test_unrecognised_split_names_are_a_clear_error(tmp_path):
     pilot = _pilot(tmp_path / "p", {"file": "data/dd"})
     rows = _rows(40)
-    datasets.DatasetDict({"a": datasets.Dataset.from_list(rows[:20]), "b": datasets.Dataset.from_list(rows[20:])}
-                         ).save_to_disk(str(pilot / "data" / "dd"))
-    with pytest.raises(UsageError, match=r"data\.file: data/dd: splits a, b: cannot tell .* data\.files"):
+    datasets.DatasetDict(
+        {"a": datasets.Dataset.from_list(rows[:20]), "b": datasets.Dataset.from_list(rows[20:])}
+    ).save_to_disk(str(pilot / "data" / "dd"))
+    with pytest.raises(
+        UsageError, match=r"data\.file: data/dd: splits a, b: cannot tell .* data\.files"
+    ):
         load_all(load_pilot(pilot))
 
 
@@ -143,7 +159,10 @@ def test_version_follows_the_arrow_files(tmp_path, tokenizer):
     h1 = source_hashes(load_pilot(pilot))
     shutil.rmtree(pilot / "data" / "ds")
     _save(rows, pilot / "data" / "ds")  # the same rows saved again: the same version
-    assert prepare_data(load_pilot(pilot), tokenizer).version == v1 and source_hashes(load_pilot(pilot)) == h1
+    assert (
+        prepare_data(load_pilot(pilot), tokenizer).version == v1
+        and source_hashes(load_pilot(pilot)) == h1
+    )
     shutil.rmtree(pilot / "data" / "ds")
     changed = [dict(r) for r in rows]
     changed[5]["text"] += " (edited)"
@@ -167,30 +186,48 @@ def test_pipeline_inputs_key_follows_a_saved_folder(tmp_path):
 
 
 def test_field_mapping_class_labels_and_policies_match_files(tmp_path):
-    features = datasets.Features({"uid": datasets.Value("string"), "body": datasets.Value("string"),
-                                  "queue": datasets.ClassLabel(names=["a", "b", "zzz"])})
+    features = datasets.Features(
+        {
+            "uid": datasets.Value("string"),
+            "body": datasets.Value("string"),
+            "queue": datasets.ClassLabel(names=["a", "b", "zzz"]),
+        }
+    )
     rows = [{"uid": f"u{i}", "body": f"text {i}", "queue": i % 2} for i in range(6)]
     rows[3]["queue"] = 2  # a class the task does not know
     path = tmp_path / "ds"
     datasets.Dataset.from_list(rows, features=features).save_to_disk(str(path))
-    data = DataSpec(file="ds", fields={"text": "body", "label": "queue", "id": "uid"}, on_error="skip")
+    data = DataSpec(
+        file="ds", fields={"text": "body", "label": "queue", "id": "uid"}, on_error="skip"
+    )
     records, skipped = load_records(path, CLF, data, display_path="ds")
     assert [r.label for r in records] == ["a", "b", "a", "a", "b"] and records[0].id == "u0"
     assert [(s.file, s.line) for s in skipped] == [("ds", 4)]
     assert skipped[0].problem.startswith("label 'zzz' is not one of the task labels")
-    with pytest.raises(UsageError, match=r"^ds:row 4: label 'zzz' is not one of the task labels \(a, b\)$"):
+    with pytest.raises(
+        UsageError, match=r"^ds:row 4: label 'zzz' is not one of the task labels \(a, b\)$"
+    ):
         load_records(path, CLF, data.model_copy(update={"on_error": "fail"}), display_path="ds")
-    with pytest.raises(UsageError, match=r"ds: no column 'text' \(columns: uid, body, queue\); set data\.fields"):
+    with pytest.raises(
+        UsageError, match=r"ds: no column 'text' \(columns: uid, body, queue\); set data\.fields"
+    ):
         load_records(path, CLF, DataSpec(file="ds"), display_path="ds")
 
 
 def test_a_plain_folder_or_a_wrong_format_is_refused(tmp_path):
     (tmp_path / "d").mkdir()
-    with pytest.raises(UsageError, match="d: not a file, nor a folder written by datasets' save_to_disk"):
+    with pytest.raises(
+        UsageError, match="d: not a file, nor a folder written by datasets' save_to_disk"
+    ):
         load_records(tmp_path / "d", CLF, DataSpec(file="d"), display_path="d")
     (tmp_path / "x.jsonl").write_text('{"text": "t", "label": "a"}\n')
     with pytest.raises(UsageError, match="data.format is datasets"):
-        load_records(tmp_path / "x.jsonl", CLF, DataSpec(file="x.jsonl", format="datasets"), display_path="x.jsonl")
+        load_records(
+            tmp_path / "x.jsonl",
+            CLF,
+            DataSpec(file="x.jsonl", format="datasets"),
+            display_path="x.jsonl",
+        )
 
 
 def test_without_the_datasets_package_the_message_names_the_extra(tmp_path, monkeypatch):
@@ -214,7 +251,9 @@ def test_saved_datasetdict_pilot_runs_baseline(tmp_path, tiny_model_dir):
 # --------------------------------------------------------------------------- the local HF cache
 
 
-def _cache(root: Path, rows: list[dict], name: str = "acme/ticket-tiny", config: str = "default") -> Path:
+def _cache(
+    root: Path, rows: list[dict], name: str = "acme/ticket-tiny", config: str = "default"
+) -> Path:
     """Lay a dataset out in `root` as datasets itself caches a hub dataset it downloaded:
     <root>/<org>___<name>/<config>/<version>/<commit>/{dataset_info.json, <name>-<split>.arrow}.
     Built with the packaged JSON builder (no network), then moved under the hub id's folder."""
@@ -227,8 +266,14 @@ def _cache(root: Path, rows: list[dict], name: str = "acme/ticket-tiny", config:
     for split, part in (("train", rows[:80]), ("validation", rows[80:100]), ("test", rows[100:])):
         files[split] = str(src / f"{split}.jsonl")
         Path(files[split]).write_text("".join(json.dumps(r) + "\n" for r in part))
-    builder = Json(cache_dir=str(root / "_build"), dataset_name=short, config_name=config, config_id=config,
-                   hash="0123456789abcdef", data_files=files)
+    builder = Json(
+        cache_dir=str(root / "_build"),
+        dataset_name=short,
+        config_name=config,
+        config_id=config,
+        hash="0123456789abcdef",
+        data_files=files,
+    )
     builder.download_and_prepare()
     dest = root / f"{org}___{short}"
     dest.mkdir(exist_ok=True)
@@ -251,8 +296,16 @@ def test_cached_dataset_by_name_offline(tmp_path, tokenizer, monkeypatch, no_net
     assert sum(len(v) for v in prep1.splits.values()) == 80 and len(prep1.splits["test"]) > 0
     # explicit mapping, cache_dir given in the spec instead of the environment
     monkeypatch.setenv("HF_HOME", str(tmp_path / "elsewhere"))
-    mapped = _pilot(tmp_path / "m", {"hf_dataset": {"name": "acme/ticket-tiny", "cache_dir": str(cache),
-                                                    "splits": {"train": "train", "val": "test"}}})
+    mapped = _pilot(
+        tmp_path / "m",
+        {
+            "hf_dataset": {
+                "name": "acme/ticket-tiny",
+                "cache_dir": str(cache),
+                "splits": {"train": "train", "val": "test"},
+            }
+        },
+    )
     prep2 = prepare_data(load_pilot(mapped), tokenizer)
     assert {s: len(v) for s, v in prep2.splits.items()} == {"train": 80, "val": 20, "test": 0}
 
@@ -266,11 +319,18 @@ def test_cached_dataset_problems_name_the_spec_key(tmp_path, monkeypatch, no_net
             load_all(load_pilot(_pilot(tmp_path / "p", {"hf_dataset": hf})))
         return str(e.value)
 
-    assert "data.hf_dataset.name: 'acme/nope' is not in the local HF datasets cache" in err({"name": "acme/nope"})
-    assert err({"name": "acme/ticket-tiny", "config": "other"}).startswith("data.hf_dataset.config: ")
-    assert "Available configs in the cache: ['default']" in err({"name": "acme/ticket-tiny", "config": "other"})
+    assert "data.hf_dataset.name: 'acme/nope' is not in the local HF datasets cache" in err(
+        {"name": "acme/nope"}
+    )
+    assert err({"name": "acme/ticket-tiny", "config": "other"}).startswith(
+        "data.hf_dataset.config: "
+    )
+    assert "Available configs in the cache: ['default']" in err(
+        {"name": "acme/ticket-tiny", "config": "other"}
+    )
     assert err({"name": "acme/ticket-tiny", "split": "dev"}) == (
-        "data.hf_dataset.split: acme/ticket-tiny has no split 'dev' (splits: train, validation, test)")
+        "data.hf_dataset.split: acme/ticket-tiny has no split 'dev' (splits: train, validation, test)"
+    )
     assert "is a datasets file format" in err({"name": "json"})
 
 
@@ -280,7 +340,9 @@ def test_missing_cached_dataset_exits_2_via_cli(tmp_path):
     proc = run_cli("data", str(pilot), "--json", env=env)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     out = json.loads(proc.stdout)
-    assert out["error"].startswith("data.hf_dataset.name: 'acme/not-downloaded' is not in the local HF datasets cache")
+    assert out["error"].startswith(
+        "data.hf_dataset.name: 'acme/not-downloaded' is not in the local HF datasets cache"
+    )
 
 
 # --------------------------------------------------------------------------- the spec
@@ -296,11 +358,20 @@ def test_spec_keys_schema_and_unchanged_hash():
     assert DataSpec(hf_dataset={"name": "a/b"}).model_dump()["hf_dataset"]["name"] == "a/b"
 
 
-@pytest.mark.parametrize("data, message", [
-    ({"file": "x.jsonl", "hf_dataset": {"name": "a/b"}}, "exactly one of data.file (to split), data.files or data.hf_dataset"),
-    ({"hf_dataset": {"name": "a/b", "split": "train", "splits": {"train": "t", "val": "v"}}}, "not both"),
-    ({"hf_dataset": {"name": "../etc"}}, "is not a hub dataset id"),
-])
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        (
+            {"file": "x.jsonl", "hf_dataset": {"name": "a/b"}},
+            "exactly one of data.file (to split), data.files or data.hf_dataset",
+        ),
+        (
+            {"hf_dataset": {"name": "a/b", "split": "train", "splits": {"train": "t", "val": "v"}}},
+            "not both",
+        ),
+        ({"hf_dataset": {"name": "../etc"}}, "is not a hub dataset id"),
+    ],
+)
 def test_bad_hf_keys_exit_2(tmp_path, data, message):
     pilot = _pilot(tmp_path / "p", data)
     out = run_json("check", str(pilot), expect=2)

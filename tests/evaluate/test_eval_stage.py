@@ -39,7 +39,9 @@ def test_baseline_ticket_triage_real_model(tmp_path, default_model_dir):
     assert set(rows[0]) >= {"id", "prompt", "raw_output", "parsed", "gold", "correct", "scores"}
     assert set(rows[0]["scores"]) == set(labels)
     proto = json.loads((run_dir / "protocol.json").read_text())
-    assert proto["eval_protocol"] == out["eval_protocol"] and proto["data_version"] == data["version"]
+    assert (
+        proto["eval_protocol"] == out["eval_protocol"] and proto["data_version"] == data["version"]
+    )
     assert json.loads((run_dir / "metrics.json").read_text())["accuracy"] == m["accuracy"]
 
 
@@ -47,9 +49,23 @@ def test_baseline_extraction_tiny(tmp_path, tiny_model_dir):
     pilot = _tiny_pilot(tmp_path, "invoice-fields", tiny_model_dir, eval__max_new_tokens=8)
     out = run_json("baseline", str(pilot), "--limit", "6", "--no-progress")
     m = out["metrics"]
-    for key in ("json_valid_rate", "required_fields_rate", "per_field", "field_f1", "schema_valid_rate"):
+    for key in (
+        "json_valid_rate",
+        "required_fields_rate",
+        "per_field",
+        "field_f1",
+        "schema_valid_rate",
+    ):
         assert key in m
-    assert set(m["per_field"]) == {"vendor", "invoice_number", "date", "total", "currency", "due_date", "po_number"}
+    assert set(m["per_field"]) == {
+        "vendor",
+        "invoice_number",
+        "date",
+        "total",
+        "currency",
+        "due_date",
+        "po_number",
+    }
     rows = (pilot / "runs" / out["run_id"] / "predictions.jsonl").read_text().splitlines()
     assert len(rows) == 6 and out["protocol"]["limit"] == 6
     assert out["device"] == "cpu"  # no accelerator here
@@ -85,7 +101,9 @@ def test_protocol_is_stable_and_sensitive(tmp_path, tiny_model_dir):
     pilot = _tiny_pilot(tmp_path, "ticket-triage", tiny_model_dir)
     a = run_json("baseline", str(pilot), "--limit", "4", "--no-progress")
     b = run_json("baseline", str(pilot), "--limit", "4", "--no-progress")
-    c = run_json("baseline", str(pilot), "--limit", "4", "--no-progress", "--set", "eval.batch_size=3")
+    c = run_json(
+        "baseline", str(pilot), "--limit", "4", "--no-progress", "--set", "eval.batch_size=3"
+    )
     assert a["eval_protocol"] == b["eval_protocol"] != c["eval_protocol"]
     assert a["metrics"] == b["metrics"]
 
@@ -94,11 +112,30 @@ def test_test_split_is_reserved_and_logged(tmp_path, tiny_model_dir):
     pilot = _tiny_pilot(tmp_path, "ticket-triage", tiny_model_dir)
     refused = run_json("eval", str(pilot), "--base", "--split", "test", expect=2)
     assert "--final" in refused["error"]
-    first = run_json("eval", str(pilot), "--base", "--split", "test", "--final", "--limit", "3", "--no-progress")
+    first = run_json(
+        "eval", str(pilot), "--base", "--split", "test", "--final", "--limit", "3", "--no-progress"
+    )
     assert first["test_accesses_before"] == []
-    second = run_cli("eval", str(pilot), "--base", "--split", "test", "--final", "--limit", "3", "--no-progress", "--json")
-    assert second.returncode == 0 and "already used 1 time" in second.stderr and first["run_id"] in second.stderr
-    ledger = [json.loads(x) for x in (pilot / "runs" / "test_ledger.jsonl").read_text().splitlines()]
+    second = run_cli(
+        "eval",
+        str(pilot),
+        "--base",
+        "--split",
+        "test",
+        "--final",
+        "--limit",
+        "3",
+        "--no-progress",
+        "--json",
+    )
+    assert (
+        second.returncode == 0
+        and "already used 1 time" in second.stderr
+        and first["run_id"] in second.stderr
+    )
+    ledger = [
+        json.loads(x) for x in (pilot / "runs" / "test_ledger.jsonl").read_text().splitlines()
+    ]
     assert [e["run"] for e in ledger] == [first["run_id"], json.loads(second.stdout)["run_id"]]
 
 

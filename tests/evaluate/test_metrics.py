@@ -367,7 +367,9 @@ def test_bootstrap_metric_macro_f1_fast_and_matches_vectorised():
 
     start = time.perf_counter()
     slow = paired_bootstrap_metric(macro, base, cand, gold, n_boot=1000, seed=7)
-    assert time.perf_counter() - start < 10.0  # a complexity guard, not a benchmark (shared CI cores)
+    assert (
+        time.perf_counter() - start < 10.0
+    )  # a complexity guard, not a benchmark (shared CI cores)
     fast = paired_bootstrap_macro_f1(gold, base, cand, labels, n_boot=1000, seed=7)
     assert slow["delta"] == pytest.approx(macro(gold, cand) - macro(gold, base))
     for key in ("delta", "ci_low", "ci_high", "p_le_zero"):

@@ -56,7 +56,9 @@ def test_generation_does_not_depend_on_batch_size(model_and_tok):
     model, tok = model_and_tok
     prompts = _prompts(seed=2)
     kw = dict(max_new_tokens=6, stop_ids=[tok.eos_token_id], pad_id=tok.pad_token_id)
-    assert generate(model, prompts, batch_size=1, **kw) == generate(model, prompts, batch_size=8, **kw)
+    assert generate(model, prompts, batch_size=1, **kw) == generate(
+        model, prompts, batch_size=8, **kw
+    )
     no_stop = generate(model, prompts[:3], max_new_tokens=4, stop_ids=[], pad_id=tok.pad_token_id)
     assert [len(g) for g in no_stop] == [4, 4, 4]  # nothing ends a row: max_new_tokens each
 
@@ -80,8 +82,9 @@ def test_shared_prefix_scoring_matches_the_slow_reference(model_and_tok):
         got = score_labels(model, prompts, LABELS, batch_size=bs, pad_id=tok.pad_token_id)
         np.testing.assert_allclose(got, ref, atol=1e-4)
         assert (got.argmax(1) == ref.argmax(1)).all()
-    unshared = score_labels(model, prompts, LABELS, batch_size=4, pad_id=tok.pad_token_id,
-                            share_prefix=False)
+    unshared = score_labels(
+        model, prompts, LABELS, batch_size=4, pad_id=tok.pad_token_id, share_prefix=False
+    )
     np.testing.assert_allclose(unshared, ref, atol=1e-4)
 
 
@@ -109,10 +112,17 @@ def _hf_generate(model, prompts, max_new_tokens, stop_ids, pad_id):
     outs = []
     for p in prompts:
         ids = torch.tensor([p])
-        gen = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                             do_sample=False, num_beams=1, eos_token_id=stop_ids, pad_token_id=pad_id)
+        gen = model.generate(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            num_beams=1,
+            eos_token_id=stop_ids,
+            pad_token_id=pad_id,
+        )
         toks = []
-        for t in gen[0, len(p):].tolist():
+        for t in gen[0, len(p) :].tolist():
             if t in stop_ids:
                 break
             toks.append(t)
@@ -148,6 +158,13 @@ def test_generation_matches_transformers_generate(prefix, model_and_tok):
     ref = _hf_generate(model, prompts, 8, stop, tok.pad_token_id)
     assert any(len(r) < 8 for r in ref) and any(len(r) == 8 for r in ref)
     for bs, share in ((1, True), (4, True), (7, True), (4, False)):
-        got = generate(model, prompts, max_new_tokens=8, stop_ids=stop, pad_id=tok.pad_token_id,
-                       batch_size=bs, share_prefix=share)
+        got = generate(
+            model,
+            prompts,
+            max_new_tokens=8,
+            stop_ids=stop,
+            pad_id=tok.pad_token_id,
+            batch_size=bs,
+            share_prefix=share,
+        )
         assert got == ref, (bs, share)

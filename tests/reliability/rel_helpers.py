@@ -38,7 +38,11 @@ def small_records(n: int = 36, seed: int = 0) -> list[dict]:
     rng = random.Random(seed)
     vocab = [f"w{i}" + "".join(rng.choice("abcdefghij") for _ in range(3)) for i in range(400)]
     return [
-        {"id": f"r{i}", "text": " ".join(rng.sample(vocab, rng.randint(6, 10))), "label": LABELS[i % 3]}
+        {
+            "id": f"r{i}",
+            "text": " ".join(rng.sample(vocab, rng.randint(6, 10))),
+            "label": LABELS[i % 3],
+        }
         for i in range(n)
     ]
 
@@ -63,15 +67,22 @@ def small_spec(base: Path, **train) -> dict:
         # dropout > 0: resuming must also restore the RNG for the result to be bitwise equal
         "adapter": {"r": 4, "alpha": 8, "dropout": 0.1},
         "train": {
-            "seed": 0, "max_steps": 12, "save_every": 2, "micro_batch": 2, "precision": "fp32",
-            "lr": 0.01, "warmup_ratio": 0.0, **train,
+            "seed": 0,
+            "max_steps": 12,
+            "save_every": 2,
+            "micro_batch": 2,
+            "precision": "fp32",
+            "lr": 0.01,
+            "warmup_ratio": 0.0,
+            **train,
         },
         "eval": {"batch_size": 16, "precision": "fp32"},
     }
 
 
-def small_pilot(folder: Path, base: Path, records: list[dict] | None = None, spec: dict | None = None,
-                **train) -> Path:
+def small_pilot(
+    folder: Path, base: Path, records: list[dict] | None = None, spec: dict | None = None, **train
+) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     spec = spec or small_spec(base, **train)
     (folder / "pilot.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
@@ -128,8 +139,14 @@ sys.exit(code)
 """
 
 
-def run_measured(argv: list[str], *, timeout: float = 120, env: dict | None = None, cwd: Path | None = None,
-                 umask: int | None = None) -> Finished:
+def run_measured(
+    argv: list[str],
+    *,
+    timeout: float = 120,
+    env: dict | None = None,
+    cwd: Path | None = None,
+    umask: int | None = None,
+) -> Finished:
     """Run to the end: its wall time and its own peak RSS (0 when not measured).
 
     A run over `timeout` is SIGKILLed and the test fails: a hang is a bug.
@@ -141,15 +158,23 @@ def run_measured(argv: list[str], *, timeout: float = 120, env: dict | None = No
     os.close(fd)
     env = {**(env or {}), "LORAPILOT_TEST_RSS_FILE": rss_file}
     t0 = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-S", "-c", _LAUNCHER, *argv], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=cli_env(env), cwd=cwd, preexec_fn=preexec)
+    proc = subprocess.Popen(
+        [sys.executable, "-S", "-c", _LAUNCHER, *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=cli_env(env),
+        cwd=cwd,
+        preexec_fn=preexec,
+    )
     out: dict[str, bytes] = {}
 
     def drain(name: str, stream) -> None:
         out[name] = stream.read()
 
-    readers = [threading.Thread(target=drain, args=(n, s), daemon=True)
-               for n, s in (("stdout", proc.stdout), ("stderr", proc.stderr))]
+    readers = [
+        threading.Thread(target=drain, args=(n, s), daemon=True)
+        for n, s in (("stdout", proc.stdout), ("stderr", proc.stderr))
+    ]
     for r in readers:
         r.start()
     while True:
@@ -169,15 +194,28 @@ def run_measured(argv: list[str], *, timeout: float = 120, env: dict | None = No
         r.join()
     rss = Path(rss_file).read_text()
     os.unlink(rss_file)
-    return Finished(proc.returncode, out["stdout"].decode("utf-8", "replace"), out["stderr"].decode("utf-8", "replace"),
-                    time.monotonic() - t0, int(rss or 0))
+    return Finished(
+        proc.returncode,
+        out["stdout"].decode("utf-8", "replace"),
+        out["stderr"].decode("utf-8", "replace"),
+        time.monotonic() - t0,
+        int(rss or 0),
+    )
 
 
-def run_ok(*args: str, expect: int = 0, timeout: float = 300, env: dict | None = None, argv: list[str] | None = None,
-           **kw) -> dict:
+def run_ok(
+    *args: str,
+    expect: int = 0,
+    timeout: float = 300,
+    env: dict | None = None,
+    argv: list[str] | None = None,
+    **kw,
+) -> dict:
     """A verb with --json: exit code as expected, no traceback, exactly one JSON object."""
     res = run_measured(argv or cli_args(*args, "--json"), timeout=timeout, env=env, **kw)
-    assert res.returncode == expect, f"exit {res.returncode}\nstdout:\n{res.stdout}\nstderr:\n{res.stderr}"
+    assert res.returncode == expect, (
+        f"exit {res.returncode}\nstdout:\n{res.stdout}\nstderr:\n{res.stderr}"
+    )
     assert "Traceback" not in res.stderr, res.stderr
     return res.json()
 
@@ -205,7 +243,9 @@ def existing_runs(pilot: Path) -> set[str]:
 
 
 def start(argv: list[str], env: dict | None = None) -> subprocess.Popen:
-    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=cli_env(env))
+    return subprocess.Popen(
+        argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=cli_env(env)
+    )
 
 
 def sigkill(proc: subprocess.Popen) -> int:

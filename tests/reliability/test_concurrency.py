@@ -22,9 +22,17 @@ def test_two_train_runs_at_once_get_distinct_ids_and_intact_records(tmp_path, ti
     spec and seed: nothing leaked from one run into the other). Run under umask 027, every
     file they wrote (checkpoints, safetensors, logs) follows it."""
     pilot = small_pilot(tmp_path / "pilot", tiny_model_dir, max_steps=4)
-    procs = [subprocess.Popen(cli_args("train", str(pilot), "--json", "--no-progress"), stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env=cli_env(), preexec_fn=lambda: os.umask(0o027))
-             for _ in range(2)]
+    procs = [
+        subprocess.Popen(
+            cli_args("train", str(pilot), "--json", "--no-progress"),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=cli_env(),
+            preexec_fn=lambda: os.umask(0o027),
+        )
+        for _ in range(2)
+    ]
     outs = []
     for p in procs:
         stdout, stderr = p.communicate(timeout=300)
@@ -51,7 +59,9 @@ def _ledger_writer(pilot_dir: str, index: int, barrier, results) -> None:
     from lorapilot.evaluate.stage import record_test_access
 
     barrier.wait()
-    earlier = record_test_access(Path(pilot_dir), f"eval-20260101-00000{index}-abcdef", "base", None)
+    earlier = record_test_access(
+        Path(pilot_dir), f"eval-20260101-00000{index}-abcdef", "base", None
+    )
     results.put(len(earlier))
 
 
@@ -60,7 +70,10 @@ def test_the_test_ledger_is_appended_under_a_lock(tmp_path):
     earlier accesses (0..7), i.e. each read-then-append happened alone."""
     ctx = multiprocessing.get_context("fork")
     barrier, results = ctx.Barrier(8), ctx.Queue()
-    procs = [ctx.Process(target=_ledger_writer, args=(str(tmp_path), i, barrier, results)) for i in range(8)]
+    procs = [
+        ctx.Process(target=_ledger_writer, args=(str(tmp_path), i, barrier, results))
+        for i in range(8)
+    ]
     for p in procs:
         p.start()
     for p in procs:
@@ -70,4 +83,6 @@ def test_the_test_ledger_is_appended_under_a_lock(tmp_path):
     assert seen == list(range(8))
     lines = (tmp_path / "runs" / "test_ledger.jsonl").read_text().splitlines()
     assert len(lines) == 8
-    assert sorted(json.loads(x)["run"] for x in lines) == sorted(f"eval-20260101-00000{i}-abcdef" for i in range(8))
+    assert sorted(json.loads(x)["run"] for x in lines) == sorted(
+        f"eval-20260101-00000{i}-abcdef" for i in range(8)
+    )

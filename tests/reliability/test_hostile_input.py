@@ -60,22 +60,50 @@ def _dump(obj) -> bytes:
 # Each kind builds one line from (i, draw): (bytes, must_reject).
 @st.composite
 def hostile_line(draw, i: int):
-    kind = draw(st.sampled_from([
-        "valid", "unknown_keys", "truncated", "bad_utf8", "nul_raw", "nul_escaped", "bom_mid",
-        "deep", "wrong_type", "control_label", "control_text", "surrogate", "random_bytes", "long",
-    ]))
+    kind = draw(
+        st.sampled_from(
+            [
+                "valid",
+                "unknown_keys",
+                "truncated",
+                "bad_utf8",
+                "nul_raw",
+                "nul_escaped",
+                "bom_mid",
+                "deep",
+                "wrong_type",
+                "control_label",
+                "control_text",
+                "surrogate",
+                "random_bytes",
+                "long",
+            ]
+        )
+    )
     good = _dump(_rec(i))
     if kind == "valid":
         return kind, good, False
     if kind == "unknown_keys":
-        extra = draw(st.dictionaries(st.text(min_size=1, max_size=5).filter(lambda k: k not in ("id", "text", "label")),
-                                     st.one_of(st.none(), st.integers(), st.text(max_size=5)), min_size=1, max_size=3))
+        extra = draw(
+            st.dictionaries(
+                st.text(min_size=1, max_size=5).filter(lambda k: k not in ("id", "text", "label")),
+                st.one_of(st.none(), st.integers(), st.text(max_size=5)),
+                min_size=1,
+                max_size=3,
+            )
+        )
         return kind, _dump({**_rec(i), **extra}), False
     if kind == "truncated":
         return kind, good[: draw(st.integers(1, len(good) - 1))], True
     if kind == "bad_utf8":
         at = draw(st.integers(0, len(good)))
-        return kind, good[:at] + draw(st.sampled_from([b"\xff", b"\xc3", b"\xed\xa0\x80", b"\x80"])) + good[at:], True
+        return (
+            kind,
+            good[:at]
+            + draw(st.sampled_from([b"\xff", b"\xc3", b"\xed\xa0\x80", b"\x80"]))
+            + good[at:],
+            True,
+        )
     if kind == "nul_raw":
         at = draw(st.integers(0, len(good)))
         return kind, good[:at] + b"\x00" + good[at:], True
@@ -103,8 +131,11 @@ def hostile_line(draw, i: int):
     if kind == "surrogate":
         return kind, good.replace(b'"some', b'"\\udc80some'), True
     if kind == "random_bytes":
-        raw = draw(st.binary(min_size=1, max_size=40).filter(
-            lambda b: b"\n" not in b and b.strip() and not b.startswith(b"\xef\xbb\xbf")))
+        raw = draw(
+            st.binary(min_size=1, max_size=40).filter(
+                lambda b: b"\n" not in b and b.strip() and not b.startswith(b"\xef\xbb\xbf")
+            )
+        )
         return kind, raw, True  # cannot be a valid record: it would need "text" and "label"
     return kind, LONG, True  # expanded when the file is written: hypothesis prints its draws
 
@@ -128,13 +159,24 @@ def _printable(msg: str) -> bool:
     return all(ch.isprintable() for ch in msg)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                  HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[
+        HealthCheck.function_scoped_fixture,
+        HealthCheck.too_slow,
+        HealthCheck.data_too_large,
+    ],
+)
 @given(f=hostile_file())
 def test_hostile_data_lines_are_each_rejected_or_counted(tmp_path, f):
     lines, bom = f
     path = tmp_path / "data.jsonl"
-    path.write_bytes((b"\xef\xbb\xbf" if bom else b"") + b"\n".join(_expand(raw, i) for i, (_, raw, _) in enumerate(lines)) + b"\n")
+    path.write_bytes(
+        (b"\xef\xbb\xbf" if bom else b"")
+        + b"\n".join(_expand(raw, i) for i, (_, raw, _) in enumerate(lines))
+        + b"\n"
+    )
     COUNTS["data_files_tried"] += 1
     COUNTS["data_lines_tried"] += len(lines)
     if not bom and lines[0][0] == "bom_mid":  # a BOM that starts the file is allowed
@@ -148,7 +190,10 @@ def test_hostile_data_lines_are_each_rejected_or_counted(tmp_path, f):
         assert "no records" in str(e)
         return
     assert time.monotonic() - t0 < TIME_LIMIT_S
-    assert sorted(s.line for s in skipped) == must, ([k for k, _, _ in lines], [(s.line, s.problem) for s in skipped])
+    assert sorted(s.line for s in skipped) == must, (
+        [k for k, _, _ in lines],
+        [(s.line, s.problem) for s in skipped],
+    )
     assert len(records) == len(lines) - len(must)
     COUNTS["data_lines_skipped"] += len(skipped)
     assert all(_printable(s.problem) for s in skipped), [s.problem for s in skipped]
@@ -168,7 +213,9 @@ def test_a_bom_does_not_split_a_line_just_over_the_limit(tmp_path):
     path = tmp_path / "data.jsonl"
     path.write_bytes(b"\xef\xbb\xbf" + line + b"\n" + _dump(_rec(2)) + b"\n")
     records, skipped = load_records(path, TASK, DataSpec(file="data.jsonl", on_error="skip"))
-    assert [(s.line, s.problem) for s in skipped] == [(1, f"line too long (over {MAX_LINE_BYTES} bytes)")]
+    assert [(s.line, s.problem) for s in skipped] == [
+        (1, f"line too long (over {MAX_LINE_BYTES} bytes)")
+    ]
     assert [r.id for r in records] == ["h2"]
     exact = b'{"id": "e", "label": "beta", "text": "' + b"z" * (MAX_LINE_BYTES - 38 - 2) + b'"}'
     assert len(exact) == MAX_LINE_BYTES
@@ -192,10 +239,24 @@ def _bomb(levels: int = 12) -> bytes:
 
 @st.composite
 def hostile_spec(draw):
-    kind = draw(st.sampled_from([
-        "random_bytes", "truncated", "bad_utf8", "bom", "nul", "deep_flow", "deep_block", "bomb",
-        "wrong_type", "unknown_key", "control_label", "not_mapping",
-    ]))
+    kind = draw(
+        st.sampled_from(
+            [
+                "random_bytes",
+                "truncated",
+                "bad_utf8",
+                "bom",
+                "nul",
+                "deep_flow",
+                "deep_block",
+                "bomb",
+                "wrong_type",
+                "unknown_key",
+                "control_label",
+                "not_mapping",
+            ]
+        )
+    )
     if kind == "random_bytes":
         return kind, draw(st.binary(max_size=200))
     if kind == "truncated":
@@ -213,15 +274,45 @@ def hostile_spec(draw):
         return kind, GOOD_SPEC + b"extra: " + b"[" * depth + b"]" * depth + b"\n"
     if kind == "deep_block":
         depth = draw(st.sampled_from([200, 2_000]))
-        return kind, GOOD_SPEC + b"extra:\n" + b"".join(b" " * (d + 1) + b"k:\n" for d in range(depth))
+        return kind, GOOD_SPEC + b"extra:\n" + b"".join(
+            b" " * (d + 1) + b"k:\n" for d in range(depth)
+        )
     if kind == "bomb":
         return kind, GOOD_SPEC + _bomb()
     if kind == "wrong_type":
-        key = draw(st.sampled_from(["adapter.r", "train.lr", "task.labels", "name", "data.max_length", "train.precision"]))
-        value = draw(st.sampled_from(["[1, 2]", "{a: 1}", "-1", "yes", "''", "null", "1e999", ".inf",
-                                      # values whose YAML constructor itself fails
-                                      "2001-02-30", "!!int x", "!!float x", "!!timestamp 2020-99-99",
-                                      "!!python/object:os.system x", "!!binary '@@@'"]))
+        key = draw(
+            st.sampled_from(
+                [
+                    "adapter.r",
+                    "train.lr",
+                    "task.labels",
+                    "name",
+                    "data.max_length",
+                    "train.precision",
+                ]
+            )
+        )
+        value = draw(
+            st.sampled_from(
+                [
+                    "[1, 2]",
+                    "{a: 1}",
+                    "-1",
+                    "yes",
+                    "''",
+                    "null",
+                    "1e999",
+                    ".inf",
+                    # values whose YAML constructor itself fails
+                    "2001-02-30",
+                    "!!int x",
+                    "!!float x",
+                    "!!timestamp 2020-99-99",
+                    "!!python/object:os.system x",
+                    "!!binary '@@@'",
+                ]
+            )
+        )
         section, _, leaf = key.rpartition(".")
         text = GOOD_SPEC.decode()
         if section:
@@ -240,7 +331,9 @@ def hostile_spec(draw):
         return kind, yaml.safe_dump(raw).encode()
     if kind == "control_label":
         raw = yaml.safe_load(GOOD_SPEC)
-        raw["task"]["labels"][0] = "alpha" + draw(st.sampled_from(["\x07", "\x1b[31m", "\x00", "\n", "\t"]))
+        raw["task"]["labels"][0] = "alpha" + draw(
+            st.sampled_from(["\x07", "\x1b[31m", "\x00", "\n", "\t"])
+        )
         return kind, yaml.safe_dump(raw).encode()
     return kind, draw(st.sampled_from([b"- a\n- b\n", b"42\n", b"just text\n", b"", b"~\n"]))
 
@@ -250,8 +343,11 @@ def hostile_spec(draw):
 MAY_LOAD = {"bom", "wrong_type", "truncated"}
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                  HealthCheck.too_slow])
+@settings(
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 @given(case=hostile_spec())
 def test_hostile_specs_are_refused_with_a_message_naming_the_file(tmp_path, case):
     kind, content = case
@@ -294,9 +390,15 @@ SPEC_CASES = {
     "control_label": GOOD_SPEC.replace(b"- alpha", b'- "alpha\\e[31m"'),
 }
 SPEC_NEEDLES = {
-    "random_bytes": "not valid UTF-8", "invalid_utf8": "not valid UTF-8", "nul": "NUL byte",
-    "deep_100k": "nested too deeply", "yaml_bomb": "aliases", "50MB": "too large", "wrong_type": "adapter.r",
-    "unknown_key": "trian: unknown key", "control_label": "control characters",
+    "random_bytes": "not valid UTF-8",
+    "invalid_utf8": "not valid UTF-8",
+    "nul": "NUL byte",
+    "deep_100k": "nested too deeply",
+    "yaml_bomb": "aliases",
+    "50MB": "too large",
+    "wrong_type": "adapter.r",
+    "unknown_key": "trian: unknown key",
+    "control_label": "control characters",
 }
 
 
@@ -306,7 +408,9 @@ def test_check_refuses_a_hostile_spec_with_exit_2_quickly(case, tmp_path):
     res = _cli("check", str(tmp_path), "--json", timeout=TIME_LIMIT_S)
     assert res.returncode == 2, res.stderr
     out = res.json()
-    assert SPEC_NEEDLES[case] in out["error"] and str(tmp_path / "pilot.yaml") in out["error"], out["error"]
+    assert SPEC_NEEDLES[case] in out["error"] and str(tmp_path / "pilot.yaml") in out["error"], out[
+        "error"
+    ]
     COUNTS[f"cli_check_{case}_s"] = round(res.seconds, 2)
 
 
@@ -314,16 +418,19 @@ def _hostile_data(tmp_path) -> tuple[bytes, list[int]]:
     """36 good records with every hostile line kind between them -> (file, bad line numbers)."""
     good = [json.dumps(r).encode() for r in small_records()]
     bad = [
-        b'{"id": "x0", "text": "markup", "label": "[/x][red]"}',              # rich markup in a label
-        b'{"id": "x1", "text": "cut here',                                    # truncated JSON
-        b'{"id": "x2", "text": "caf\xe9", "label": "alpha"}',                 # invalid UTF-8
-        b"\xef\xbb\xbf" + good[0].replace(b'"r0"', b'"x3"'),                  # BOM mid-file
-        b'{"id": "x4", "text": "a\\u0000b", "label": "alpha"}',               # NUL
+        b'{"id": "x0", "text": "markup", "label": "[/x][red]"}',  # rich markup in a label
+        b'{"id": "x1", "text": "cut here',  # truncated JSON
+        b'{"id": "x2", "text": "caf\xe9", "label": "alpha"}',  # invalid UTF-8
+        b"\xef\xbb\xbf" + good[0].replace(b'"r0"', b'"x3"'),  # BOM mid-file
+        b'{"id": "x4", "text": "a\\u0000b", "label": "alpha"}',  # NUL
         b'{"id": "x5", "text": "' + b"y" * (50 << 20) + b'", "label": "beta"}',  # a 50 MB line
-        b'{"id": "x6", "text": "deep", "label": "beta", "n": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
-        b'{"id": "x7", "text": ["not", "a", "string"], "label": "gamma"}',    # wrong type
-        b'{"id": "x8", "text": "bell", "label": "gamma\\u0007\\u001b[2J"}',   # control chars
-        bytes(range(1, 10)) + bytes(range(11, 256)),                           # random bytes
+        b'{"id": "x6", "text": "deep", "label": "beta", "n": '
+        + b"[" * 100_000
+        + b"]" * 100_000
+        + b"}",
+        b'{"id": "x7", "text": ["not", "a", "string"], "label": "gamma"}',  # wrong type
+        b'{"id": "x8", "text": "bell", "label": "gamma\\u0007\\u001b[2J"}',  # control chars
+        bytes(range(1, 10)) + bytes(range(11, 256)),  # random bytes
     ]
     lines, bad_at = [], []
     for i, g in enumerate(good):
@@ -344,7 +451,10 @@ def test_data_verb_on_a_hostile_file_counts_skips_or_exits_2(policy, tmp_path, t
     (pilot / "data.jsonl").write_bytes(content)
 
     t0 = time.monotonic()  # the loader alone, without the CLI's start-up (imports ~5 s here)
-    task, data = TaskSpec(kind="classification", labels=LABELS), DataSpec(file="data.jsonl", on_error="skip")
+    task, data = (
+        TaskSpec(kind="classification", labels=LABELS),
+        DataSpec(file="data.jsonl", on_error="skip"),
+    )
     load_records(pilot / "data.jsonl", task, data)
     assert time.monotonic() - t0 < TIME_LIMIT_S
 
@@ -360,7 +470,10 @@ def test_data_verb_on_a_hostile_file_counts_skips_or_exits_2(policy, tmp_path, t
         assert all(_printable(s["problem"]) for s in out["skipped"])
     else:
         assert res.returncode == 2, res.stderr
-        assert f"data.jsonl:{bad_at[0]}: label '[/x][red]' is not one of the task labels" in " ".join(res.stderr.split())
+        assert (
+            f"data.jsonl:{bad_at[0]}: label '[/x][red]' is not one of the task labels"
+            in " ".join(res.stderr.split())
+        )
 
 
 def test_markup_in_user_text_is_shown_literally_not_interpreted(tmp_path):
@@ -372,7 +485,9 @@ def test_markup_in_user_text_is_shown_literally_not_interpreted(tmp_path):
     spec = yaml.safe_load(GOOD_SPEC)
     spec["hypothesis"] = "Tickets tagged [/x] and [red]urgent get routed."
     (tmp_path / "pilot.yaml").write_text(yaml.safe_dump(spec))
-    (tmp_path / "data.jsonl").write_text('{"text": "t", "label": "alpha"}\n')  # check finds the data
+    (tmp_path / "data.jsonl").write_text(
+        '{"text": "t", "label": "alpha"}\n'
+    )  # check finds the data
     res = _cli("check", str(tmp_path), timeout=TIME_LIMIT_S)
     assert res.returncode == 0 and "tagged [/x] and [red]urgent" in res.stdout, res.stderr
 

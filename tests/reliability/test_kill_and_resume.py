@@ -43,12 +43,19 @@ def reference(tiny_model_dir, tmp_path_factory) -> dict:
     pilot = small_pilot(tmp_path_factory.mktemp("reference") / "pilot", tiny_model_dir)
     out = run_ok("train", str(pilot), "--no-progress")
     run_dir = pilot / "runs" / out["run_id"]
-    return {"pilot": pilot, "run_id": out["run_id"], "run_dir": run_dir,
-            "adapter": adapter_tensors(run_dir / "adapter"), "steps": read_jsonl(run_dir / "steps.jsonl")}
+    return {
+        "pilot": pilot,
+        "run_id": out["run_id"],
+        "run_dir": run_dir,
+        "adapter": adapter_tensors(run_dir / "adapter"),
+        "steps": read_jsonl(run_dir / "steps.jsonl"),
+    }
 
 
 def _copy_pilot(reference: dict, dest: Path) -> Path:
-    shutil.copytree(reference["pilot"], dest, ignore=shutil.ignore_patterns("runs", "report", "deliverable"))
+    shutil.copytree(
+        reference["pilot"], dest, ignore=shutil.ignore_patterns("runs", "report", "deliverable")
+    )
     return dest
 
 
@@ -62,9 +69,15 @@ def _lines(path: Path) -> int:
 def _assert_resumed_like_reference(pilot: Path, run_id: str, reference: dict) -> None:
     run_dir = pilot / "runs" / run_id
     steps = read_jsonl(run_dir / "steps.jsonl")
-    assert [r["step"] for r in steps] == list(range(1, MAX_STEPS + 1)), "duplicated or missing steps"
+    assert [r["step"] for r in steps] == list(range(1, MAX_STEPS + 1)), (
+        "duplicated or missing steps"
+    )
     for mine, ref in zip(steps, reference["steps"], strict=True):
-        assert (mine["loss"], mine["lr"], mine["grad_norm"]) == (ref["loss"], ref["lr"], ref["grad_norm"]), mine["step"]
+        assert (mine["loss"], mine["lr"], mine["grad_norm"]) == (
+            ref["loss"],
+            ref["lr"],
+            ref["grad_norm"],
+        ), mine["step"]
     assert [r["step"] for r in read_jsonl(run_dir / "val.jsonl")] == [0, MAX_STEPS]
     assert_same_tensors(adapter_tensors(run_dir / "adapter"), reference["adapter"])
     listed = run_ok("runs", str(pilot))["runs"]
@@ -81,9 +94,15 @@ def test_sigkill_at_a_random_step_then_resume_is_bitwise_identical(seed, referen
     pilot = _copy_pilot(reference, tmp_path / "pilot")
     proc = start(cli_args("train", str(pilot), "--json", "--no-progress"))
     run_dir = new_run_json(pilot / "runs", set())
-    assert run_dir is not None, proc.stderr.read().decode() if proc.poll() is not None else "no run.json"
+    assert run_dir is not None, (
+        proc.stderr.read().decode() if proc.poll() is not None else "no run.json"
+    )
     deadline = time.time() + 120
-    while _lines(run_dir / "steps.jsonl") < kill_after and proc.poll() is None and time.time() < deadline:
+    while (
+        _lines(run_dir / "steps.jsonl") < kill_after
+        and proc.poll() is None
+        and time.time() < deadline
+    ):
         time.sleep(0.005)
     assert sigkill(proc) == -9, "the run ended before the kill landed"
     assert json.loads((run_dir / "run.json").read_text())["status"] == "running"
@@ -91,9 +110,15 @@ def test_sigkill_at_a_random_step_then_resume_is_bitwise_identical(seed, referen
     assert [(r["id"], r["status"]) for r in listed] == [(run_dir.name, "interrupted")]
 
     ckpts = run_dir / "checkpoints"
-    latest = json.loads((ckpts / "latest.json").read_text())["step"] if (ckpts / "latest.json").exists() else None
+    latest = (
+        json.loads((ckpts / "latest.json").read_text())["step"]
+        if (ckpts / "latest.json").exists()
+        else None
+    )
     out = run_ok("train", str(pilot), "--resume", run_dir.name, "--no-progress")
-    assert out["run_id"] == run_dir.name and out["status"] == "completed" and out["steps"] == MAX_STEPS
+    assert (
+        out["run_id"] == run_dir.name and out["status"] == "completed" and out["steps"] == MAX_STEPS
+    )
     assert out["resumed_from"] == latest  # the last checkpoint whose write completed (None: from 0)
     _assert_resumed_like_reference(pilot, run_dir.name, reference)
 
@@ -115,11 +140,18 @@ def test_crash_between_checkpoint_write_and_rename_keeps_the_previous_one(refere
     partial copy, a bad disk) fails its sha256 and is never loaded: resume takes the one
     before, and the result is still the uninterrupted one, bit for bit."""
     pilot = _copy_pilot(reference, tmp_path / "pilot")
-    res = run_measured(wrapped_args(CRASH_IN_CHECKPOINT_RENAME, "train", str(pilot), "--json", "--no-progress"))
+    res = run_measured(
+        wrapped_args(CRASH_IN_CHECKPOINT_RENAME, "train", str(pilot), "--json", "--no-progress")
+    )
     assert res.returncode == -9, res.stderr
     (run_dir,) = (pilot / "runs").iterdir()
     ckpts = run_dir / "checkpoints"
-    assert sorted(p.name for p in ckpts.iterdir()) == [".tmp-step-6", "latest.json", "step-2", "step-4"]
+    assert sorted(p.name for p in ckpts.iterdir()) == [
+        ".tmp-step-6",
+        "latest.json",
+        "step-2",
+        "step-4",
+    ]
     assert (ckpts / ".tmp-step-6" / "checksums.json").is_file()  # written, never renamed
     assert json.loads((ckpts / "latest.json").read_text()) == {"step": 4}
 
@@ -130,13 +162,18 @@ def test_crash_between_checkpoint_write_and_rename_keeps_the_previous_one(refere
     out = run_ok("train", str(pilot), "--resume", run_dir.name, "--set", "train.lr=0.02", expect=2)
     assert "differs from the one the run started with" in out["error"]
 
-    res = run_measured(cli_args("train", str(pilot), "--resume", run_dir.name, "--json", "--no-progress"))
+    res = run_measured(
+        cli_args("train", str(pilot), "--resume", run_dir.name, "--json", "--no-progress")
+    )
     assert res.returncode == 0, res.stderr
     assert "Traceback" not in res.stderr
     out = res.json()
     assert out["resumed_from"] == 2
     flat = " ".join(res.stderr.split())  # rich wraps long log lines
-    assert "step-4 is not usable" in flat and "adapter_model.safetensors does not match its checksum" in flat
+    assert (
+        "step-4 is not usable" in flat
+        and "adapter_model.safetensors does not match its checksum" in flat
+    )
     assert not (ckpts / ".tmp-step-6").exists()
     _assert_resumed_like_reference(pilot, run_dir.name, reference)
 
@@ -162,13 +199,17 @@ def _kill_with_children(proc, run_dir: Path) -> int:
         ("verify", []),
     ],
 )
-def test_sigkill_during_a_verb_leaves_an_interrupted_run_and_a_rerun_works(verb, rerun_flags, reference):
+def test_sigkill_during_a_verb_leaves_an_interrupted_run_and_a_rerun_works(
+    verb, rerun_flags, reference
+):
     pilot = reference["pilot"]  # it has a completed train run, which verify needs
     before = existing_runs(pilot)
     flags = ["--no-progress"] if verb in ("baseline", "probe") else []
     proc = start(cli_args(verb, str(pilot), "--json", *flags))
     run_dir = new_run_json(pilot / "runs", before)
-    assert run_dir is not None, proc.stderr.read().decode() if proc.poll() is not None else "no run.json"
+    assert run_dir is not None, (
+        proc.stderr.read().decode() if proc.poll() is not None else "no run.json"
+    )
     assert _kill_with_children(proc, run_dir) == -9
 
     raw = json.loads((run_dir / "run.json").read_text())

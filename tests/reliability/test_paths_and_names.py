@@ -23,11 +23,14 @@ def pilot(tmp_path, tiny_model_dir):
     return small_pilot(tmp_path / "pilot", tiny_model_dir)
 
 
-@pytest.mark.parametrize("args", [
-    ("eval", "--run", "train-20260101-000000-abcdef/../../x"),
-    ("verify", "--run", "/etc"),
-    ("train", "--resume", "../../etc/passwd"),
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("eval", "--run", "train-20260101-000000-abcdef/../../x"),
+        ("verify", "--run", "/etc"),
+        ("train", "--resume", "../../etc/passwd"),
+    ],
+)
 def test_run_ids_from_the_command_line_cannot_name_a_path(args, pilot, tmp_path):
     verb, *rest = args
     out = run_ok(verb, str(pilot), *rest, expect=2)
@@ -35,11 +38,14 @@ def test_run_ids_from_the_command_line_cannot_name_a_path(args, pilot, tmp_path)
     assert not (pilot / "runs").exists() or not any((pilot / "runs").iterdir())
 
 
-@pytest.mark.parametrize("verb, setting, needle", [
-    ("data", "data.file=../outside.jsonl", "points outside the pilot folder"),
-    ("check", "name=../x", "name: must be 1-64 of letters"),
-    ("check", "../x=1", "is not a key path"),
-])
+@pytest.mark.parametrize(
+    "verb, setting, needle",
+    [
+        ("data", "data.file=../outside.jsonl", "points outside the pilot folder"),
+        ("check", "name=../x", "name: must be 1-64 of letters"),
+        ("check", "../x=1", "is not a key path"),
+    ],
+)
 def test_set_values_cannot_move_data_or_names_outside(verb, setting, needle, pilot, tmp_path):
     (tmp_path / "outside.jsonl").write_text((pilot / "data.jsonl").read_text())
     out = run_ok(verb, str(pilot), "--set", setting, expect=2)
@@ -72,12 +78,17 @@ def test_a_runs_symlink_out_of_the_pilot_folder_is_refused(pilot, tmp_path):
     (pilot / "runs").symlink_to(elsewhere, target_is_directory=True)
     for verb in ("data", "runs"):
         out = run_ok(verb, str(pilot), expect=2)
-        assert f"{pilot / 'runs'} is a symlink to {elsewhere}, outside the pilot folder" in out["error"]
+        assert (
+            f"{pilot / 'runs'} is a symlink to {elsewhere}, outside the pilot folder"
+            in out["error"]
+        )
     assert not any(elsewhere.iterdir())  # nothing was written through it
     # a run folder that is a symlink is refused too (a resume would write through it)
     (pilot / "runs").unlink()
     (pilot / "runs").mkdir()
-    (pilot / "runs" / "train-20260101-000000-abcdef").symlink_to(elsewhere, target_is_directory=True)
+    (pilot / "runs" / "train-20260101-000000-abcdef").symlink_to(
+        elsewhere, target_is_directory=True
+    )
     out = run_ok("train", str(pilot), "--resume", "train-20260101-000000-abcdef", expect=2)
     assert "is a symlink; a run folder must be a real folder" in out["error"]
 

@@ -18,7 +18,13 @@ def test_verify_refuses_a_changed_adapter_file_template_or_data(tmp_path, tiny_m
     base = tmp_path / "base"
     shutil.copytree(tiny_model_dir, base)
     pilot = small_pilot(tmp_path / "pilot", base, max_steps=2)
-    adapter = tmp_path / "pilot" / "runs" / run_ok("train", str(pilot), "--no-progress")["run_id"] / "adapter"
+    adapter = (
+        tmp_path
+        / "pilot"
+        / "runs"
+        / run_ok("train", str(pilot), "--no-progress")["run_id"]
+        / "adapter"
+    )
 
     weights = adapter / "adapter_model.safetensors"
     original = weights.read_bytes()
@@ -30,9 +36,14 @@ def test_verify_refuses_a_changed_adapter_file_template_or_data(tmp_path, tiny_m
     weights.write_bytes(original)
 
     template = base / "chat_template.jinja"
-    template.write_text("{# renders the same, but is not the template trained with #}" + template.read_text())
+    template.write_text(
+        "{# renders the same, but is not the template trained with #}" + template.read_text()
+    )
     with (pilot / "data.jsonl").open("a") as f:
-        f.write(json.dumps({"id": "late", "text": "one record added after training", "label": "beta"}) + "\n")
+        f.write(
+            json.dumps({"id": "late", "text": "one record added after training", "label": "beta"})
+            + "\n"
+        )
     out = run_ok("verify", str(pilot), expect=1)
     problems = " ".join(out["problems"])
     assert "chat template sha256" in problems and "tokenizer sha256" in problems

@@ -41,8 +41,10 @@ def _unchanged(before: dict) -> None:
 
 
 def _run_with_full_disk(pilot, verb: str, fail_writes_to: str, *flags: str):
-    res = run_measured(wrapped_args(DISK_FULL, verb, str(pilot), "--json", *flags),
-                       env={"FAIL_WRITES_TO": fail_writes_to})
+    res = run_measured(
+        wrapped_args(DISK_FULL, verb, str(pilot), "--json", *flags),
+        env={"FAIL_WRITES_TO": fail_writes_to},
+    )
     assert res.returncode == 1, res.stderr
     assert "Traceback" not in res.stderr, res.stderr
     out = res.json()
@@ -72,7 +74,9 @@ def test_disk_full_mid_run_marks_that_run_failed_and_keeps_the_others(pilot_with
     assert "No space left on device" in failed["error"]
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes through a read-only mode; the ENOSPC tests cover it")
+@pytest.mark.skipif(
+    os.geteuid() == 0, reason="root writes through a read-only mode; the ENOSPC tests cover it"
+)
 def test_read_only_runs_folder_exits_1(pilot_with_a_run):
     pilot, first, before = pilot_with_a_run
     runs = pilot / "runs"

@@ -18,7 +18,11 @@ PROTOCOL = {"mode": "score", "batch_size": 32, "precision": "bf16", "eval_protoc
 def _record(pilot_dir, kind, protocol, *, in_record=True):
     with registry.open_run(pilot_dir, kind, config={"name": "t"}) as run:
         run.record.data_version = "dv-1"
-        result = {"split": "val", "metrics": {"accuracy": 0.5}, "eval_protocol": protocol["eval_protocol"]}
+        result = {
+            "split": "val",
+            "metrics": {"accuracy": 0.5},
+            "eval_protocol": protocol["eval_protocol"],
+        }
         if in_record:
             result["protocol"] = protocol
         else:  # older records: the protocol only in protocol.json
@@ -29,12 +33,19 @@ def _record(pilot_dir, kind, protocol, *, in_record=True):
 
 def test_not_comparable_reason_names_the_protocol_keys(tmp_path):
     pilot_dir = tmp_path / "tt"
-    shutil.copytree(EXAMPLES / "ticket-triage", pilot_dir, ignore=shutil.ignore_patterns("runs", "report", "deliverable"))
+    shutil.copytree(
+        EXAMPLES / "ticket-triage",
+        pilot_dir,
+        ignore=shutil.ignore_patterns("runs", "report", "deliverable"),
+    )
     pilot = load_pilot(pilot_dir)
     base = _record(pilot_dir, "baseline", PROTOCOL, in_record=False)
     other = _record(pilot_dir, "train", {**PROTOCOL, "batch_size": 8, "eval_protocol": "ep-bbbb"})
     row = run_summary(pilot, other, base)
     assert row["comparable"] is False and "deltas" not in row
-    assert row["not_comparable_reason"] == "evaluation protocols differ (ep-aaaa vs ep-bbbb): batch_size (32 vs 8)"
+    assert (
+        row["not_comparable_reason"]
+        == "evaluation protocols differ (ep-aaaa vs ep-bbbb): batch_size (32 vs 8)"
+    )
     same = _record(pilot_dir, "train", PROTOCOL)
     assert run_summary(pilot, same, base)["comparable"] is True

@@ -54,7 +54,18 @@ def md_section(md: str, title: str) -> str:
 
 def sparse_state(state: dict) -> dict:
     """The spec part only: nothing has run yet."""
-    keep = ("pilot", "name", "hypothesis", "task", "success", "guards", "limits", "model", "adapter", "train")
+    keep = (
+        "pilot",
+        "name",
+        "hypothesis",
+        "task",
+        "success",
+        "guards",
+        "limits",
+        "model",
+        "adapter",
+        "train",
+    )
     return {k: (v if k in keep else None) for k, v in state.items()}
 
 
@@ -145,7 +156,9 @@ def test_other_sections_show_their_key_facts(state, page):
     assert sha in section(page, "base-model")
     assert "12fd25f77366fa6b3b4b768ec3050bf629380bac" in section(page, "base-model")
     assert "4,884,480" in section(page, "adapter")
-    assert "NVIDIA H200" in section(page, "environment") and "2.13.0" in section(page, "environment")
+    assert "NVIDIA H200" in section(page, "environment") and "2.13.0" in section(
+        page, "environment"
+    )
     probe = section(page, "probe")
     assert "out of memory" in probe and "3.00 GiB" in probe
     budget = section(page, "budget")
@@ -164,8 +177,18 @@ def test_other_sections_show_their_key_facts(state, page):
 def test_states_with_nothing_run_render_and_say_not_run_yet(state, which):
     s = {"empty": {}, "sparse": sparse_state(state), "none": None}[which]
     page, md = render_html(s), render_markdown(s)
-    for sid in ("decision", "data", "environment", "probe", "budget", "results", "runs",
-                "training-curves", "verify", "test"):
+    for sid in (
+        "decision",
+        "data",
+        "environment",
+        "probe",
+        "budget",
+        "results",
+        "runs",
+        "training-curves",
+        "verify",
+        "test",
+    ):
         assert NOT_RUN in section(page, sid), sid
     assert "NO DECISION YET" in page
     assert md.count(NOT_RUN) >= 10
@@ -184,10 +207,18 @@ def test_a_baseline_without_a_train_run(state):
 
 def test_extraction_metrics_are_shown_per_field(state):
     def ext(f1s):
-        return {"n": 50, "json_valid_rate": 0.9, "schema_valid_rate": 0.88, "required_fields_rate": 0.85,
-                "field_f1": sum(f1s) / 2, "exact_match": 0.4,
-                "per_field": {name: {"accuracy": f, "precision": f, "recall": f, "f1": f, "support": 50}
-                              for name, f in zip(("total", "due_date"), f1s, strict=True)}}
+        return {
+            "n": 50,
+            "json_valid_rate": 0.9,
+            "schema_valid_rate": 0.88,
+            "required_fields_rate": 0.85,
+            "field_f1": sum(f1s) / 2,
+            "exact_match": 0.4,
+            "per_field": {
+                name: {"accuracy": f, "precision": f, "recall": f, "f1": f, "support": 50}
+                for name, f in zip(("total", "due_date"), f1s, strict=True)
+            },
+        }
 
     s = sparse_state(state)
     s["task"] = {"kind": "extraction", "fields": [{"name": "total"}, {"name": "due_date"}]}
@@ -262,11 +293,24 @@ def test_chromium_renders_the_page(page, tmp_path):
     src.write_text(page, encoding="utf-8")
     shot = tmp_path / "shot.png"
     proc = subprocess.run(
-        [shutil.which("chromium"), "--headless", "--no-sandbox", "--disable-gpu",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={shot}",
-         "--window-size=1200,3000", src.as_uri()],
-        capture_output=True, text=True, timeout=60, check=False,
+        [
+            shutil.which("chromium"),
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--no-first-run",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            f"--screenshot={shot}",
+            "--window-size=1200,3000",
+            src.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     assert shot.is_file(), proc.stderr[-2000:]
     data = shot.read_bytes()

@@ -43,7 +43,9 @@ def length_stats(encoded: dict[str, list[Encoded]], max_length: int) -> dict[str
 
 def expected_target(fmt: PromptFormatter, enc: Encoded) -> str:
     """What the loss positions must decode to, built from strings, not from the ids checked."""
-    eot = fmt.tok.convert_ids_to_tokens(enc.end_of_turn_id) if enc.end_of_turn_id is not None else ""
+    eot = (
+        fmt.tok.convert_ids_to_tokens(enc.end_of_turn_id) if enc.end_of_turn_id is not None else ""
+    )
     if fmt.loss_on == "all":
         return fmt.prompt_text(enc.extra["text"]) + enc.answer + eot
     return enc.answer + eot
@@ -77,7 +79,10 @@ def example_view(fmt: PromptFormatter, rec: Record, enc: Encoded, split: str) ->
 
 
 def mask_audit(
-    fmt: PromptFormatter, records: dict[str, list[Record]], encoded: dict[str, list[Encoded]], budget: int
+    fmt: PromptFormatter,
+    records: dict[str, list[Record]],
+    encoded: dict[str, list[Encoded]],
+    budget: int,
 ) -> dict[str, Any]:
     """Check every example: loss tokens decode to the answer, the eval prompt is the training
     prefix, nothing has zero loss tokens, the end-of-turn token is trained."""

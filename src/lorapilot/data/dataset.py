@@ -64,7 +64,9 @@ def source_hashes(pilot: Pilot, datasets_only: bool = False) -> dict[str, str]:
     if data.hf_dataset:
         from lorapilot.data.hf import arrow_hash, cache_tables
 
-        name = data.hf_dataset.name + (f"/{data.hf_dataset.config}" if data.hf_dataset.config else "")
+        name = data.hf_dataset.name + (
+            f"/{data.hf_dataset.config}" if data.hf_dataset.config else ""
+        )
         return {f"hf_dataset:{name}": arrow_hash(cache_tables(data.hf_dataset, pilot.dir))}
     out: dict[str, str] = {}
     for key, rel, split in file_sources(pilot):
@@ -135,7 +137,9 @@ def prepare_data(pilot: Pilot, tokenizer: Any, *, enforce_leakage: bool = True) 
             for rid, split in ((p.a_id, p.a_split), (p.b_id, p.b_split)):
                 if split == "train":
                     drop_ids.add(rid)
-        leak_dropped = [{"id": r.id, "source": r.source} for r in splits["train"] if r.id in drop_ids]
+        leak_dropped = [
+            {"id": r.id, "source": r.source} for r in splits["train"] if r.id in drop_ids
+        ]
         splits["train"] = [r for r in splits["train"] if r.id not in drop_ids]
 
     fmt = formatter_for(pilot, tokenizer)
@@ -165,8 +169,13 @@ def prepare_data(pilot: Pilot, tokenizer: Any, *, enforce_leakage: bool = True) 
         budget = keep_budget
 
     prepared = PreparedData(
-        splits=splits, skipped=skipped, dropped=dropped, duplicates=dups, leak_dropped=leak_dropped,
-        target_excluded=target_excluded, answer_budget=budget,
+        splits=splits,
+        skipped=skipped,
+        dropped=dropped,
+        duplicates=dups,
+        leak_dropped=leak_dropped,
+        target_excluded=target_excluded,
+        answer_budget=budget,
     )
     prepared.version = data_version(pilot, splits, template_hash(tokenizer, spec.task))
     if enforce_leakage:
@@ -187,7 +196,10 @@ def remaining_leaks(pilot: Pilot, prepared: PreparedData) -> list[dict]:
 def check_leakage(pilot: Pilot, prepared: PreparedData) -> None:
     leaks = remaining_leaks(pilot, prepared)
     if leaks and pilot.spec.data.leakage == "fail":
-        shown = "; ".join(f"{p['a_split']}:{p['a_id']} ~ {p['b_split']}:{p['b_id']} ({p['kind']}, {p['similarity']:.2f})" for p in leaks[:10])
+        shown = "; ".join(
+            f"{p['a_split']}:{p['a_id']} ~ {p['b_split']}:{p['b_id']} ({p['kind']}, {p['similarity']:.2f})"
+            for p in leaks[:10]
+        )
         more = f" and {len(leaks) - 10} more" if len(leaks) > 10 else ""
         raise CheckFailed(
             f"{len(leaks)} duplicate pair(s) across splits (leaks): {shown}{more}. "
@@ -198,7 +210,9 @@ def check_leakage(pilot: Pilot, prepared: PreparedData) -> None:
 
 def formatter_for(pilot: Pilot, tokenizer: Any) -> PromptFormatter:
     spec = pilot.spec
-    return PromptFormatter(tokenizer, spec.task, spec.data.max_length, spec.data.truncation_side, spec.train.loss_on)
+    return PromptFormatter(
+        tokenizer, spec.task, spec.data.max_length, spec.data.truncation_side, spec.train.loss_on
+    )
 
 
 def encode_records(fmt: PromptFormatter, task, records: list[Record], budget: int) -> list[Encoded]:

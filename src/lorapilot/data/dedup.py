@@ -226,7 +226,17 @@ def find_duplicates(
     exact = [_pair(items, i, j, EXACT, 1.0) for i, j in exact_ij]
 
     near = _near_pairs(
-        items, norm, reps, rep_members, group_of_rep, threshold, shingle, num_perm, bands, rows, seed
+        items,
+        norm,
+        reps,
+        rep_members,
+        group_of_rep,
+        threshold,
+        shingle,
+        num_perm,
+        bands,
+        rows,
+        seed,
     )
     return DupReport(exact=exact, near=near, params=params)
 
@@ -280,7 +290,9 @@ def _shingle_hashes(texts: list[str], shingle: int) -> tuple[np.ndarray, np.ndar
         for w in dict.fromkeys(words):
             if w not in vocab:
                 vocab[w] = len(vocab)
-        id_chunks.append(np.fromiter(map(vocab.__getitem__, words), dtype=np.int64, count=len(words)))
+        id_chunks.append(
+            np.fromiter(map(vocab.__getitem__, words), dtype=np.int64, count=len(words))
+        )
     ids = np.concatenate(id_chunks) if id_chunks else np.empty(0, dtype=np.int64)
     assert len(ids) == lengths.sum(), "texts must be normalize_for_dedup output"
     word_hash = np.fromiter(
@@ -431,7 +443,9 @@ def _near_pairs(
     sig = _minhash(hashes, counts[live], num_perm, seed)
 
     split_codes: dict[str, int] = {}
-    splits = np.array([split_codes.setdefault(items[reps[i]].split, len(split_codes)) for i in live])
+    splits = np.array(
+        [split_codes.setdefault(items[reps[i]].split, len(split_codes)) for i in live]
+    )
     cand = _candidates(sig, splits, bands, rows)
     if len(cand) == 0:
         return []

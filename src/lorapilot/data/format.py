@@ -36,7 +36,9 @@ def _field_list(task: TaskSpec) -> str:
 
 def _fill(text: str, task: TaskSpec) -> str:
     # str.replace, not str.format: user texts and JSON examples contain braces.
-    return text.replace("{labels}", ", ".join(task.labels or [])).replace("{fields}", _field_list(task))
+    return text.replace("{labels}", ", ".join(task.labels or [])).replace(
+        "{fields}", _field_list(task)
+    )
 
 
 def render_messages(task: TaskSpec, text: str) -> list[dict[str, str]]:
@@ -85,7 +87,11 @@ def tokenizer_hash(tokenizer: Any) -> str:
     except AttributeError:  # slow tokenizer: the vocab is the best identity we have
         backend = json.dumps(sorted(tokenizer.get_vocab().items()))
     return sha256_bytes(
-        (backend + json.dumps(tokenizer.all_special_tokens) + str(getattr(tokenizer, "chat_template", ""))).encode()
+        (
+            backend
+            + json.dumps(tokenizer.all_special_tokens)
+            + str(getattr(tokenizer, "chat_template", ""))
+        ).encode()
     )
 
 
@@ -119,8 +125,14 @@ class Encoded:
 class PromptFormatter:
     """Builds prompts and training examples for one task with one tokenizer."""
 
-    def __init__(self, tokenizer: Any, task: TaskSpec, max_length: int, truncation_side: str = "left",
-                 loss_on: str = "completion"):
+    def __init__(
+        self,
+        tokenizer: Any,
+        task: TaskSpec,
+        max_length: int,
+        truncation_side: str = "left",
+        loss_on: str = "completion",
+    ):
         if not getattr(tokenizer, "chat_template", None):
             raise UsageError(
                 "the base model's tokenizer has no chat template; lorapilot builds prompts from it "
@@ -137,7 +149,9 @@ class PromptFormatter:
     # -- rendering ---------------------------------------------------------------
 
     def prompt_text(self, text: str) -> str:
-        return self.tok.apply_chat_template(render_messages(self.task, text), tokenize=False, add_generation_prompt=True)
+        return self.tok.apply_chat_template(
+            render_messages(self.task, text), tokenize=False, add_generation_prompt=True
+        )
 
     def full_text(self, text: str, answer: str) -> str:
         msgs = render_messages(self.task, text) + [{"role": "assistant", "content": answer}]
@@ -156,15 +170,17 @@ class PromptFormatter:
                 f"(generation prompt {prompt[-40:]!r} is not a prefix of the training text); "
                 "lorapilot cannot build a consistent loss mask for it"
             )
-        if probe_answer not in full[len(prompt):]:
+        if probe_answer not in full[len(prompt) :]:
             raise UsageError("the chat template drops the assistant answer; cannot train on it")
 
     def completion_ids(self, prompt: str, full: str, answer: str) -> tuple[list[int], int | None]:
         """Answer tokens + the end-of-turn token; what follows end-of-turn is dropped."""
-        completion = full[len(prompt):]
+        completion = full[len(prompt) :]
         ids = self._ids(completion)
         # The end-of-turn token is the first special token after the answer text.
-        n_answer = len(self._ids(completion[: completion.index(answer) + len(answer)])) if answer else 0
+        n_answer = (
+            len(self._ids(completion[: completion.index(answer) + len(answer)])) if answer else 0
+        )
         for i in range(max(n_answer, 0), len(ids)):
             if ids[i] in self.special_ids:
                 return ids[: i + 1], ids[i]
@@ -190,7 +206,7 @@ class PromptFormatter:
         ids = self._ids(text)
         keep = len(ids) - (total - limit)
         while keep > 0:
-            kept = ids[len(ids) - keep:] if self.truncation_side == "left" else ids[:keep]
+            kept = ids[len(ids) - keep :] if self.truncation_side == "left" else ids[:keep]
             short = self.tok.decode(kept)
             over = len(self._ids(self.prompt_text(short))) - limit
             if over <= 0:
@@ -215,7 +231,13 @@ class PromptFormatter:
         else:
             labels = [IGNORE_INDEX] * len(prompt_ids) + list(comp_ids)
         return Encoded(
-            input_ids=input_ids, labels=labels, prompt_len=len(prompt_ids), answer=answer,
-            truncated=cut > 0, target_truncated=len(input_ids) > self.max_length,
-            n_text_tokens_cut=cut, end_of_turn_id=eot, extra={"text": short},
+            input_ids=input_ids,
+            labels=labels,
+            prompt_len=len(prompt_ids),
+            answer=answer,
+            truncated=cut > 0,
+            target_truncated=len(input_ids) > self.max_length,
+            n_text_tokens_cut=cut,
+            end_of_turn_id=eot,
+            extra={"text": short},
         )

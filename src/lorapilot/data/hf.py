@@ -90,8 +90,10 @@ def pick_splits(names: list[str], where: str, hint: str) -> dict[str | None, str
         if "test" in names:
             out["test"] = "test"
         return out
-    raise UsageError(f"{where}: splits {', '.join(names)}: cannot tell which is train and which is "
-                     f"validation (expected train and one of {', '.join(VAL_NAMES)}); {hint}")
+    raise UsageError(
+        f"{where}: splits {', '.join(names)}: cannot tell which is train and which is "
+        f"validation (expected train and one of {', '.join(VAL_NAMES)}); {hint}"
+    )
 
 
 def _check_split(names: list[str], name: str, key: str, where: str) -> str:
@@ -109,17 +111,25 @@ def saved_tables(path: Path, shown: str, key: str, split: str | None) -> list[Ta
     try:
         obj = datasets.load_from_disk(str(path))
     except Exception as e:  # corrupt or foreign metadata: datasets raises many kinds
-        raise UsageError(f"{key}: {shown}: cannot read the saved datasets folder: {type(e).__name__}: {e}") from None
+        raise UsageError(
+            f"{key}: {shown}: cannot read the saved datasets folder: {type(e).__name__}: {e}"
+        ) from None
     if not isinstance(obj, datasets.DatasetDict):
         return [Table(obj, shown, path.name, split)]
     names = list(obj)
     if split is not None:
-        raise UsageError(f"{key}: {shown} holds a DatasetDict (splits: {', '.join(names)}); point it at one "
-                         f"split's folder, e.g. {shown}/{names[0]}")
-    hint = (f"use data.files with the split folders instead, e.g. files: {{train: {shown}/{names[0]}, "
-            f"val: {shown}/{names[-1]}}}")
-    return [Table(obj[theirs], f"{shown}/{theirs}", theirs, ours)
-            for ours, theirs in pick_splits(names, f"{key}: {shown}", hint).items()]
+        raise UsageError(
+            f"{key}: {shown} holds a DatasetDict (splits: {', '.join(names)}); point it at one "
+            f"split's folder, e.g. {shown}/{names[0]}"
+        )
+    hint = (
+        f"use data.files with the split folders instead, e.g. files: {{train: {shown}/{names[0]}, "
+        f"val: {shown}/{names[-1]}}}"
+    )
+    return [
+        Table(obj[theirs], f"{shown}/{theirs}", theirs, ours)
+        for ours, theirs in pick_splits(names, f"{key}: {shown}", hint).items()
+    ]
 
 
 # --------------------------------------------------------------------------- the local HF cache
@@ -133,7 +143,9 @@ def cache_dir(hf: HFDataset, pilot_dir: Path | None = None) -> Path:
         return p if p.is_absolute() or pilot_dir is None else pilot_dir / p
     if os.environ.get("HF_DATASETS_CACHE"):
         return Path(os.environ["HF_DATASETS_CACHE"]).expanduser()
-    home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME", "~/.cache"), "huggingface")
+    home = os.environ.get("HF_HOME") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", "~/.cache"), "huggingface"
+    )
     return Path(home).expanduser() / "datasets"
 
 
@@ -161,13 +173,17 @@ def cache_tables(hf: HFDataset, pilot_dir: Path | None = None) -> list[Table]:
 
     key = "data.hf_dataset"
     if hf.name in builders:
-        raise UsageError(f"{key}.name: {hf.name!r} is a datasets file format, not a dataset id; for a data "
-                         "file use data.file")
+        raise UsageError(
+            f"{key}.name: {hf.name!r} is a datasets file format, not a dataset id; for a data "
+            "file use data.file"
+        )
     cache = cache_dir(hf, pilot_dir)
-    missing = (f"{key}.name: {hf.name!r} is not in the local HF datasets cache {cache}; lorapilot reads "
-               "datasets offline only. Load it once where there is network with the same cache "
-               f"(datasets.load_dataset({hf.name!r})), or save it into the pilot folder with save_to_disk "
-               "and set data.file to that folder")
+    missing = (
+        f"{key}.name: {hf.name!r} is not in the local HF datasets cache {cache}; lorapilot reads "
+        "datasets offline only. Load it once where there is network with the same cache "
+        f"(datasets.load_dataset({hf.name!r})), or save it into the pilot folder with save_to_disk "
+        "and set data.file to that folder"
+    )
     if not cache.is_dir():
         raise UsageError(missing)
     with _offline(datasets):
@@ -178,23 +194,34 @@ def cache_tables(hf: HFDataset, pilot_dir: Path | None = None) -> list[Table]:
             raise UsageError(missing) from None
         except ValueError as e:  # config not cached, or several cached and none chosen
             why = " ".join(str(e).split("\n")[:2])
-            raise UsageError(f"{key}.config: {why} (in {cache}); set data.hf_dataset.config") from None
+            raise UsageError(
+                f"{key}.config: {why} (in {cache}); set data.hf_dataset.config"
+            ) from None
         except Exception as e:  # a torn cache folder: datasets raises many kinds
-            raise UsageError(f"{key}: cannot read {hf.name!r} from {cache}: {type(e).__name__}: {e}") from None
+            raise UsageError(
+                f"{key}: cannot read {hf.name!r} from {cache}: {type(e).__name__}: {e}"
+            ) from None
     names = list(dd)
     where = f"{hf.name}" + (f" ({hf.config})" if hf.config else "")
     if hf.split:
         chosen: dict[str | None, str] = {None: _check_split(names, hf.split, f"{key}.split", where)}
     elif hf.splits:
         s = hf.splits
-        chosen = {"train": _check_split(names, s.train, f"{key}.splits.train", where),
-                  "val": _check_split(names, s.val, f"{key}.splits.val", where)}
+        chosen = {
+            "train": _check_split(names, s.train, f"{key}.splits.train", where),
+            "val": _check_split(names, s.val, f"{key}.splits.val", where),
+        }
         if s.test:
             chosen["test"] = _check_split(names, s.test, f"{key}.splits.test", where)
     else:
-        chosen = pick_splits(names, f"{key}: {where}", "set data.hf_dataset.splits (or .split to divide one)")
+        chosen = pick_splits(
+            names, f"{key}: {where}", "set data.hf_dataset.splits (or .split to divide one)"
+        )
     stem = hf.name.split("/")[-1]
-    return [Table(dd[theirs], f"{hf.name}[{theirs}]", f"{stem}-{theirs}", ours) for ours, theirs in chosen.items()]
+    return [
+        Table(dd[theirs], f"{hf.name}[{theirs}]", f"{stem}-{theirs}", ours)
+        for ours, theirs in chosen.items()
+    ]
 
 
 # --------------------------------------------------------------------------- rows -> records
@@ -208,12 +235,19 @@ def _rows(table: Table, data: DataSpec, task: TaskSpec) -> Iterator[tuple[int, d
     names = list(ds.column_names)
     for col in _needed_columns(data, task):
         if col not in names:
-            raise UsageError(f"{table.shown}: no column {col!r} (columns: {', '.join(names)}); "
-                             "set data.fields to map your column names")
+            raise UsageError(
+                f"{table.shown}: no column {col!r} (columns: {', '.join(names)}); "
+                "set data.fields to map your column names"
+            )
     fm = data.fields
-    wanted = list(dict.fromkeys(c for c in (fm.text, fm.label, fm.target, fm.id) if c and c in names))
-    class_names = {c: f.names for c, f in ds.features.items()
-                   if c in wanted and type(f).__name__ == "ClassLabel"}
+    wanted = list(
+        dict.fromkeys(c for c in (fm.text, fm.label, fm.target, fm.id) if c and c in names)
+    )
+    class_names = {
+        c: f.names
+        for c, f in ds.features.items()
+        if c in wanted and type(f).__name__ == "ClassLabel"
+    }
     row = 0
     try:
         # Arrow batches, not Python rows of every column: memory stays flat, nothing is decoded
@@ -229,26 +263,41 @@ def _rows(table: Table, data: DataSpec, task: TaskSpec) -> Iterator[tuple[int, d
         raise UsageError(f"{table.shown}:row {row + 1}: cannot read the data: {e}") from None
 
 
-def table_records(tables: list[Table], task: TaskSpec, data: DataSpec) -> tuple[list[Record], list[Skipped]]:
+def table_records(
+    tables: list[Table], task: TaskSpec, data: DataSpec
+) -> tuple[list[Record], list[Skipped]]:
     """Every table through the same record builder and policies as a data file."""
     records: list[Record] = []
     skipped: list[Skipped] = []
     for t in tables:
         builder = _RecordBuilder(task, data, t.shown, t.stem, t.split, row_numbers=True)
-        recs, skips = collect_rows(_rows(t, data, task), builder, data, t.shown, row_numbers=True,
-                                   empty="no rows in this dataset split")
+        recs, skips = collect_rows(
+            _rows(t, data, task),
+            builder,
+            data,
+            t.shown,
+            row_numbers=True,
+            empty="no rows in this dataset split",
+        )
         records += recs
         skipped += skips
     return records, skipped
 
 
-def load_saved(path: Path, task: TaskSpec, data: DataSpec, split: str | None, shown: str,
-               key: str = "data.file") -> tuple[list[Record], list[Skipped]]:
+def load_saved(
+    path: Path,
+    task: TaskSpec,
+    data: DataSpec,
+    split: str | None,
+    shown: str,
+    key: str = "data.file",
+) -> tuple[list[Record], list[Skipped]]:
     return table_records(saved_tables(path, shown, key, split), task, data)
 
 
-def load_cached(hf: HFDataset, task: TaskSpec, data: DataSpec,
-                pilot_dir: Path | None = None) -> tuple[list[Record], list[Skipped]]:
+def load_cached(
+    hf: HFDataset, task: TaskSpec, data: DataSpec, pilot_dir: Path | None = None
+) -> tuple[list[Record], list[Skipped]]:
     return table_records(cache_tables(hf, pilot_dir), task, data)
 
 

@@ -99,13 +99,17 @@ def load_records(
 
         if hf.saved_kind(path):
             return hf.load_saved(path, task, data, split, shown, key or "data.file")
-        raise UsageError(f"{shown}: not a file, nor a folder written by datasets' save_to_disk "
-                         f"(no {hf.DICT_META}, or {' and '.join(hf.DATASET_META)}, in it)")
+        raise UsageError(
+            f"{shown}: not a file, nor a folder written by datasets' save_to_disk "
+            f"(no {hf.DICT_META}, or {' and '.join(hf.DATASET_META)}, in it)"
+        )
     if not path.is_file():
         raise UsageError(f"{shown}: not a file")
     fmt = detect_format(path, data)
     if fmt == "datasets":
-        raise UsageError(f"{shown}: data.format is datasets, so this must be the folder save_to_disk wrote, not a file")
+        raise UsageError(
+            f"{shown}: data.format is datasets, so this must be the folder save_to_disk wrote, not a file"
+        )
     builder = _RecordBuilder(task, data, shown, path.stem, split, row_numbers=fmt == "parquet")
     try:
         if fmt == "jsonl":

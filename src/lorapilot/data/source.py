@@ -19,7 +19,9 @@ def file_sources(pilot: Pilot) -> list[tuple[str, str, str | None]]:
         return [("data.file", data.file, None)]
     if data.files is None:
         return []
-    return [(f"data.files.{s}", getattr(data.files, s), s) for s in SPLITS if getattr(data.files, s)]
+    return [
+        (f"data.files.{s}", getattr(data.files, s), s) for s in SPLITS if getattr(data.files, s)
+    ]
 
 
 def check_data_source(pilot: Pilot) -> dict:
@@ -38,7 +40,12 @@ def check_data_source(pilot: Pilot) -> dict:
     problems: list[str] = []
     for key, rel, _split in file_sources(pilot):
         path = pilot.path(rel, key)
-        entry: dict[str, Any] = {"key": key, "path": rel, "resolved": str(path), "exists": path.exists()}
+        entry: dict[str, Any] = {
+            "key": key,
+            "path": rel,
+            "resolved": str(path),
+            "exists": path.exists(),
+        }
         sources.append(entry)
         problem = _file_problem(path, entry, data)
         if problem:
@@ -60,11 +67,18 @@ def _file_problem(path: Path, entry: dict, data: DataSpec) -> str | None:
         if kind is None:
             if data.format not in ("auto", "datasets"):
                 return f"a folder, not a {data.format} file"
-            return (f"a folder, but not one written by datasets' save_to_disk "
-                    f"(no {hf.DICT_META}, or {' and '.join(hf.DATASET_META)}, in it)")
+            return (
+                f"a folder, but not one written by datasets' save_to_disk "
+                f"(no {hf.DICT_META}, or {' and '.join(hf.DATASET_META)}, in it)"
+            )
         files = [f for f in path.rglob("*") if f.is_file()]
-        entry.update(type="save_to_disk", saved_kind=kind, format="datasets", n_files=len(files),
-                     bytes=sum(f.stat().st_size for f in files))
+        entry.update(
+            type="save_to_disk",
+            saved_kind=kind,
+            format="datasets",
+            n_files=len(files),
+            bytes=sum(f.stat().st_size for f in files),
+        )
         if not hf.installed():
             return hf.missing_message("a datasets save_to_disk folder")
         return None

@@ -37,7 +37,10 @@ def data_report(pilot: Pilot, prepared: PreparedData, tokenizer: Any) -> dict[st
     """Everything the `data` verb writes: the pilot's written data limit and its checks."""
     spec = pilot.spec
     fmt = formatter_for(pilot, tokenizer)
-    encoded = {s: encode_records(fmt, spec.task, recs, prepared.answer_budget) for s, recs in prepared.splits.items()}
+    encoded = {
+        s: encode_records(fmt, spec.task, recs, prepared.answer_budget)
+        for s, recs in prepared.splits.items()
+    }
     counts = prepared.counts()
     per_category: dict[str, dict[str, int]] = {}
     for split, cats in counts.items():
@@ -83,7 +86,10 @@ def run_data(pilot: Pilot) -> dict[str, Any]:
     require_permission(pilot)
     spec = pilot.spec
     with registry.open_run(
-        pilot.dir, "data", spec_hash=spec.spec_hash(), config=spec.model_dump(mode="json"),
+        pilot.dir,
+        "data",
+        spec_hash=spec.spec_hash(),
+        config=spec.model_dump(mode="json"),
         environment=environment.snapshot(),
     ) as run:
         _, tok = load_tokenizer(pilot)
@@ -96,11 +102,15 @@ def run_data(pilot: Pilot) -> dict[str, Any]:
         except CheckFailed as e:
             raise CheckFailed(str(e), {"run_id": run.id, **report}) from None
         if not report["mask_audit"]["ok"]:
-            raise CheckFailed("the loss-mask audit failed (see mask_audit)", {"run_id": run.id, **report})
+            raise CheckFailed(
+                "the loss-mask audit failed (see mask_audit)", {"run_id": run.id, **report}
+            )
     return {"run_id": run.id, "status": run.record.status, **report}
 
 
-def run_inspect(pilot: Pilot, per_category: int = 2, split: str = "train", seed: int = 0) -> dict[str, Any]:
+def run_inspect(
+    pilot: Pilot, per_category: int = 2, split: str = "train", seed: int = 0
+) -> dict[str, Any]:
     """Sampled examples per category after the exact preprocessing, with their loss check."""
     spec = pilot.spec
     _, tok = load_tokenizer(pilot)

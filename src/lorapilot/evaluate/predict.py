@@ -37,14 +37,16 @@ def _length_batches(lengths: list[int], batch_size: int) -> Iterator[list[int]]:
         yield order[start : start + batch_size]
 
 
-def _left_pad(seqs: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _left_pad(
+    seqs: list[list[int]], pad_id: int, device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Left-padded ids, attention mask and position ids that start at 0 on the first real token."""
     width = max(len(s) for s in seqs)
     ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(seqs), width), dtype=torch.long)
     for i, s in enumerate(seqs):
-        ids[i, width - len(s):] = torch.tensor(s, dtype=torch.long)
-        mask[i, width - len(s):] = 1
+        ids[i, width - len(s) :] = torch.tensor(s, dtype=torch.long)
+        mask[i, width - len(s) :] = 1
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
     return ids.to(device), mask.to(device), pos.to(device)
 
@@ -83,8 +85,14 @@ def _expand_cache(model, kv, batch: int):
     return DynamicCache(rows, config=getattr(model, "config", None))
 
 
-def _prefixed_batches(model, prompts: list[list[int]], batch_size: int, pad_id: int, precision: str,
-                      share_prefix: bool) -> Iterator[tuple[list[int], torch.Tensor, torch.Tensor, torch.Tensor, object]]:
+def _prefixed_batches(
+    model,
+    prompts: list[list[int]],
+    batch_size: int,
+    pad_id: int,
+    precision: str,
+    share_prefix: bool,
+) -> Iterator[tuple[list[int], torch.Tensor, torch.Tensor, torch.Tensor, object]]:
     """(indices, ids, mask, position ids, cache) per length-grouped batch. Each row is laid out
     as [shared prefix | left padding | the prompt's own tokens]: the prefix's KV cache is
     computed once (batch 1) and expanded into every batch's cache, and `ids` holds only the
@@ -98,7 +106,9 @@ def _prefixed_batches(model, prompts: list[list[int]], batch_size: int, pad_id: 
         cache = None
         if prefix_kv is not None:
             cache = _expand_cache(model, prefix_kv, b)
-            mask = torch.cat([torch.ones((b, n_prefix), dtype=mask.dtype, device=device), mask], dim=1)
+            mask = torch.cat(
+                [torch.ones((b, n_prefix), dtype=mask.dtype, device=device), mask], dim=1
+            )
             pos = pos + n_prefix
         yield idx, ids, mask, pos, cache
 
@@ -133,19 +143,29 @@ def score_labels(
 
     tree = _LabelTree.build(label_ids, device) if _takes_4d_masks(model) else None
 
-    for idx, ids, mask, pos, cache in _prefixed_batches(model, prompts, batch_size, pad_id, precision, share_prefix):
+    for idx, ids, mask, pos, cache in _prefixed_batches(
+        model, prompts, batch_size, pad_id, precision, share_prefix
+    ):
         b = len(idx)
         with autocast_ctx(device, precision):
             # Only the last position's logits are needed: a full [b, T, vocab] logits tensor
             # would cost more than the rest of the forward pass on a 49k vocabulary.
-            res = model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache,
-                        use_cache=True, logits_to_keep=1)
+            res = model(
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=pos,
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
         logp_first = torch.log_softmax(res.logits[:, -1, :].float(), dim=-1)  # [b, V]
         total = logp_first[:, first]  # [b, n_labels]
         if tree is not None and tree.size:
             total = total + _score_tree(model, tree, res.past_key_values, mask, pos, precision)
         elif max_lab > 1:
-            total = total + _score_repeated(model, lab, lab_mask, res.past_key_values, mask, pos, precision)
+            total = total + _score_repeated(
+                model, lab, lab_mask, res.past_key_values, mask, pos, precision
+            )
         out[idx] = total.double().cpu().numpy()
         if progress:
             progress(b)
@@ -178,9 +198,13 @@ class _LabelTree:
         causal = (own[:, None] == own[None, :]) & (off[None, :] <= off[:, None])  # [n, n]
         segments = torch.zeros((n, len(label_ids)), dtype=torch.float32)
         segments[torch.arange(n), own] = 1.0
-        return cls(torch.tensor(ids, dtype=torch.long, device=device), off.to(device),
-                   torch.tensor(targets, dtype=torch.long, device=device), causal.to(device),
-                   segments.to(device))
+        return cls(
+            torch.tensor(ids, dtype=torch.long, device=device),
+            off.to(device),
+            torch.tensor(targets, dtype=torch.long, device=device),
+            causal.to(device),
+            segments.to(device),
+        )
 
 
 def _takes_4d_masks(model) -> bool:
@@ -197,11 +221,17 @@ def _score_tree(model, tree: _LabelTree, cache, mask, pos, precision: str) -> to
     if model.config._attn_implementation == "eager":  # eager adds the mask to the scores
         dtype = next(model.parameters()).dtype
         allowed = torch.zeros(allowed.shape, dtype=dtype, device=mask.device).masked_fill(
-            ~allowed, torch.finfo(dtype).min)
+            ~allowed, torch.finfo(dtype).min
+        )
     device = mask.device
     with autocast_ctx(device, precision):
-        res = model(input_ids=tree.ids.expand(b, n), attention_mask=allowed,
-                    position_ids=pos[:, -1:] + 1 + tree.offsets, past_key_values=cache, use_cache=True)
+        res = model(
+            input_ids=tree.ids.expand(b, n),
+            attention_mask=allowed,
+            position_ids=pos[:, -1:] + 1 + tree.offsets,
+            past_key_values=cache,
+            use_cache=True,
+        )
     logp = torch.log_softmax(res.logits.float(), dim=-1)  # [b, n, V]
     tok = logp.gather(-1, tree.targets.expand(b, n).unsqueeze(-1)).squeeze(-1)  # [b, n]
     return tok @ tree.segments
@@ -219,8 +249,13 @@ def _score_repeated(model, lab, lab_mask, cache, mask, pos, precision: str) -> t
     start = pos[:, -1:].repeat_interleave(n_labels, 0) + 1
     feed_pos = start + torch.arange(max_lab - 1, device=device)
     with autocast_ctx(device, precision):
-        res = model(input_ids=feed, attention_mask=full_mask, position_ids=feed_pos,
-                    past_key_values=cache, use_cache=True)
+        res = model(
+            input_ids=feed,
+            attention_mask=full_mask,
+            position_ids=feed_pos,
+            past_key_values=cache,
+            use_cache=True,
+        )
     logp = torch.log_softmax(res.logits.float(), dim=-1)  # [b*L, T-1, V]
     tgt = lab[:, 1:].repeat(b, 1)
     tok_lp = logp.gather(-1, tgt.unsqueeze(-1)).squeeze(-1) * lab_mask[:, 1:].repeat(b, 1)
@@ -228,7 +263,9 @@ def _score_repeated(model, lab, lab_mask, cache, mask, pos, precision: str) -> t
 
 
 @torch.no_grad()
-def score_labels_reference(model, prompts: list[list[int]], label_ids: list[list[int]]) -> np.ndarray:
+def score_labels_reference(
+    model, prompts: list[list[int]], label_ids: list[list[int]]
+) -> np.ndarray:
     """Slow reference: one unbatched forward pass per (prompt, label). For tests only."""
     device = next(model.parameters()).device
     out = np.zeros((len(prompts), len(label_ids)))
@@ -265,14 +302,22 @@ def generate(
     outs: list[list[int]] = [[] for _ in prompts]
     stop_set = set(stop_ids)
     stop = torch.tensor(sorted(stop_set), dtype=torch.long, device=device)
-    for idx, ids, mask, pos, cache in _prefixed_batches(model, prompts, batch_size, pad_id, precision, share_prefix):
+    for idx, ids, mask, pos, cache in _prefixed_batches(
+        model, prompts, batch_size, pad_id, precision, share_prefix
+    ):
         b = len(idx)
         ended = torch.zeros(b, dtype=torch.bool, device=device)
         steps: list[torch.Tensor] = []  # a row's tokens after its stop token are cut below
         for _ in range(max_new_tokens):
             with autocast_ctx(device, precision):
-                res = model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache,
-                            use_cache=True, logits_to_keep=1)
+                res = model(
+                    input_ids=ids,
+                    attention_mask=mask,
+                    position_ids=pos,
+                    past_key_values=cache,
+                    use_cache=True,
+                    logits_to_keep=1,
+                )
             nxt = res.logits[:, -1, :].float().argmax(dim=-1)  # [b]
             steps.append(nxt)
             ended |= torch.isin(nxt, stop)

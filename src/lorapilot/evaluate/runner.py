@@ -90,9 +90,14 @@ def _progress(total: int, label: str, enabled: bool):
     )
 
     return Progress(
-        TextColumn(f"[bold]{label}[/]"), BarColumn(), MofNCompleteColumn(),
-        TextColumn("{task.fields[rate]}"), TimeRemainingColumn(),
-        console=Console(stderr=True), disable=not enabled, transient=True,
+        TextColumn(f"[bold]{label}[/]"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[rate]}"),
+        TimeRemainingColumn(),
+        console=Console(stderr=True),
+        disable=not enabled,
+        transient=True,
     )
 
 
@@ -126,18 +131,35 @@ def evaluate_records(
 
         if protocol["mode"] == "score":
             encs = [fmt.encode("x", lab, budget) for lab in task.labels]
-            label_ids = [e.input_ids[e.prompt_len:] for e in encs]
+            label_ids = [e.input_ids[e.prompt_len :] for e in encs]
             scores = predict.score_labels(
-                model, prompts, label_ids, batch_size=protocol["batch_size"], pad_id=pad_id,
+                model,
+                prompts,
+                label_ids,
+                batch_size=protocol["batch_size"],
+                pad_id=pad_id,
                 progress=tick,
             )
             outputs = None
         else:
-            stop = sorted({i for i in (tokenizer.eos_token_id, fmt.completion_ids(
-                fmt.prompt_text("x"), fmt.full_text("x", "y"), "y")[1]) if i is not None})
+            stop = sorted(
+                {
+                    i
+                    for i in (
+                        tokenizer.eos_token_id,
+                        fmt.completion_ids(fmt.prompt_text("x"), fmt.full_text("x", "y"), "y")[1],
+                    )
+                    if i is not None
+                }
+            )
             gen = predict.generate(
-                model, prompts, max_new_tokens=protocol["max_new_tokens"], stop_ids=stop, pad_id=pad_id,
-                batch_size=protocol["batch_size"], progress=tick,
+                model,
+                prompts,
+                max_new_tokens=protocol["max_new_tokens"],
+                stop_ids=stop,
+                pad_id=pad_id,
+                batch_size=protocol["batch_size"],
+                progress=tick,
             )
             outputs = [tokenizer.decode(g, skip_special_tokens=True) for g in gen]
             scores = None
@@ -155,12 +177,18 @@ def evaluate_records(
         metrics = classification_metrics(gold, preds, labels)
         for i, r in enumerate(records):
             row = {
-                "id": r.id, "category": r.category, "prompt": tokenizer.decode(prompts[i]),
+                "id": r.id,
+                "category": r.category,
+                "prompt": tokenizer.decode(prompts[i]),
                 "raw_output": outputs[i] if outputs is not None else preds[i],
-                "parsed": preds[i], "gold": r.label, "correct": preds[i] == r.label,
+                "parsed": preds[i],
+                "gold": r.label,
+                "correct": preds[i] == r.label,
             }
             if scores is not None:
-                row["scores"] = {lab: round(float(s), 6) for lab, s in zip(labels, scores[i], strict=True)}
+                row["scores"] = {
+                    lab: round(float(s), 6) for lab, s in zip(labels, scores[i], strict=True)
+                }
             rows.append(row)
     else:
         gold = [r.target for r in records]
@@ -173,11 +201,19 @@ def evaluate_records(
         metrics.pop("valid", None)
         errors = metrics.pop("parse_errors", [None] * len(records))
         for i, r in enumerate(records):
-            rows.append({
-                "id": r.id, "category": r.category, "prompt": tokenizer.decode(prompts[i]),
-                "raw_output": outputs[i], "parsed": parsed[i], "parse_error": errors[i],
-                "gold": r.target, "gold_answer": answer_text(task, r.label, r.target), "correct": bool(correct[i]),
-            })
+            rows.append(
+                {
+                    "id": r.id,
+                    "category": r.category,
+                    "prompt": tokenizer.decode(prompts[i]),
+                    "raw_output": outputs[i],
+                    "parsed": parsed[i],
+                    "parse_error": errors[i],
+                    "gold": r.target,
+                    "gold_answer": answer_text(task, r.label, r.target),
+                    "correct": bool(correct[i]),
+                }
+            )
     metrics["n"] = len(records)
     device = str(next(model.parameters()).device)
     return EvalResult(metrics, rows, seconds, len(records) / max(seconds, 1e-9), protocol, device)

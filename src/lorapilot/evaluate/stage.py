@@ -50,14 +50,18 @@ def attach_adapter(model: Any, adapter_dir: Path) -> Any:
     from peft import PeftModel
 
     if not (adapter_dir / "adapter_model.safetensors").is_file():
-        raise UsageError(f"{adapter_dir}: no adapter_model.safetensors (was the train run completed?)")
+        raise UsageError(
+            f"{adapter_dir}: no adapter_model.safetensors (was the train run completed?)"
+        )
     peft_model = PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=False)
     peft_model.eval()
     return peft_model
 
 
 def write_eval_files(run_dir: Path, result: EvalResult) -> None:
-    lines = "".join(json.dumps(r, ensure_ascii=False, default=str) + "\n" for r in result.predictions)
+    lines = "".join(
+        json.dumps(r, ensure_ascii=False, default=str) + "\n" for r in result.predictions
+    )
     atomic_write_bytes(run_dir / "predictions.jsonl", lines.encode("utf-8"))
     atomic_write_json(run_dir / "metrics.json", result.metrics)
     atomic_write_json(run_dir / "protocol.json", result.protocol)
@@ -71,17 +75,33 @@ def _limit(records: list, limit: int | None) -> list:
     return records[:limit]
 
 
-def run_evaluation(pilot: Pilot, kind: str, *, split: str = "val", adapter_dir: Path | None = None,
-                   parent: str | None = None, limit: int | None = None, progress: bool = True,
-                   final: bool = False) -> dict:
+def run_evaluation(
+    pilot: Pilot,
+    kind: str,
+    *,
+    split: str = "val",
+    adapter_dir: Path | None = None,
+    parent: str | None = None,
+    limit: int | None = None,
+    progress: bool = True,
+    final: bool = False,
+) -> dict:
     """Evaluate the base (or base + adapter) on a split inside a run of `kind`."""
     spec = pilot.spec
     if split == "test" and not final:
-        raise UsageError("the test split is reserved: use `lorapilot eval PILOT --split test --final`")
+        raise UsageError(
+            "the test split is reserved: use `lorapilot eval PILOT --split test --final`"
+        )
     if split not in ("val", "test"):
         raise UsageError(f"--split {split!r}: must be val or test")
-    with registry.open_run(pilot.dir, kind, spec_hash=spec.spec_hash(), config=spec.model_dump(mode="json"),
-                           parent=parent, environment=environment.snapshot()) as run:
+    with registry.open_run(
+        pilot.dir,
+        kind,
+        spec_hash=spec.spec_hash(),
+        config=spec.model_dump(mode="json"),
+        parent=parent,
+        environment=environment.snapshot(),
+    ) as run:
         resolved, model, tok = load_base(pilot)
         if adapter_dir is not None:
             model = attach_adapter(model, adapter_dir)
@@ -96,7 +116,9 @@ def run_evaluation(pilot: Pilot, kind: str, *, split: str = "val", adapter_dir: 
         if split == "test":
             earlier = record_test_access(pilot.dir, run.id, parent, adapter_dir)
         fmt = formatter_for(pilot, tok)
-        result = evaluate_records(model, tok, fmt, spec, records, protocol, progress=progress, label=f"{kind} ({split})")
+        result = evaluate_records(
+            model, tok, fmt, spec, records, protocol, progress=progress, label=f"{kind} ({split})"
+        )
         write_eval_files(run.dir, result)
         out = {
             "split": split,
@@ -105,8 +127,12 @@ def run_evaluation(pilot: Pilot, kind: str, *, split: str = "val", adapter_dir: 
             "eval_protocol": protocol["eval_protocol"],
             "protocol": protocol,
             "data_version": prepared.version,
-            "base": {"id": resolved.id, "path": str(resolved.path), "revision": resolved.revision,
-                     "sha256": resolved.weights_sha256},
+            "base": {
+                "id": resolved.id,
+                "path": str(resolved.path),
+                "revision": resolved.revision,
+                "sha256": resolved.weights_sha256,
+            },
             "adapter": str(adapter_dir) if adapter_dir else None,
             "seconds": round(result.seconds, 3),
             "examples_per_s": round(result.examples_per_s, 3),
@@ -119,19 +145,29 @@ def run_evaluation(pilot: Pilot, kind: str, *, split: str = "val", adapter_dir: 
     return {"run_id": run.id, "status": run.record.status, **out}
 
 
-def record_test_access(pilot_dir: Path, run_id: str, evaluated: str | None, adapter_dir: Path | None) -> list[dict]:
+def record_test_access(
+    pilot_dir: Path, run_id: str, evaluated: str | None, adapter_dir: Path | None
+) -> list[dict]:
     """Append this access to the test ledger (under a lock) and return the earlier ones."""
     runs = registry.runs_dir(pilot_dir)
     with locked(runs / ".test_ledger.lock"):
         earlier = read_jsonl(runs / LEDGER)
-        append_jsonl(runs / LEDGER, {"run": run_id, "evaluated": evaluated or "base",
-                                     "adapter": str(adapter_dir) if adapter_dir else None,
-                                     "time": registry.now_iso()})
+        append_jsonl(
+            runs / LEDGER,
+            {
+                "run": run_id,
+                "evaluated": evaluated or "base",
+                "adapter": str(adapter_dir) if adapter_dir else None,
+                "time": registry.now_iso(),
+            },
+        )
     if earlier:
         from rich.console import Console
 
         names = ", ".join(f"{e['run']} ({e['time'][:19]})" for e in earlier)
-        Console(stderr=True).print(f"[yellow]warning:[/] the test split was already used {len(earlier)} time(s): {names}")
+        Console(stderr=True).print(
+            f"[yellow]warning:[/] the test split was already used {len(earlier)} time(s): {names}"
+        )
     return earlier
 
 
@@ -144,13 +180,17 @@ def adapter_of(pilot: Pilot, run_id: str | None) -> tuple[str, Path]:
     if run_id is None:
         rec = registry.latest_run(pilot.dir, "train")
         if rec is None:
-            raise UsageError(f"{pilot.dir}: no completed train run yet (run `lorapilot train` first or pass --run)")
+            raise UsageError(
+                f"{pilot.dir}: no completed train run yet (run `lorapilot train` first or pass --run)"
+            )
     else:
         rec = registry.get_run(pilot.dir, run_id)
         if rec.kind != "train":
             raise UsageError(f"--run {run_id}: is a {rec.kind} run, not a train run")
         if rec.status != "completed":
-            raise UsageError(f"--run {run_id}: has status {rec.status}; only a completed train run has a final adapter")
+            raise UsageError(
+                f"--run {run_id}: has status {rec.status}; only a completed train run has a final adapter"
+            )
     path = rec.result.get("adapter_path")
     if not path:
         raise UsageError(f"train run {rec.id} has no adapter_path in its record")

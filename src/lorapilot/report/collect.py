@@ -42,15 +42,24 @@ def deltas(base: dict, cand: dict) -> dict:
     """Candidate minus baseline, overall and per category / field."""
     overall = {}
     for k, v in cand.items():
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and isinstance(base.get(k), (int, float)):
+        if (
+            isinstance(v, (int, float))
+            and not isinstance(v, bool)
+            and isinstance(base.get(k), (int, float))
+        ):
             overall[k] = v - base[k]
     group, per = _per_group(cand)
     _, base_per = _per_group(base)
     per_delta = {}
     for name, vals in per.items():
         b = base_per.get(name, {})
-        per_delta[name] = {m: vals[m] - b[m] for m in vals
-                           if isinstance(vals[m], (int, float)) and isinstance(b.get(m), (int, float)) and m != "support"}
+        per_delta[name] = {
+            m: vals[m] - b[m]
+            for m in vals
+            if isinstance(vals[m], (int, float))
+            and isinstance(b.get(m), (int, float))
+            and m != "support"
+        }
     return {"overall": overall, group: per_delta}
 
 
@@ -60,7 +69,9 @@ def _protocol(pilot: Pilot, rec: registry.RunRecord) -> dict | None:
     if isinstance(proto, dict):
         return proto
     try:
-        return json.loads((registry.runs_dir(pilot.dir) / rec.id / "protocol.json").read_text(encoding="utf-8"))
+        return json.loads(
+            (registry.runs_dir(pilot.dir) / rec.id / "protocol.json").read_text(encoding="utf-8")
+        )
     except (OSError, ValueError, TypeError):
         return None
 
@@ -70,23 +81,45 @@ def run_summary(pilot: Pilot, rec: registry.RunRecord, baseline: registry.RunRec
     res = rec.result
     usd = pilot.spec.limits.usd_per_hour
     row: dict[str, Any] = {
-        "id": rec.id, "kind": rec.kind, "status": rec.status, "parent": rec.parent,
-        "reason": rec.error, "variant": (rec.variant or {}).get("label"), "diff": (rec.variant or {}).get("diff"),
-        "seed": (rec.config.get("train") or {}).get("seed"), "data_version": rec.data_version,
-        "eval_protocol": res.get("eval_protocol"), "wall_s": rec.duration_s,
-        "cost_usd": round((rec.duration_s or 0) / 3600 * usd, 4), "metrics": res.get("metrics"),
+        "id": rec.id,
+        "kind": rec.kind,
+        "status": rec.status,
+        "parent": rec.parent,
+        "reason": rec.error,
+        "variant": (rec.variant or {}).get("label"),
+        "diff": (rec.variant or {}).get("diff"),
+        "seed": (rec.config.get("train") or {}).get("seed"),
+        "data_version": rec.data_version,
+        "eval_protocol": res.get("eval_protocol"),
+        "wall_s": rec.duration_s,
+        "cost_usd": round((rec.duration_s or 0) / 3600 * usd, 4),
+        "metrics": res.get("metrics"),
         "split": res.get("split", "val" if rec.kind in ("train", "baseline", "verify") else None),
     }
     if baseline is None or not row["metrics"] or rec.id == baseline.id or row["split"] != "val":
         return row
-    ok, why = comparable(baseline.result.get("eval_protocol"), baseline.data_version, row["eval_protocol"], rec.data_version,
-                         _protocol(pilot, baseline), _protocol(pilot, rec))
+    ok, why = comparable(
+        baseline.result.get("eval_protocol"),
+        baseline.data_version,
+        row["eval_protocol"],
+        rec.data_version,
+        _protocol(pilot, baseline),
+        _protocol(pilot, rec),
+    )
     row["comparable"], row["not_comparable_reason"] = ok, why
     if ok:
         base_m = baseline.result["metrics"]
         row["deltas"] = deltas(base_m, row["metrics"])
-        row["guards"] = [g.__dict__ for g in check_guards(pilot.spec.guards, base_m, row["metrics"], pilot.spec.eval.min_support)]
-        row["flips"] = flips(_rows(registry.runs_dir(pilot.dir) / baseline.id), _rows(registry.runs_dir(pilot.dir) / rec.id))
+        row["guards"] = [
+            g.__dict__
+            for g in check_guards(
+                pilot.spec.guards, base_m, row["metrics"], pilot.spec.eval.min_support
+            )
+        ]
+        row["flips"] = flips(
+            _rows(registry.runs_dir(pilot.dir) / baseline.id),
+            _rows(registry.runs_dir(pilot.dir) / rec.id),
+        )
     return row
 
 
@@ -94,10 +127,16 @@ def choose_run(pilot: Pilot, candidates: list[dict]) -> dict | None:
     """The train run the decision is about: the best comparable completed one on the
     pre-registered metric (ties: the earliest)."""
     metric = pilot.spec.success.metric
-    ok = [c for c in candidates if c["kind"] == "train" and c["status"] == "completed" and c.get("comparable")]
+    ok = [
+        c
+        for c in candidates
+        if c["kind"] == "train" and c["status"] == "completed" and c.get("comparable")
+    ]
     if not ok:
         return None
-    return max(ok, key=lambda c: (_num(c["metrics"], metric) or float("-inf"), -candidates.index(c)))
+    return max(
+        ok, key=lambda c: (_num(c["metrics"], metric) or float("-inf"), -candidates.index(c))
+    )
 
 
 def collect(pilot: Pilot) -> dict:
@@ -112,61 +151,122 @@ def collect(pilot: Pilot) -> dict:
     if chosen and baseline:
         base_rows = _rows(registry.runs_dir(pilot.dir) / baseline.id)
         cand_rows = _rows(registry.runs_dir(pilot.dir) / chosen["id"])
-        boot = bootstrap_for(spec.task.kind, spec.success.metric, base_rows, cand_rows, spec.task.labels)
-        decision = decide(spec.success, spec.guards, spec.eval.min_support, baseline.result["metrics"],
-                          chosen["metrics"], bootstrap=boot)
+        boot = bootstrap_for(
+            spec.task.kind, spec.success.metric, base_rows, cand_rows, spec.task.labels
+        )
+        decision = decide(
+            spec.success,
+            spec.guards,
+            spec.eval.min_support,
+            baseline.result["metrics"],
+            chosen["metrics"],
+            bootstrap=boot,
+        )
     verify = None
     test = None
     if chosen:
         for r in reversed(runs):
             if r.kind == "verify" and r.parent == chosen["id"] and verify is None:
-                verify = {"id": r.id, "status": r.status, **{k: r.result.get(k) for k in (
-                    "ok", "metrics_match", "n_mismatched_predictions", "base_sha256", "problems")}}
-            if r.kind == "eval" and r.parent == chosen["id"] and r.result.get("split") == "test" and test is None and r.status == "completed":
+                verify = {
+                    "id": r.id,
+                    "status": r.status,
+                    **{
+                        k: r.result.get(k)
+                        for k in (
+                            "ok",
+                            "metrics_match",
+                            "n_mismatched_predictions",
+                            "base_sha256",
+                            "problems",
+                        )
+                    },
+                }
+            if (
+                r.kind == "eval"
+                and r.parent == chosen["id"]
+                and r.result.get("split") == "test"
+                and test is None
+                and r.status == "completed"
+            ):
                 test = {"id": r.id, "metrics": r.result.get("metrics"), "n": r.result.get("n")}
     ledger = read_jsonl(registry.runs_dir(pilot.dir) / "test_ledger.jsonl")
     curves = {}
     for r in runs:
         if r.kind == "train":
             d = registry.runs_dir(pilot.dir) / r.id
-            curves[r.id] = {"label": (r.variant or {}).get("label") or r.id,
-                            "train": [(s["step"], s["loss"]) for s in read_jsonl(d / "steps.jsonl")],
-                            "val": [(s["step"], s["val_loss"]) for s in read_jsonl(d / "val.jsonl")]}
+            curves[r.id] = {
+                "label": (r.variant or {}).get("label") or r.id,
+                "train": [(s["step"], s["loss"]) for s in read_jsonl(d / "steps.jsonl")],
+                "val": [(s["step"], s["val_loss"]) for s in read_jsonl(d / "val.jsonl")],
+            }
     return {
-        "pilot": str(pilot.dir), "name": spec.name, "hypothesis": spec.hypothesis,
-        "task": spec.task.model_dump(mode="json"), "success": spec.success.model_dump(),
-        "guards": [g.model_dump(exclude_none=True) for g in spec.guards], "limits": spec.limits.model_dump(),
-        "model": spec.model.model_dump(), "adapter": spec.adapter.model_dump(), "train": spec.train.model_dump(),
-        "runs": rows, "chosen": chosen, "baseline": baseline and run_summary(pilot, baseline, None),
-        "data": latest["data"] and latest["data"].result, "probe": latest["probe"] and latest["probe"].result,
+        "pilot": str(pilot.dir),
+        "name": spec.name,
+        "hypothesis": spec.hypothesis,
+        "task": spec.task.model_dump(mode="json"),
+        "success": spec.success.model_dump(),
+        "guards": [g.model_dump(exclude_none=True) for g in spec.guards],
+        "limits": spec.limits.model_dump(),
+        "model": spec.model.model_dump(),
+        "adapter": spec.adapter.model_dump(),
+        "train": spec.train.model_dump(),
+        "runs": rows,
+        "chosen": chosen,
+        "baseline": baseline and run_summary(pilot, baseline, None),
+        "data": latest["data"] and latest["data"].result,
+        "probe": latest["probe"] and latest["probe"].result,
         "smoke": latest["smoke"] and latest["smoke"].result,
-        "chosen_record": chosen and registry.get_run(pilot.dir, chosen["id"]).model_dump(mode="json"),
-        "decision": decision, "verify": verify, "test": test, "test_ledger": ledger, "curves": curves,
-        "limitations": limitations(pilot, rows, chosen, ledger, latest["data"] and latest["data"].result),
+        "chosen_record": chosen
+        and registry.get_run(pilot.dir, chosen["id"]).model_dump(mode="json"),
+        "decision": decision,
+        "verify": verify,
+        "test": test,
+        "test_ledger": ledger,
+        "curves": curves,
+        "limitations": limitations(
+            pilot, rows, chosen, ledger, latest["data"] and latest["data"].result
+        ),
     }
 
 
-def limitations(pilot: Pilot, rows: list[dict], chosen: dict | None, ledger: list[dict], data) -> list[str]:
+def limitations(
+    pilot: Pilot, rows: list[dict], chosen: dict | None, ledger: list[dict], data
+) -> list[str]:
     """Collected automatically from the records; the report lists them all."""
     out: list[str] = []
     spec = pilot.spec
     if chosen and chosen.get("metrics"):
         _, per = _per_group(chosen["metrics"])
-        small = [f"{k} ({v.get('support')})" for k, v in per.items() if isinstance(v.get("support"), int) and v["support"] < spec.eval.min_support]
+        small = [
+            f"{k} ({v.get('support')})"
+            for k, v in per.items()
+            if isinstance(v.get("support"), int) and v["support"] < spec.eval.min_support
+        ]
         if small:
             out.append(f"small validation support (< {spec.eval.min_support}): {', '.join(small)}")
     if len(ledger) > 1:
-        out.append(f"the test split was used {len(ledger)} times; only the first use is an unbiased estimate")
+        out.append(
+            f"the test split was used {len(ledger)} times; only the first use is an unbiased estimate"
+        )
     bad = [r for r in rows if r["status"] in ("failed", "interrupted", "stopped_by_limit")]
     for r in bad:
-        out.append(f"run {r['id']} ({r['kind']}) {r['status']}: {(r['reason'] or '').strip()[:160]}")
+        out.append(
+            f"run {r['id']} ({r['kind']}) {r['status']}: {(r['reason'] or '').strip()[:160]}"
+        )
     if data and data.get("skipped"):
         out.append(f"{len(data['skipped'])} invalid record(s) were skipped by the data policy")
     if data and data.get("duplicates", {}).get("dropped_from_train"):
-        out.append(f"{len(data['duplicates']['dropped_from_train'])} leaked example(s) were dropped from train")
-    n_val = sum((data or {}).get("per_category", {}).get(c, {}).get("val", 0) for c in (data or {}).get("per_category", {}))
+        out.append(
+            f"{len(data['duplicates']['dropped_from_train'])} leaked example(s) were dropped from train"
+        )
+    n_val = sum(
+        (data or {}).get("per_category", {}).get(c, {}).get("val", 0)
+        for c in (data or {}).get("per_category", {})
+    )
     if n_val and n_val < 200:
-        out.append(f"the validation split has {n_val} examples: differences of a few points are within noise")
+        out.append(
+            f"the validation split has {n_val} examples: differences of a few points are within noise"
+        )
     if chosen and chosen.get("flips"):
         f = chosen["flips"]
         if f.get("broken"):

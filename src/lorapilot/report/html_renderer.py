@@ -66,8 +66,10 @@ def _html_block(b: Any) -> str:
             return f'<p class="warn">figure {_h(b.alt)} could not be drawn: {_h(type(e).__name__)}: {_h(e)}</p>'
         if not (isinstance(uri, str) and uri.startswith("data:image/png;base64,")):
             return f'<p class="notrun">no figure: {_h(b.alt)} has nothing to draw</p>'
-        return (f'<figure><img src="{uri}" alt="{_h(b.alt)}">'
-                f"<figcaption>{_h(b.caption)}</figcaption></figure>")
+        return (
+            f'<figure><img src="{uri}" alt="{_h(b.alt)}">'
+            f"<figcaption>{_h(b.caption)}</figcaption></figure>"
+        )
     raise TypeError(f"unknown block {type(b).__name__}")
 
 
@@ -79,13 +81,16 @@ def render_html(state: dict | None) -> str:
     meta = " \u00b7 ".join(f"{k}: {_h(v)}" for k, v in meta_rows(state) if v)
     toc = "".join(f'<li><a href="#{sid}">{_h(title)}</a></li>' for sid, title, _ in sections)
     body = "\n".join(
-        f'<section id="{sid}">\n<h2>{_h(title)}</h2>\n' + "\n".join(_html_block(b) for b in blocks) + "\n</section>"
-        for sid, title, blocks in sections)
+        f'<section id="{sid}">\n<h2>{_h(title)}</h2>\n'
+        + "\n".join(_html_block(b) for b in blocks)
+        + "\n</section>"
+        for sid, title, blocks in sections
+    )
     return (
-        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+        '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
         f'<meta http-equiv="Content-Security-Policy" content="{CSP}">\n'
         '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
         f"<title>lorapilot report: {_h(name)}</title>\n<style>{CSS}</style>\n</head>\n<body>\n<main>\n"
-        f"<header>\n<h1>lorapilot report: {_h(name)}</h1>\n<p class=\"meta\">{meta}</p>\n"
+        f'<header>\n<h1>lorapilot report: {_h(name)}</h1>\n<p class="meta">{meta}</p>\n'
         f"<nav><ol>{toc}</ol></nav>\n</header>\n{body}\n</main>\n</body>\n</html>\n"
     )

@@ -26,7 +26,7 @@ _TAG_START = re.compile(r"<(?=[A-Za-z/!?])")
 
 def _m(x: Any, cell: bool = False) -> str:
     """Markdown-safe text: no raw HTML (`<` escaped), and in a table cell one line, no `|`."""
-    t = (x.text if isinstance(x, Mark) else x if isinstance(x, str) else fmt(x))
+    t = x.text if isinstance(x, Mark) else x if isinstance(x, str) else fmt(x)
     t = _TAG_START.sub("&lt;", t)  # `<` that could open a tag or comment; `<= 2` stays readable
     if cell:
         t = " ".join(t.split()).replace("|", "\\|") or " "

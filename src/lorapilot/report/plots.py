@@ -52,7 +52,9 @@ def _png(fig) -> str:
 
 
 def per_group_bars(
-    baseline_per: Mapping[str, Mapping] | None, chosen_per: Mapping[str, Mapping] | None, metric: str
+    baseline_per: Mapping[str, Mapping] | None,
+    chosen_per: Mapping[str, Mapping] | None,
+    metric: str,
 ) -> str | None:
     """Grouped bars of `metric` per category / field: baseline beside the adapted model.
 
@@ -76,7 +78,11 @@ def per_group_bars(
             ax.bar([p[0] for p in pts], [p[1] for p in pts], width, label=label, color=color)
     ax.set_xticks(list(xs))
     crowded = len(names) > 4 or sum(len(_text(n)) for n in names) > 48
-    ax.set_xticklabels([_text(n) for n in names], rotation=30 if crowded else 0, ha="right" if crowded else "center")
+    ax.set_xticklabels(
+        [_text(n) for n in names],
+        rotation=30 if crowded else 0,
+        ha="right" if crowded else "center",
+    )
     top = max([v for v in base + cand if v is not None] + [1.0])
     ax.set_ylim(0, top * 1.18)  # headroom for the legend
     ax.set_ylabel(_text(metric))
@@ -86,7 +92,9 @@ def per_group_bars(
     return _png(fig)
 
 
-def confusion(matrix: Sequence[Sequence[float]] | None, labels: Sequence[str] | None, title: str) -> str | None:
+def confusion(
+    matrix: Sequence[Sequence[float]] | None, labels: Sequence[str] | None, title: str
+) -> str | None:
     """Heatmap of a confusion matrix (rows: gold, columns: predicted) with the counts written in."""
     if not matrix or not labels or len(matrix) != len(labels):
         return None
@@ -102,12 +110,21 @@ def confusion(matrix: Sequence[Sequence[float]] | None, labels: Sequence[str] | 
     peak = max((v for row in rows for v in row), default=0) or 1
     for i, row in enumerate(rows):
         for j, v in enumerate(row):
-            ax.text(j, i, f"{v:g}", ha="center", va="center", fontsize=8,
-                    color="white" if v > peak / 2 else "black")
+            ax.text(
+                j,
+                i,
+                f"{v:g}",
+                ha="center",
+                va="center",
+                fontsize=8,
+                color="white" if v > peak / 2 else "black",
+            )
     names = [_text(x, 16) for x in labels]
     n_cols = max(len(r) for r in rows)
     ax.set_xticks(range(n_cols))
-    ax.set_xticklabels(names[:n_cols] + [""] * (n_cols - len(names)), rotation=45, ha="right", fontsize=8)
+    ax.set_xticklabels(
+        names[:n_cols] + [""] * (n_cols - len(names)), rotation=45, ha="right", fontsize=8
+    )
     ax.set_yticks(range(n))
     ax.set_yticklabels(names, fontsize=8)
     ax.set_xlabel("predicted")
@@ -131,8 +148,16 @@ def loss_curves(curves: Mapping[str, Mapping] | None) -> str | None:
             pts = [(_num(p[0]), _num(p[1])) for p in (c.get(key) or []) if len(p) >= 2]
             pts = [p for p in pts if p[0] is not None and p[1] is not None]
             if pts:
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], style, color=color, linewidth=1.4,
-                        marker="o" if key == "val" else None, markersize=3, label=f"{name} {suffix}")
+                ax.plot(
+                    [p[0] for p in pts],
+                    [p[1] for p in pts],
+                    style,
+                    color=color,
+                    linewidth=1.4,
+                    marker="o" if key == "val" else None,
+                    markersize=3,
+                    label=f"{name} {suffix}",
+                )
                 drawn = True
     if not drawn:
         plt.close(fig)
@@ -161,9 +186,14 @@ def length_histogram(data: Mapping | None) -> str | None:
         xs = [i + (k - 1) * width for i in range(len(splits))]
         vals = [_num(lengths[s].get(stat)) or 0.0 for s in splits]
         ax.bar(xs, vals, width, label=stat, color=f"C{k}")
-    limit = next((_num(lengths[s].get("max_length")) for s in splits if _num(lengths[s].get("max_length"))), None)
+    limit = next(
+        (_num(lengths[s].get("max_length")) for s in splits if _num(lengths[s].get("max_length"))),
+        None,
+    )
     if limit:
-        ax.axhline(limit, color="#d73a49", linestyle=":", linewidth=1.2, label=f"max_length {limit:g}")
+        ax.axhline(
+            limit, color="#d73a49", linestyle=":", linewidth=1.2, label=f"max_length {limit:g}"
+        )
     ax.set_xticks(range(len(splits)))
     ax.set_xticklabels([_text(s) for s in splits])
     ax.set_ylabel("tokens per example")

@@ -109,29 +109,65 @@ def _per_group(metrics: Any) -> tuple[str, dict]:
 def _decision(s: dict) -> list:
     d = s.get("decision")
     if not isinstance(d, dict) or not d.get("decision"):
-        return [Banner(None), NotRun("no decision: it needs a baseline evaluation and a completed, "
-                                     "comparable train run (`lorapilot baseline`, `lorapilot train`)")]
+        return [
+            Banner(None),
+            NotRun(
+                "no decision: it needs a baseline evaluation and a completed, "
+                "comparable train run (`lorapilot baseline`, `lorapilot train`)"
+            ),
+        ]
     out: list = [Banner(str(d["decision"])), Items([str(r) for r in d.get("reasons") or []])]
-    out.append(KV([("adapted run (chosen)", _get(s, "chosen", "id")),
-                   ("baseline run", _get(s, "baseline", "id"))]))
+    out.append(
+        KV(
+            [
+                ("adapted run (chosen)", _get(s, "chosen", "id")),
+                ("baseline run", _get(s, "baseline", "id")),
+            ]
+        )
+    )
     rules = []
     if isinstance(d.get("success"), dict):
         rules.append(("success", d["success"]))
     rules += [("guard", g) for g in d.get("guards") or [] if isinstance(g, dict)]
     if rules:
         out.append(Sub("Pre-registered checks"))
-        out.append(Table(["check", "metric", "rule", "baseline", "adapted", "threshold", "status", "detail"], [
-            [kind, r.get("metric"), r.get("rule"), fmt(r.get("baseline")), fmt(r.get("candidate")),
-             fmt(r.get("threshold")), Mark(str(r.get("status")), {"pass": True, "fail": False}.get(r.get("status"))),
-             r.get("detail")] for kind, r in rules]))
+        out.append(
+            Table(
+                ["check", "metric", "rule", "baseline", "adapted", "threshold", "status", "detail"],
+                [
+                    [
+                        kind,
+                        r.get("metric"),
+                        r.get("rule"),
+                        fmt(r.get("baseline")),
+                        fmt(r.get("candidate")),
+                        fmt(r.get("threshold")),
+                        Mark(
+                            str(r.get("status")), {"pass": True, "fail": False}.get(r.get("status"))
+                        ),
+                        r.get("detail"),
+                    ]
+                    for kind, r in rules
+                ],
+            )
+        )
     b = d.get("bootstrap")
     if isinstance(b, dict):
         level = f"{100 * b['ci']:g}%" if isnum(b.get("ci")) else "95%"
         out.append(Sub("Paired bootstrap"))
-        out.append(KV([("statistic", b.get("stat")), ("gain (point estimate)", fdelta(b.get("delta"))),
-                       (f"{level} CI", f"[{fdelta(b.get('ci_low'))}, {fdelta(b.get('ci_high'))}]"),
-                       ("P(gain \u2264 0)", fmt(b.get("p_le_zero"))), ("paired examples", fmt(b.get("n"))),
-                       ("resamples", fmt(b.get("n_boot"))), ("note", b.get("note"))]))
+        out.append(
+            KV(
+                [
+                    ("statistic", b.get("stat")),
+                    ("gain (point estimate)", fdelta(b.get("delta"))),
+                    (f"{level} CI", f"[{fdelta(b.get('ci_low'))}, {fdelta(b.get('ci_high'))}]"),
+                    ("P(gain \u2264 0)", fmt(b.get("p_le_zero"))),
+                    ("paired examples", fmt(b.get("n"))),
+                    ("resamples", fmt(b.get("n_boot"))),
+                    ("note", b.get("note")),
+                ]
+            )
+        )
     else:
         out.append(Para("no paired bootstrap: the gain cannot be told from noise"))
     return out
@@ -151,12 +187,18 @@ def _hypothesis(s: dict) -> list:
     out: list = [Para(str(s.get("hypothesis") or NOT_RUN + ": no hypothesis recorded"))]
     task = _dict(s, "task")
     fields = [f.get("name") if isinstance(f, dict) else f for f in task.get("fields") or []]
-    out.append(KV([("task", task.get("kind")), ("labels", task.get("labels")), ("fields", fields or None)]))
+    out.append(
+        KV([("task", task.get("kind")), ("labels", task.get("labels")), ("fields", fields or None)])
+    )
     out.append(Sub("Success criterion"))
     succ = s.get("success")
     if isinstance(succ, dict) and succ.get("metric"):
-        out.append(Para(f"{succ['metric']} must gain at least {fdelta(succ.get('min_gain'))} over the "
-                        "baseline, with the lower bound of the paired bootstrap CI above 0."))
+        out.append(
+            Para(
+                f"{succ['metric']} must gain at least {fdelta(succ.get('min_gain'))} over the "
+                "baseline, with the lower bound of the paired bootstrap CI above 0."
+            )
+        )
     else:
         out.append(Para("no success criterion set: the decision cannot be GO"))
     out.append(Sub("Guards"))
@@ -165,11 +207,19 @@ def _hypothesis(s: dict) -> list:
     lim = s.get("limits")
     if isinstance(lim, dict):
         out.append(Sub("Limits"))
-        out.append(KV([("peak memory", f"{lim['memory_gb']} GB" if lim.get("memory_gb") else None),
-                       ("time per run", f"{lim['time_hours']} h" if lim.get("time_hours") else None),
-                       ("price", f"{fusd(lim.get('usd_per_hour'))} / h"), ("cost cap", fusd(lim.get("cost_cap_usd"))),
-                       ("rental days", lim.get("rental_days")), ("estimate margin", fraw(lim.get("margin"))),
-                       ("operating window", lim.get("window"))]))
+        out.append(
+            KV(
+                [
+                    ("peak memory", f"{lim['memory_gb']} GB" if lim.get("memory_gb") else None),
+                    ("time per run", f"{lim['time_hours']} h" if lim.get("time_hours") else None),
+                    ("price", f"{fusd(lim.get('usd_per_hour'))} / h"),
+                    ("cost cap", fusd(lim.get("cost_cap_usd"))),
+                    ("rental days", lim.get("rental_days")),
+                    ("estimate margin", fraw(lim.get("margin"))),
+                    ("operating window", lim.get("window")),
+                ]
+            )
+        )
     return out
 
 
@@ -179,50 +229,110 @@ def _data(s: dict) -> list:
         return [NotRun("`lorapilot data PILOT` validates, versions and splits the data")]
     dups = d.get("duplicates") or {}
     splits = d.get("splits") or {}
-    out: list = [KV([("data version", d.get("version")), ("source", d.get("source")),
-                     ("permission", d.get("permission")), ("examples", d.get("n_examples")),
-                     ("splits", ", ".join(f"{k} {fmt(v)}" for k, v in splits.items()) or None)])]
+    out: list = [
+        KV(
+            [
+                ("data version", d.get("version")),
+                ("source", d.get("source")),
+                ("permission", d.get("permission")),
+                ("examples", d.get("n_examples")),
+                ("splits", ", ".join(f"{k} {fmt(v)}" for k, v in splits.items()) or None),
+            ]
+        )
+    ]
     per = d.get("per_category") or {}
     if per:
         cols = list(splits) or list(dict.fromkeys(k for v in per.values() for k in v))
-        out += [Sub("Examples per category"),
-                Table(["category", *cols], [[c, *(fmt((n or {}).get(sp, 0)) for sp in cols)] for c, n in per.items()])]
+        out += [
+            Sub("Examples per category"),
+            Table(
+                ["category", *cols],
+                [[c, *(fmt((n or {}).get(sp, 0)) for sp in cols)] for c, n in per.items()],
+            ),
+        ]
     out.append(Sub("Duplicates and leaks"))
     counts = dups.get("counts") or {}
     cross = dups.get("cross_split") or []
     dropped = dups.get("dropped_from_train") or []
-    out.append(KV([("exact duplicate pairs", counts.get("exact")), ("near duplicate pairs", counts.get("near")),
-                   ("pairs within a split", counts.get("within_split")),
-                   ("leaks (pairs across splits)", mark(not cross, "none", str(len(cross)))),
-                   ("leakage policy", dups.get("leakage_policy")),
-                   ("dropped from train (leaks)", len(dropped))]))
+    out.append(
+        KV(
+            [
+                ("exact duplicate pairs", counts.get("exact")),
+                ("near duplicate pairs", counts.get("near")),
+                ("pairs within a split", counts.get("within_split")),
+                ("leaks (pairs across splits)", mark(not cross, "none", str(len(cross)))),
+                ("leakage policy", dups.get("leakage_policy")),
+                ("dropped from train (leaks)", len(dropped)),
+            ]
+        )
+    )
     if cross:
-        out.append(Table(["example", "duplicate of", "kind", "similarity"], [
-            [f"{p.get('a_split')}:{p.get('a_id')}", f"{p.get('b_split')}:{p.get('b_id')}", p.get("kind"),
-             fmt(p.get("similarity"))] for p in cross[:MAX_LISTED]]))
+        out.append(
+            Table(
+                ["example", "duplicate of", "kind", "similarity"],
+                [
+                    [
+                        f"{p.get('a_split')}:{p.get('a_id')}",
+                        f"{p.get('b_split')}:{p.get('b_id')}",
+                        p.get("kind"),
+                        fmt(p.get("similarity")),
+                    ]
+                    for p in cross[:MAX_LISTED]
+                ],
+            )
+        )
     skipped = d.get("skipped") or []
-    out.append(KV([("invalid records skipped", len(skipped)),
-                   ("dropped by cleaning", len(d.get("dropped_by_cleaning") or [])),
-                   ("excluded: target too long", len(d.get("target_excluded") or []))]))
+    out.append(
+        KV(
+            [
+                ("invalid records skipped", len(skipped)),
+                ("dropped by cleaning", len(d.get("dropped_by_cleaning") or [])),
+                ("excluded: target too long", len(d.get("target_excluded") or [])),
+            ]
+        )
+    )
     if skipped:
-        out.append(Table(["file", "line", "problem"], [[x.get("file"), x.get("line"), x.get("problem")]
-                                                       for x in skipped[:MAX_LISTED] if isinstance(x, dict)]))
+        out.append(
+            Table(
+                ["file", "line", "problem"],
+                [
+                    [x.get("file"), x.get("line"), x.get("problem")]
+                    for x in skipped[:MAX_LISTED]
+                    if isinstance(x, dict)
+                ],
+            )
+        )
     mask = d.get("mask_audit")
     if isinstance(mask, dict):
-        out += [Sub("Loss-mask audit"),
-                KV([("ok", mark(mask.get("ok"))), ("loss on", mask.get("loss_on")),
+        out += [
+            Sub("Loss-mask audit"),
+            KV(
+                [
+                    ("ok", mark(mask.get("ok"))),
+                    ("loss on", mask.get("loss_on")),
                     ("examples checked", mask.get("n_examples")),
                     ("share of tokens in the loss", fmt(mask.get("loss_token_fraction"))),
                     ("examples with no loss token", len(mask.get("zero_loss_examples") or [])),
-                    ("mismatched examples", len(mask.get("mismatched") or []))])]
+                    ("mismatched examples", len(mask.get("mismatched") or [])),
+                ]
+            ),
+        ]
     lengths = d.get("lengths") or {}
     if lengths:
         keys = ("n", "p50", "p95", "max", "max_length", "n_truncated", "n_target_truncated")
-        out += [Sub("Token lengths"),
-                Table(["split", *keys], [[sp, *(fmt((v or {}).get(k)) for k in keys)] for sp, v in lengths.items()]),
-                Image(partial(plots.length_histogram, d), "token lengths per split",
-                      "The data run records only p50, p95 and max per split, not the whole "
-                      "distribution: the bars show those three figures; the dotted line is max_length.")]
+        out += [
+            Sub("Token lengths"),
+            Table(
+                ["split", *keys],
+                [[sp, *(fmt((v or {}).get(k)) for k in keys)] for sp, v in lengths.items()],
+            ),
+            Image(
+                partial(plots.length_histogram, d),
+                "token lengths per split",
+                "The data run records only p50, p95 and max per split, not the whole "
+                "distribution: the bars show those three figures; the dotted line is max_length.",
+            ),
+        ]
     return out
 
 
@@ -234,40 +344,83 @@ def _record(s: dict) -> dict:
 def _base_model(s: dict) -> list:
     model = _dict(s, "model")
     base = _get(_record(s), "result", "base")
-    spec_rows = [("requested base", model.get("base")), ("requested revision", model.get("revision")),
-                 ("dtype", model.get("dtype")), ("trust_remote_code", model.get("trust_remote_code"))]
+    spec_rows = [
+        ("requested base", model.get("base")),
+        ("requested revision", model.get("revision")),
+        ("dtype", model.get("dtype")),
+        ("trust_remote_code", model.get("trust_remote_code")),
+    ]
     if not isinstance(base, dict):
-        return [KV(spec_rows), NotRun("the resolved base (path, revision, sha256) is recorded by a train run")]
-    return [KV([("id", base.get("id")), ("path", base.get("path")), ("revision", base.get("revision")),
-                ("weights sha256", base.get("sha256")), ("source", base.get("source")), *spec_rows[2:]])]
+        return [
+            KV(spec_rows),
+            NotRun("the resolved base (path, revision, sha256) is recorded by a train run"),
+        ]
+    return [
+        KV(
+            [
+                ("id", base.get("id")),
+                ("path", base.get("path")),
+                ("revision", base.get("revision")),
+                ("weights sha256", base.get("sha256")),
+                ("source", base.get("source")),
+                *spec_rows[2:],
+            ]
+        )
+    ]
 
 
 def _adapter(s: dict) -> list:
     spec = _dict(s, "adapter")
-    out: list = [Sub("Configuration"),
-                 KV([(k, fraw(spec.get(k))) for k in ("method", "r", "alpha", "dropout", "target_modules", "modules_to_save")
-                     if k in spec] or [("configuration", None)])]
+    out: list = [
+        Sub("Configuration"),
+        KV(
+            [
+                (k, fraw(spec.get(k)))
+                for k in ("method", "r", "alpha", "dropout", "target_modules", "modules_to_save")
+                if k in spec
+            ]
+            or [("configuration", None)]
+        ),
+    ]
     res = _record(s).get("result") or {}
     info = res.get("adapter")
     if not isinstance(info, dict):
-        return [*out, NotRun("trainable parameters and the update audit are recorded by a train run")]
+        return [
+            *out,
+            NotRun("trainable parameters and the update audit are recorded by a train run"),
+        ]
     frac = info.get("trainable_fraction")
     if not isnum(frac) and isnum(info.get("trainable_params")) and info.get("total_params"):
         frac = info["trainable_params"] / info["total_params"]
-    out += [Sub("Trainable parameters"),
-            KV([("trainable parameters", info.get("trainable_params")), ("total parameters", info.get("total_params")),
+    out += [
+        Sub("Trainable parameters"),
+        KV(
+            [
+                ("trainable parameters", info.get("trainable_params")),
+                ("total parameters", info.get("total_params")),
                 ("trainable share", f"{100 * frac:.3f}%" if isnum(frac) else None),
                 ("adapted modules", len(info.get("target_modules") or [])),
                 ("module types", info.get("target_module_types")),
-                ("modules_to_save", info.get("modules_to_save") or None)])]
+                ("modules_to_save", info.get("modules_to_save") or None),
+            ]
+        ),
+    ]
     audit = res.get("update_audit")
     out.append(Sub("Update audit"))
     if isinstance(audit, dict):
-        out.append(KV([("ok", mark(audit.get("ok"))), ("optimizer steps", audit.get("steps")),
-                       ("trainable tensors", audit.get("n_trainable")), ("frozen tensors", audit.get("n_frozen")),
-                       ("frozen tensors changed", len(audit.get("changed_frozen") or [])),
-                       ("trainable tensors unchanged", len(audit.get("unchanged_trainable") or [])),
-                       ("problems", audit.get("problems") or None)]))
+        out.append(
+            KV(
+                [
+                    ("ok", mark(audit.get("ok"))),
+                    ("optimizer steps", audit.get("steps")),
+                    ("trainable tensors", audit.get("n_trainable")),
+                    ("frozen tensors", audit.get("n_frozen")),
+                    ("frozen tensors changed", len(audit.get("changed_frozen") or [])),
+                    ("trainable tensors unchanged", len(audit.get("unchanged_trainable") or [])),
+                    ("problems", audit.get("problems") or None),
+                ]
+            )
+        )
     else:
         out.append(NotRun("no update audit in the chosen run's record"))
     return out
@@ -278,14 +431,31 @@ def _environment(s: dict) -> list:
     if not isinstance(env, dict) or not env:
         return [NotRun("the environment is recorded with the chosen train run")]
     libs = env.get("libraries") or {}
-    devices = [f"{x.get('name')} ({fbytes(x.get('memory_bytes'))})" if isinstance(x, dict) else str(x)
-               for x in env.get("devices") or []]
-    return [KV([("lorapilot", env.get("lorapilot")), ("git commit", env.get("git_commit")),
-                ("python", env.get("python")), ("platform", env.get("platform")),
-                *((lib, libs.get(lib) or env.get(lib)) for lib in ("torch", "transformers", "peft", "accelerate")),
-                ("accelerator", env.get("accelerator")), ("cuda", env.get("cuda")), ("hip", env.get("hip")),
-                ("devices", devices or "none (CPU)"), ("cpu", env.get("cpu")), ("cpu count", env.get("cpu_count")),
-                ("ram", fbytes(env.get("ram_bytes")))])]
+    devices = [
+        f"{x.get('name')} ({fbytes(x.get('memory_bytes'))})" if isinstance(x, dict) else str(x)
+        for x in env.get("devices") or []
+    ]
+    return [
+        KV(
+            [
+                ("lorapilot", env.get("lorapilot")),
+                ("git commit", env.get("git_commit")),
+                ("python", env.get("python")),
+                ("platform", env.get("platform")),
+                *(
+                    (lib, libs.get(lib) or env.get(lib))
+                    for lib in ("torch", "transformers", "peft", "accelerate")
+                ),
+                ("accelerator", env.get("accelerator")),
+                ("cuda", env.get("cuda")),
+                ("hip", env.get("hip")),
+                ("devices", devices or "none (CPU)"),
+                ("cpu", env.get("cpu")),
+                ("cpu count", env.get("cpu_count")),
+                ("ram", fbytes(env.get("ram_bytes"))),
+            ]
+        )
+    ]
 
 
 def _probe(s: dict) -> list:
@@ -294,36 +464,91 @@ def _probe(s: dict) -> list:
         return [NotRun("`lorapilot probe PILOT` measures full training steps")]
     out: list = []
     if p.get("estimate_only"):
-        out.append(Para("estimate only: no step was run, memory figures are the model's estimates", "warn"))
+        out.append(
+            Para("estimate only: no step was run, memory figures are the model's estimates", "warn")
+        )
     rows = []
     for m in p.get("measurements") or []:
         if not isinstance(m, dict):
             continue
-        rows.append([m.get("length"), fmt(m.get("seq_len")), fmt(m.get("micro_batch")),
-                     "on" if m.get("grad_checkpointing") else "off", fsec(m.get("first_step_s")),
-                     fsec(m.get("later_step_s")), fmt(m.get("tokens_per_s"), 1), fbytes(m.get("peak_memory_bytes")),
-                     fbytes(m.get("estimated_peak_memory_bytes")), fpct(m.get("estimate_error")),
-                     mark(m.get("ok")), m.get("error")])
+        rows.append(
+            [
+                m.get("length"),
+                fmt(m.get("seq_len")),
+                fmt(m.get("micro_batch")),
+                "on" if m.get("grad_checkpointing") else "off",
+                fsec(m.get("first_step_s")),
+                fsec(m.get("later_step_s")),
+                fmt(m.get("tokens_per_s"), 1),
+                fbytes(m.get("peak_memory_bytes")),
+                fbytes(m.get("estimated_peak_memory_bytes")),
+                fpct(m.get("estimate_error")),
+                mark(m.get("ok")),
+                m.get("error"),
+            ]
+        )
     if rows:
-        out.append(Table(["length", "seq_len", "micro_batch", "grad ckpt", "first step", "later step", "tokens/s",
-                          "peak memory", "estimated", "estimate error", "ok", "error"], rows))
+        out.append(
+            Table(
+                [
+                    "length",
+                    "seq_len",
+                    "micro_batch",
+                    "grad ckpt",
+                    "first step",
+                    "later step",
+                    "tokens/s",
+                    "peak memory",
+                    "estimated",
+                    "estimate error",
+                    "ok",
+                    "error",
+                ],
+                rows,
+            )
+        )
     else:
         out.append(NotRun("the probe recorded no measurement"))
     load = p.get("load") or {}
     env = p.get("environment") or {}
-    out.append(KV([("model load", fsec(load.get("seconds"))), ("load peak RSS", fbytes(load.get("peak_rss_bytes"))),
-                   ("evaluation throughput", f"{fmt(p.get('eval_examples_per_s'), 2)} examples/s"),
-                   ("checkpoint save", fsec(p.get("checkpoint_save_s"))),
-                   ("trainable parameters", p.get("trainable_params")), ("accelerator", env.get("accelerator")),
-                   ("device memory free / total", f"{fbytes(env.get('available_device_memory_bytes'))} / "
-                    f"{fbytes(env.get('device_memory_bytes'))}" if env.get("device_memory_bytes") else None),
-                   ("host memory free / total", f"{fbytes(env.get('available_memory_bytes'))} / "
-                    f"{fbytes(env.get('total_memory_bytes'))}" if env.get("total_memory_bytes") else None)]))
+    out.append(
+        KV(
+            [
+                ("model load", fsec(load.get("seconds"))),
+                ("load peak RSS", fbytes(load.get("peak_rss_bytes"))),
+                ("evaluation throughput", f"{fmt(p.get('eval_examples_per_s'), 2)} examples/s"),
+                ("checkpoint save", fsec(p.get("checkpoint_save_s"))),
+                ("trainable parameters", p.get("trainable_params")),
+                ("accelerator", env.get("accelerator")),
+                (
+                    "device memory free / total",
+                    f"{fbytes(env.get('available_device_memory_bytes'))} / "
+                    f"{fbytes(env.get('device_memory_bytes'))}"
+                    if env.get("device_memory_bytes")
+                    else None,
+                ),
+                (
+                    "host memory free / total",
+                    f"{fbytes(env.get('available_memory_bytes'))} / "
+                    f"{fbytes(env.get('total_memory_bytes'))}"
+                    if env.get("total_memory_bytes")
+                    else None,
+                ),
+            ]
+        )
+    )
     search = p.get("batch_search")
     if isinstance(search, dict) and search:
-        out += [Sub("Largest micro-batch that fits"),
-                Table(["grad checkpointing", "largest ok micro_batch", "stopped because"],
-                      [[k, fmt(_get(v, "largest_ok_micro_batch")), _get(v, "stopped_because")] for k, v in search.items()])]
+        out += [
+            Sub("Largest micro-batch that fits"),
+            Table(
+                ["grad checkpointing", "largest ok micro_batch", "stopped because"],
+                [
+                    [k, fmt(_get(v, "largest_ok_micro_batch")), _get(v, "stopped_because")]
+                    for k, v in search.items()
+                ],
+            ),
+        ]
     out.append(Para("estimate error = (estimate - measured) / measured: positive overestimates."))
     return out
 
@@ -333,25 +558,64 @@ def _budget(s: dict) -> list:
     if not isinstance(b, dict) or not isinstance(b.get("estimate"), dict):
         return [NotRun("`lorapilot budget PILOT` needs a probe with measured steps")]
     e = b["estimate"]
-    out: list = [Sub("Estimate of one training run"),
-                 KV([("optimizer steps", e.get("steps")), ("training", fsec(e.get("train_s"))),
-                     ("evaluation", f"{fsec(e.get('eval_s'))} ({fmt(e.get('n_evals'))} evaluations)"),
-                     ("checkpoints", f"{fsec(e.get('checkpoint_s'))} ({fmt(e.get('n_checkpoints'))} saves)"),
-                     ("setup (model load)", fsec(e.get("setup_s"))), ("safety margin", fsec(e.get("margin_s"))),
-                     ("total", fsec(e.get("total_s"))),
-                     ("cost", f"{fusd(e.get('cost_usd'))} at {fusd(e.get('usd_per_hour'))} / h"),
-                     ("step time", e.get("step_s_definition")), ("probe run", b.get("probe_run"))])]
+    out: list = [
+        Sub("Estimate of one training run"),
+        KV(
+            [
+                ("optimizer steps", e.get("steps")),
+                ("training", fsec(e.get("train_s"))),
+                ("evaluation", f"{fsec(e.get('eval_s'))} ({fmt(e.get('n_evals'))} evaluations)"),
+                (
+                    "checkpoints",
+                    f"{fsec(e.get('checkpoint_s'))} ({fmt(e.get('n_checkpoints'))} saves)",
+                ),
+                ("setup (model load)", fsec(e.get("setup_s"))),
+                ("safety margin", fsec(e.get("margin_s"))),
+                ("total", fsec(e.get("total_s"))),
+                ("cost", f"{fusd(e.get('cost_usd'))} at {fusd(e.get('usd_per_hour'))} / h"),
+                ("step time", e.get("step_s_definition")),
+                ("probe run", b.get("probe_run")),
+            ]
+        ),
+    ]
     limits = {k: v for k, v in (b.get("limits") or {}).items() if isinstance(v, dict)}
     if limits:
-        out += [Sub("Limits"), Table(["limit", "allowed", "value", "ok", "detail"], [
-            [k, fraw(v.get("limit")), fraw(v.get("value")), mark(v.get("ok")), v.get("detail")] for k, v in limits.items()])]
+        out += [
+            Sub("Limits"),
+            Table(
+                ["limit", "allowed", "value", "ok", "detail"],
+                [
+                    [
+                        k,
+                        fraw(v.get("limit")),
+                        fraw(v.get("value")),
+                        mark(v.get("ok")),
+                        v.get("detail"),
+                    ]
+                    for k, v in limits.items()
+                ],
+            ),
+        ]
     out.append(Sub("Estimate vs actual"))
     errors = b.get("errors")
     if isinstance(errors, dict) and errors:
         fmt_of = {"steps": fmt}
-        out.append(Table(["component", "estimate", "actual", "error", "relative error"], [
-            [k, fmt_of.get(k, fsec)(v.get("estimate")), fmt_of.get(k, fsec)(v.get("actual")),
-             fmt_of.get(k, fsec)(v.get("error")), fpct(v.get("rel_error"))] for k, v in errors.items() if isinstance(v, dict)]))
+        out.append(
+            Table(
+                ["component", "estimate", "actual", "error", "relative error"],
+                [
+                    [
+                        k,
+                        fmt_of.get(k, fsec)(v.get("estimate")),
+                        fmt_of.get(k, fsec)(v.get("actual")),
+                        fmt_of.get(k, fsec)(v.get("error")),
+                        fpct(v.get("rel_error")),
+                    ]
+                    for k, v in errors.items()
+                    if isinstance(v, dict)
+                ],
+            )
+        )
         out += [Para(f"train run {b.get('train_run')}: {b.get('comparison_basis') or ''}")]
         if b.get("comparison_note"):
             out.append(Para(str(b["comparison_note"]), "warn"))
@@ -361,12 +625,30 @@ def _budget(s: dict) -> list:
     if rental:
         chosen = str(b.get("rental_days") or "")
         phases = ("initial_check", "experiments", "evaluation", "resumption_margin", "export")
-        out += [Sub("Rental plans"), Table(
-            ["days", "rental hours", "hours per run", "runs that fit", "cost",
-             *(p.replace("_", " ") + " (h)" for p in phases)],
-            [[f"{k} (chosen)" if k == chosen else k, fmt(v.get("rental_hours"), 1), fmt(v.get("run_hours"), 2),
-              fmt(v.get("variants_fit")), fusd(v.get("cost_usd")),
-              *(fmt(_get(v, "phases", p), 1) for p in phases)] for k, v in rental.items()])]
+        out += [
+            Sub("Rental plans"),
+            Table(
+                [
+                    "days",
+                    "rental hours",
+                    "hours per run",
+                    "runs that fit",
+                    "cost",
+                    *(p.replace("_", " ") + " (h)" for p in phases),
+                ],
+                [
+                    [
+                        f"{k} (chosen)" if k == chosen else k,
+                        fmt(v.get("rental_hours"), 1),
+                        fmt(v.get("run_hours"), 2),
+                        fmt(v.get("variants_fit")),
+                        fusd(v.get("cost_usd")),
+                        *(fmt(_get(v, "phases", p), 1) for p in phases),
+                    ]
+                    for k, v in rental.items()
+                ],
+            ),
+        ]
     return out
 
 
@@ -394,14 +676,30 @@ def _results(s: dict) -> list:
     base, chosen = _dict(s, "baseline"), _dict(s, "chosen")
     bm, cm = base.get("metrics"), chosen.get("metrics")
     if not bm and not cm:
-        return [NotRun("no baseline and no adapted evaluation (`lorapilot baseline`, `lorapilot train`)")]
-    out: list = [KV([("baseline run", base.get("id")), ("adapted run", chosen.get("id")),
-                     ("evaluation protocol", base.get("eval_protocol") or chosen.get("eval_protocol"))])]
+        return [
+            NotRun(
+                "no baseline and no adapted evaluation (`lorapilot baseline`, `lorapilot train`)"
+            )
+        ]
+    out: list = [
+        KV(
+            [
+                ("baseline run", base.get("id")),
+                ("adapted run", chosen.get("id")),
+                ("evaluation protocol", base.get("eval_protocol") or chosen.get("eval_protocol")),
+            ]
+        )
+    ]
     if not cm:
         out.append(NotRun("no completed, comparable train run: only the baseline is shown"))
     if chosen and chosen.get("comparable") is False:
-        out.append(Para(f"not comparable with the baseline: {chosen.get('not_comparable_reason')}", "warn"))
-    out += [Sub("Overall"), _overall_table(bm, cm, chosen.get("deltas"), _get(s, "success", "metric"))]
+        out.append(
+            Para(f"not comparable with the baseline: {chosen.get('not_comparable_reason')}", "warn")
+        )
+    out += [
+        Sub("Overall"),
+        _overall_table(bm, cm, chosen.get("deltas"), _get(s, "success", "metric")),
+    ]
     group, bper = _per_group(bm)
     group_c, cper = _per_group(cm)
     group = group_c if cm else group
@@ -409,32 +707,75 @@ def _results(s: dict) -> list:
     if names:
         entries = [v for v in [*bper.values(), *cper.values()] if isinstance(v, dict)]
         ms = [m for m in ("accuracy", "precision", "recall", "f1") if any(m in v for v in entries)]
-        out += [Sub("Per " + ("field" if group == "per_field" else "category")),
-                Table([group.replace("per_", ""), "support", *ms], [
-                    [n, fmt(_get(cper, n, "support") if _get(cper, n, "support") is not None else _get(bper, n, "support")),
-                     *(_pair(_get(bper, n, m), _get(cper, n, m)) for m in ms)] for n in names])]
+        out += [
+            Sub("Per " + ("field" if group == "per_field" else "category")),
+            Table(
+                [group.replace("per_", ""), "support", *ms],
+                [
+                    [
+                        n,
+                        fmt(
+                            _get(cper, n, "support")
+                            if _get(cper, n, "support") is not None
+                            else _get(bper, n, "support")
+                        ),
+                        *(_pair(_get(bper, n, m), _get(cper, n, m)) for m in ms),
+                    ]
+                    for n in names
+                ],
+            ),
+        ]
         metric = "f1" if "f1" in ms else (ms[0] if ms else None)
         if metric:
-            out.append(Image(partial(plots.per_group_bars, bper, cper, metric), f"{metric} per group",
-                             f"{metric} per {group.replace('per_', '')}: baseline (grey) vs adapted (blue)."))
+            out.append(
+                Image(
+                    partial(plots.per_group_bars, bper, cper, metric),
+                    f"{metric} per group",
+                    f"{metric} per {group.replace('per_', '')}: baseline (grey) vs adapted (blue).",
+                )
+            )
     for who, m in (("baseline", bm), ("adapted", cm)):
         conf = _get(m, "confusion")
         if isinstance(conf, dict) and conf.get("matrix") and conf.get("labels"):
             labels = [str(x) for x in conf["labels"]]
-            out += [Sub(f"Confusion matrix: {who}"),
-                    Image(partial(plots.confusion, conf["matrix"], labels, f"{who}: rows gold, columns predicted"),
-                          f"confusion matrix {who}", f"{who}: rows are the gold label, columns the prediction."),
-                    Table(["gold \\ predicted", *labels], [[lab, *(fmt(v) for v in row)]
-                                                          for lab, row in zip(labels, conf["matrix"], strict=False)], only="md")]
+            out += [
+                Sub(f"Confusion matrix: {who}"),
+                Image(
+                    partial(
+                        plots.confusion,
+                        conf["matrix"],
+                        labels,
+                        f"{who}: rows gold, columns predicted",
+                    ),
+                    f"confusion matrix {who}",
+                    f"{who}: rows are the gold label, columns the prediction.",
+                ),
+                Table(
+                    ["gold \\ predicted", *labels],
+                    [
+                        [lab, *(fmt(v) for v in row)]
+                        for lab, row in zip(labels, conf["matrix"], strict=False)
+                    ],
+                    only="md",
+                ),
+            ]
     f = chosen.get("flips")
     if isinstance(f, dict):
         fixed, broken = f.get("fixed") or [], f.get("broken") or []
-        out += [Sub("Flips: examples whose correctness changed"),
-                KV([("fixed (wrong before, right after)", len(fixed)), ("broken (right before, wrong after)", len(broken)),
-                    ("examples in both runs", f.get("n_common")), ("only in the baseline", f.get("only_base")),
+        out += [
+            Sub("Flips: examples whose correctness changed"),
+            KV(
+                [
+                    ("fixed (wrong before, right after)", len(fixed)),
+                    ("broken (right before, wrong after)", len(broken)),
+                    ("examples in both runs", f.get("n_common")),
+                    ("only in the baseline", f.get("only_base")),
                     ("only in the adapted run", f.get("only_candidate")),
                     (f"fixed ids (first {MAX_LISTED})", fixed[:MAX_LISTED] or None),
-                    (f"broken ids (first {MAX_LISTED})", broken[:MAX_LISTED] or None)])]
+                    (f"broken ids (first {MAX_LISTED})", broken[:MAX_LISTED] or None),
+                ]
+            ),
+        ]
     return out
 
 
@@ -446,22 +787,66 @@ def _runs(s: dict) -> list:
     chosen_id, base_id = _get(s, "chosen", "id"), _get(s, "baseline", "id")
     rows = []
     for r in runs:
-        tag = " (chosen)" if r.get("id") == chosen_id else " (baseline)" if r.get("id") == base_id else ""
+        tag = (
+            " (chosen)"
+            if r.get("id") == chosen_id
+            else " (baseline)"
+            if r.get("id") == base_id
+            else ""
+        )
         status = str(r.get("status"))
-        note = r.get("reason") or (r.get("not_comparable_reason") if r.get("comparable") is False else None)
-        rows.append([f"{r.get('id')}{tag}", r.get("kind"), r.get("split"),
-                     Mark(status, {"completed": True, "running": None}.get(status, False)), r.get("variant"),
-                     fmt(r.get("diff")) if r.get("diff") else DASH, fmt(r.get("seed")), r.get("data_version"),
-                     r.get("eval_protocol"), fsec(r.get("wall_s")), fusd(r.get("cost_usd")),
-                     fmt(_metric(r.get("metrics"), metric)), fdelta(_get(r, "deltas", "overall", metric)),
-                     " ".join(str(note).split())[:400] if note else DASH])
-    out: list = [Table(["run", "kind", "split", "status", "variant", "change", "seed", "data", "eval protocol", "wall time",
-                        "cost", metric or "metric", "delta", "reason / note"], rows)]
+        note = r.get("reason") or (
+            r.get("not_comparable_reason") if r.get("comparable") is False else None
+        )
+        rows.append(
+            [
+                f"{r.get('id')}{tag}",
+                r.get("kind"),
+                r.get("split"),
+                Mark(status, {"completed": True, "running": None}.get(status, False)),
+                r.get("variant"),
+                fmt(r.get("diff")) if r.get("diff") else DASH,
+                fmt(r.get("seed")),
+                r.get("data_version"),
+                r.get("eval_protocol"),
+                fsec(r.get("wall_s")),
+                fusd(r.get("cost_usd")),
+                fmt(_metric(r.get("metrics"), metric)),
+                fdelta(_get(r, "deltas", "overall", metric)),
+                " ".join(str(note).split())[:400] if note else DASH,
+            ]
+        )
+    out: list = [
+        Table(
+            [
+                "run",
+                "kind",
+                "split",
+                "status",
+                "variant",
+                "change",
+                "seed",
+                "data",
+                "eval protocol",
+                "wall time",
+                "cost",
+                metric or "metric",
+                "delta",
+                "reason / note",
+            ],
+            rows,
+        )
+    ]
     smoke = s.get("smoke")
     if isinstance(smoke, dict):
-        out.append(Para(f"smoke test (wiring, not quality): {'ok' if smoke.get('ok') else 'FAILED'}, "
-                        f"{fmt(smoke.get('n_correct'))}/{fmt(smoke.get('n_examples'))} memorised, "
-                        f"final loss {fmt(smoke.get('final_loss'), 4)}", None if smoke.get("ok") else "warn"))
+        out.append(
+            Para(
+                f"smoke test (wiring, not quality): {'ok' if smoke.get('ok') else 'FAILED'}, "
+                f"{fmt(smoke.get('n_correct'))}/{fmt(smoke.get('n_examples'))} memorised, "
+                f"final loss {fmt(smoke.get('final_loss'), 4)}",
+                None if smoke.get("ok") else "warn",
+            )
+        )
     return out
 
 
@@ -477,45 +862,105 @@ def _curves(s: dict) -> list:
     for rid, c in curves.items():
         tr, va = c.get("train") or [], c.get("val") or []
         vals = [p[1] for p in va if len(p) > 1 and isnum(p[1])]
-        rows.append([rid, c.get("label"), fmt(tr[-1][0] if tr else None), fmt(last(tr, 0), 4), fmt(last(tr), 4),
-                     fmt(last(va, 0), 4), fmt(last(va), 4), fmt(min(vals) if vals else None, 4)])
-    return [Image(partial(plots.loss_curves, curves), "training and validation loss",
-                  "Training loss per optimizer step (solid) and validation loss (dashed), one colour per run."),
-            Table(["run", "variant", "steps", "first train loss", "last train loss", "first val loss",
-                   "last val loss", "best val loss"], rows)]
+        rows.append(
+            [
+                rid,
+                c.get("label"),
+                fmt(tr[-1][0] if tr else None),
+                fmt(last(tr, 0), 4),
+                fmt(last(tr), 4),
+                fmt(last(va, 0), 4),
+                fmt(last(va), 4),
+                fmt(min(vals) if vals else None, 4),
+            ]
+        )
+    return [
+        Image(
+            partial(plots.loss_curves, curves),
+            "training and validation loss",
+            "Training loss per optimizer step (solid) and validation loss (dashed), one colour per run.",
+        ),
+        Table(
+            [
+                "run",
+                "variant",
+                "steps",
+                "first train loss",
+                "last train loss",
+                "first val loss",
+                "last val loss",
+                "best val loss",
+            ],
+            rows,
+        ),
+    ]
 
 
 def _verify(s: dict) -> list:
     v = s.get("verify")
     if not isinstance(v, dict):
-        return [NotRun("`lorapilot verify PILOT` reloads the adapter in a fresh process and re-evaluates")]
+        return [
+            NotRun(
+                "`lorapilot verify PILOT` reloads the adapter in a fresh process and re-evaluates"
+            )
+        ]
     trained_sha = _get(_record(s), "result", "base", "sha256")
-    same = None if not (trained_sha and v.get("base_sha256")) else trained_sha == v.get("base_sha256")
+    same = (
+        None if not (trained_sha and v.get("base_sha256")) else trained_sha == v.get("base_sha256")
+    )
     mismatches = v.get("n_mismatched_predictions", v.get("mismatches"))
-    return [KV([("verify run", v.get("id")), ("status", v.get("status")), ("ok", mark(v.get("ok"))),
+    return [
+        KV(
+            [
+                ("verify run", v.get("id")),
+                ("status", v.get("status")),
+                ("ok", mark(v.get("ok"))),
                 ("metrics match", mark(v.get("metrics_match"))),
-                ("mismatched predictions", fmt(mismatches) if not isinstance(mismatches, list) else len(mismatches)),
+                (
+                    "mismatched predictions",
+                    fmt(mismatches) if not isinstance(mismatches, list) else len(mismatches),
+                ),
                 ("base sha256 at verify", v.get("base_sha256")),
-                ("same base as trained", mark(same, "yes", "NO"))]),
-            *([Sub("Problems"), Items([str(p) for p in v["problems"]])] if v.get("problems") else [])]
+                ("same base as trained", mark(same, "yes", "NO")),
+            ]
+        ),
+        *([Sub("Problems"), Items([str(p) for p in v["problems"]])] if v.get("problems") else []),
+    ]
 
 
 def _test(s: dict) -> list:
     ledger = [e for e in _list(s, "test_ledger") if isinstance(e, dict)]
     out: list = [KV([("uses of the test split", len(ledger))])]
     if len(ledger) > 1:
-        out.append(Para(f"the test split was used {len(ledger)} times: only the first use is an unbiased "
-                        "estimate", "warn"))
+        out.append(
+            Para(
+                f"the test split was used {len(ledger)} times: only the first use is an unbiased "
+                "estimate",
+                "warn",
+            )
+        )
     if ledger:
-        out.append(Table(["run", "evaluated", "time"], [[e.get("run"), e.get("evaluated"), e.get("time")] for e in ledger]))
+        out.append(
+            Table(
+                ["run", "evaluated", "time"],
+                [[e.get("run"), e.get("evaluated"), e.get("time")] for e in ledger],
+            )
+        )
     t = s.get("test")
     if not isinstance(t, dict) or not t.get("metrics"):
-        out.append(NotRun("no final test evaluation of the chosen adapter "
-                          "(`lorapilot eval PILOT --split test --final`)"))
+        out.append(
+            NotRun(
+                "no final test evaluation of the chosen adapter "
+                "(`lorapilot eval PILOT --split test --final`)"
+            )
+        )
         return out
     m = t["metrics"]
-    out += [Sub("Final test metrics"), KV([("eval run", t.get("id")), ("examples", t.get("n"))]),
-            Table(["metric", "adapted on test"], [[k, fmt(m[k])] for k in _numeric_keys(m)])]
+    out += [
+        Sub("Final test metrics"),
+        KV([("eval run", t.get("id")), ("examples", t.get("n"))]),
+        Table(["metric", "adapted on test"], [[k, fmt(m[k])] for k in _numeric_keys(m)]),
+    ]
     return out
 
 
@@ -525,9 +970,19 @@ def _limitations(s: dict) -> list:
 
 
 _BUILDERS = {
-    "decision": _decision, "hypothesis": _hypothesis, "data": _data, "base-model": _base_model,
-    "adapter": _adapter, "environment": _environment, "probe": _probe, "budget": _budget,
-    "results": _results, "runs": _runs, "training-curves": _curves, "verify": _verify, "test": _test,
+    "decision": _decision,
+    "hypothesis": _hypothesis,
+    "data": _data,
+    "base-model": _base_model,
+    "adapter": _adapter,
+    "environment": _environment,
+    "probe": _probe,
+    "budget": _budget,
+    "results": _results,
+    "runs": _runs,
+    "training-curves": _curves,
+    "verify": _verify,
+    "test": _test,
     "limitations": _limitations,
 }
 
@@ -547,5 +1002,8 @@ def build_sections(state: dict | None) -> list[tuple[str, str, list]]:
 
 def meta_rows(state: dict) -> list[tuple[str, Any]]:
     """The header line under the title: (label, value) pairs, empty values left out by the renderers."""
-    return [("pilot", state.get("pilot")), ("task", _get(state, "task", "kind")),
-            ("generated", state.get("generated_at"))]
+    return [
+        ("pilot", state.get("pilot")),
+        ("task", _get(state, "task", "kind")),
+        ("generated", state.get("generated_at")),
+    ]

@@ -44,10 +44,19 @@ def run_report(pilot: Pilot) -> dict[str, Any]:
     atomic_write_text(html_path, render_html(state))
     atomic_write_text(md_path, render_markdown(state))
     deliverable = fill_deliverable(pilot, state, out)
-    decision = state["decision"] or {"decision": "INCONCLUSIVE", "reasons": ["no completed, comparable train run and baseline yet"]}
-    return {"html": str(html_path), "markdown": str(md_path), "deliverable": str(deliverable),
-            "decision": decision["decision"], "reasons": decision["reasons"],
-            "chosen_run": state["chosen"] and state["chosen"]["id"], "limitations": state["limitations"]}
+    decision = state["decision"] or {
+        "decision": "INCONCLUSIVE",
+        "reasons": ["no completed, comparable train run and baseline yet"],
+    }
+    return {
+        "html": str(html_path),
+        "markdown": str(md_path),
+        "deliverable": str(deliverable),
+        "decision": decision["decision"],
+        "reasons": decision["reasons"],
+        "chosen_run": state["chosen"] and state["chosen"]["id"],
+        "limitations": state["limitations"],
+    }
 
 
 def _copy_tree(src: Path, dst: Path) -> None:
@@ -85,6 +94,12 @@ def fill_deliverable(pilot: Pilot, state: dict, report_dir: Path) -> Path:
         src = runs / state["test"]["id"] / "predictions.jsonl"
         if src.is_file():
             shutil.copy2(src, d / "final_test_predictions.jsonl")
-    atomic_write_json(d / "decision.json", {"decision": state["decision"], "limitations": state["limitations"],
-                                            "chosen_run": state["chosen"] and state["chosen"]["id"]})
+    atomic_write_json(
+        d / "decision.json",
+        {
+            "decision": state["decision"],
+            "limitations": state["limitations"],
+            "chosen_run": state["chosen"] and state["chosen"]["id"],
+        },
+    )
     return d
