@@ -1,13 +1,15 @@
 """Examples/s of scoring-mode vs generate-mode evaluation on the default model.
 
-    .venv/bin/python bench/eval_throughput.py [--pilot examples/ticket-triage] [--limit N] [--repeat 2] [--json]
+    .venv/bin/python bench/eval_throughput.py [--pilot examples/ticket-triage] [--limit N] \
+        [--repeat 2] [--json]
 
 Both modes run in one process on the same model, prompts and batch size (the pilot's eval
 protocol), alternating so that machine noise shows in the spread. Model loading and data
 preparation are not timed. `score_unshared` is label scoring without the shared-prefix
 cache (each batch recomputes the system prompt), to show what that cache buys; the same for
 `generate_unshared`. `prompt_pass` is generation stopped after one token: the prompts' own
-tokens through the model, which both modes must pay. An extraction pilot (examples/invoice-fields) has only the generate modes.
+tokens through the model, which both modes must pay. An extraction pilot
+(examples/invoice-fields) has only the generate modes.
 """
 
 from __future__ import annotations
@@ -34,8 +36,7 @@ def main() -> None:
     from lorapilot.data.dataset import formatter_for, prepare_data
     from lorapilot.evaluate.predict import generate, score_labels, shared_prefix_len
     from lorapilot.evaluate.runner import cast_for_eval, evaluate_records, make_protocol
-    from lorapilot.evaluate.stage import load_base
-    from lorapilot.models import pad_id_of
+    from lorapilot.models import load_base, pad_id_of
     from lorapilot.spec import load_pilot
 
     pilot = load_pilot(args.pilot)

@@ -45,7 +45,8 @@ def main() -> None:
     else:
         for r in rows:
             print(
-                f"{r['dtype']:>9} rows {r['rows']:>5}: {r['us']:>8.1f} us  {r['gflop_per_s']:>6.1f} GFLOP/s"
+                f"{r['dtype']:>9} rows {r['rows']:>5}: {r['us']:>8.1f} us  "
+                f"{r['gflop_per_s']:>6.1f} GFLOP/s"
             )
 
 

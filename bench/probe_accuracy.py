@@ -48,12 +48,12 @@ def main() -> int:
     args = ap.parse_args()
 
     from lorapilot import environment, registry
-    from lorapilot.experiment import run_train
     from lorapilot.fsutil import read_jsonl
     from lorapilot.models import fetch_default_model
-    from lorapilot.plan import run_budget
-    from lorapilot.probe import run_probe
     from lorapilot.spec import load_pilot
+    from lorapilot.steps.budget import run_budget
+    from lorapilot.steps.probe import run_probe
+    from lorapilot.steps.train import run_train
 
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
@@ -86,34 +86,41 @@ def main() -> int:
     print(
         f"# probe accuracy, {dt.date.today()}, {env['cpu']} x{env['cpu_count']} "
         f"(load {probe['environment']['other_processes'].get('load_average', ['?'])[0]:.2f}), "
-        f"accelerator {probe['environment']['accelerator']}, torch threads {env['torch_num_threads']}"
+        f"accelerator {probe['environment']['accelerator']}, torch threads "
+        f"{env['torch_num_threads']}"
     )
     print(f"probe: {probe_s:.0f} s; train run {train['run_id']}: {len(steps)} steps")
     print()
     print("time                         estimate     actual    error")
     print(
-        f"forecast total (budget)   {est['total_s']:9.1f} s {actual_total:9.1f} s  {pct(est['total_s'], actual_total)}"
+        f"forecast total (budget)   {est['total_s']:9.1f} s {actual_total:9.1f} s  "
+        f"{pct(est['total_s'], actual_total)}"
         "   (forecast includes the verify evaluation and the 20% margin)"
     )
     for key, e in (after.get("errors") or {}).items():
         if key == "steps":
             continue
         print(
-            f"same-steps {key:<14} {e['estimate']:9.1f} s {e['actual']:9.1f} s  {pct(e['estimate'], e['actual'])}"
+            f"same-steps {key:<14} {e['estimate']:9.1f} s {e['actual']:9.1f} s  "
+            f"{pct(e['estimate'], e['actual'])}"
         )
     print()
     print("memory (probe)               measured   estimate    error   basis")
     for r in rows:
-        what = f"{r['length']:<7} {r['seq_len']:>4} x {r['micro_batch']:<3} ckpt {'on ' if r['grad_checkpointing'] else 'off'}"
+        ckpt = "on " if r["grad_checkpointing"] else "off"
+        what = f"{r['length']:<7} {r['seq_len']:>4} x {r['micro_batch']:<3} ckpt {ckpt}"
         print(
-            f"{what}  {r['peak_memory_bytes'] / GIB:7.3f} GiB {r['estimated_peak_memory_bytes'] / GIB:7.3f} GiB "
-            f"{pct(r['estimated_peak_memory_bytes'], r['peak_memory_bytes']):>8}   {r['estimate_basis']}"
+            f"{what}  {r['peak_memory_bytes'] / GIB:7.3f} GiB "
+            f"{r['estimated_peak_memory_bytes'] / GIB:7.3f} GiB "
+            f"{pct(r['estimated_peak_memory_bytes'], r['peak_memory_bytes']):>8}   "
+            f"{r['estimate_basis']}"
         )
     if train_peak:
         for r in spec_rows:
             print(
                 f"train run peak vs estimate total ({r['length']}): {train_peak / GIB:.3f} GiB vs "
-                f"{r['estimated_total_bytes'] / GIB:.3f} GiB  {pct(r['estimated_total_bytes'], train_peak)}"
+                f"{r['estimated_total_bytes'] / GIB:.3f} GiB  "
+                f"{pct(r['estimated_total_bytes'], train_peak)}"
             )
     print(f"bench wall time: {time.time() - started:.0f} s")
     if args.json:

@@ -4,18 +4,18 @@
         [--threads N] [--also-sdpa] [--pilot DIR] [--set KEY=VALUE ...]
 
 One process, one machine, one base model (the pilot's, by default SmolLM2-135M-Instruct as
-`lorapilot.evaluate.stage.load_base` loads it), one data set (the pilot's train split from
+`lorapilot.models.load_base` loads it), one data set (the pilot's train split from
 `prepare_data`, encoded by the pilot's formatter: chat template, completion-only labels),
-one LoRA config (the pilot's `adapter`, attached by `lorapilot.audit.build_adapter` with
+one LoRA config (the pilot's `adapter`, attached by `lorapilot.adapter.build_adapter` with
 the same seed, so both sides start from identical weights), the same global batch, number
 of optimizer steps, learning rate, warm-up + schedule, AdamW, gradient clipping and
 precision (fp32 master weights, bf16 autocast).
 
-(a) lorapilot: the real `lorapilot.train.train` (length-grouped micro-batches, `collate`,
+(a) lorapilot: the real `lorapilot.train.loop.train` (length-grouped micro-batches, `collate`,
     `train_step` with `causal_lm_loss_sum`, `make_optimizer`, `make_scheduler`), writing
     its run folder to a temporary directory, without validation examples or progress bar.
     `--also-sdpa` adds a third side, the same loop without its CPU switch to eager
-    attention (`lorapilot.train.short_sequence_attention`): the before/after of that change.
+    attention (`lorapilot.train.step.short_sequence_attention`): the before/after of that change.
 (b) reference: `transformers.Trainer` on a second copy of the base with the same adapter,
     `DataCollatorForSeq2Seq` (pad to the longest example of each batch, labels padded with
     -100; tokenizer padding on the right, as training recipes set it), the Trainer's
@@ -160,7 +160,7 @@ class FlopCounter:
     def __init__(self, model):
         import torch
 
-        from lorapilot.train import _decoder_and_head
+        from lorapilot.train.step import _decoder_and_head
 
         decoder, head = _decoder_and_head(model)
         if decoder is None:
@@ -255,9 +255,10 @@ def restore(model, initial: dict) -> None:
 
 
 def run_lorapilot(model, initial, examples, cfg, pad_id, warmup_steps, tmp: Path) -> dict:
-    """The real `lorapilot.train.train`, step ends recorded by its `cost_check` hook."""
+    """The real `lorapilot.train.loop.train`, step ends recorded by its `cost_check` hook."""
     from lorapilot.fsutil import read_jsonl
-    from lorapilot.train import MicroBatchStream, example_target_tokens, train
+    from lorapilot.train.batches import MicroBatchStream, example_target_tokens
+    from lorapilot.train.loop import train
 
     restore(model, initial)
     reset_accelerate()
@@ -462,10 +463,9 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    from lorapilot.audit import build_adapter
+    from lorapilot.adapter import build_adapter
     from lorapilot.data.dataset import encode_records, formatter_for, prepare_data
-    from lorapilot.evaluate.stage import load_base
-    from lorapilot.models import pad_id_of
+    from lorapilot.models import load_base, pad_id_of
     from lorapilot.spec import load_pilot
 
     def log(msg: str) -> None:
@@ -474,7 +474,7 @@ def main() -> None:
     pilot = load_pilot(args.pilot, args.set)
     spec = pilot.spec
     cfg = spec.train.model_copy(update={"max_steps": steps, "eval_every": None, "save_every": None})
-    warmup_sched = round(cfg.warmup_ratio * steps)  # as lorapilot.train.train computes it
+    warmup_sched = round(cfg.warmup_ratio * steps)  # as lorapilot.train.loop.train computes it
 
     load_start = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     log("loading the base twice and preparing the data (not timed)")
@@ -507,7 +507,7 @@ def main() -> None:
     log(f"measuring the {peak_dtype} matmul peak with {torch.get_num_threads()} threads")
     peaks = [measure_peak(device, peak_dtype)]
 
-    import lorapilot.train as lp_train
+    import lorapilot.train.step as lp_train
 
     names = ["lorapilot", "reference"] + (["lorapilot_sdpa"] if args.also_sdpa else [])
     runs: dict[str, list[dict]] = {n: [] for n in names}
@@ -573,7 +573,7 @@ def main() -> None:
     ref.update(ref_meta)
     ref["collator"] = "DataCollatorForSeq2Seq(padding=True, label_pad_token_id=-100), right padding"
     lp["loop"] = (
-        "lorapilot.train.train: length-grouped micro-batches, LM head at target positions, "
+        "lorapilot.train.loop.train: length-grouped micro-batches, LM head at target positions, "
         f"eager attention on CPU up to {eager_width} tokens wide"
     )
     result = {
@@ -597,7 +597,8 @@ def main() -> None:
         "micro_batch": cfg.micro_batch,
         "grad_accum": cfg.grad_accum,
         "global_batch": cfg.micro_batch * cfg.grad_accum,
-        "precision": f"{cfg.precision} autocast, fp32 master weights (base loaded as {spec.model.dtype})",
+        "precision": f"{cfg.precision} autocast, fp32 master weights (base loaded as "
+        f"{spec.model.dtype})",
         "lr": cfg.lr,
         "schedule": f"{cfg.schedule}, {warmup_sched} warm-up steps",
         "ratio": round(statistics.median(pair_ratios), 3),
@@ -651,7 +652,8 @@ def main() -> None:
     )
     print(f"peak {peak_flops / 1e9:.0f} GFLOP/s ({result['machine']['torch_threads']} threads)")
     print(
-        f"{'':15}{'examples/s':>12}{'target tok/s':>14}{'padding eff':>13}{'MFU':>8}{'MFU 6N':>8}{'loss':>8}"
+        f"{'':15}{'examples/s':>12}{'target tok/s':>14}{'padding eff':>13}"
+        f"{'MFU':>8}{'MFU 6N':>8}{'loss':>8}"
     )
     for name in names:
         s = result[name]
@@ -660,7 +662,8 @@ def main() -> None:
             f"{s['padding_efficiency']:>13.3f}{s['mfu']:>8.1%}{s['mfu_6n']:>8.1%}{s['mean_train_loss']:>8.3f}"
         )
     print(
-        f"ratio (lorapilot / reference examples/s): {result['ratio']} per repeat {result['ratio_per_repeat']}; "
+        f"ratio (lorapilot / reference examples/s): {result['ratio']} per repeat "
+        f"{result['ratio_per_repeat']}; "
         f"by process CPU time per example: {result['ratio_cpu_time']}"
     )
     if args.also_sdpa:

@@ -167,7 +167,8 @@ def test_incomparable_protocols_name_the_keys_that_differ():
     assert not ok
     assert (
         why
-        == "evaluation protocols differ (ep-1 vs ep-2): batch_size (32 vs 8), shared_prefix_cache (missing vs true)"
+        == "evaluation protocols differ (ep-1 vs ep-2): batch_size (32 vs 8), shared_prefix_cache "
+        "(missing vs true)"
     )
     many = {f"k{i}": i for i in range(9)}
     assert (

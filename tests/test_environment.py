@@ -41,7 +41,8 @@ def test_library_versions_import_nothing():
     """Reading versions must not import datasets/mlflow/tensorboard (seconds each)."""
     code = (
         "import sys; from lorapilot.environment import library_versions; v = library_versions(); "
-        "heavy = [m for m in ('datasets', 'mlflow', 'tensorboard', 'torch', 'transformers') if m in sys.modules]; "
+        "heavy = [m for m in ('datasets', 'mlflow', 'tensorboard', 'torch', 'transformers') if m "
+        "in sys.modules]; "
         "assert v['typer'] and not heavy, heavy"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -90,7 +90,8 @@ def test_yaml_errors_name_the_line():
 
 def test_yaml_bomb_is_refused_without_expanding():
     bomb = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
-        f"{chr(98 + i)}: &{chr(98 + i)} [*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}]\n"
+        f"{chr(98 + i)}: &{chr(98 + i)} [*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, "
+        f"*{chr(97 + i)}]\n"
         for i in range(20)
     )
     with pytest.raises(UsageError, match="aliases"):

@@ -206,7 +206,11 @@ def test_tensorboard_scalars_read_back(tracked):
 
 def test_unwritable_store_warns_and_keeps_the_run(tmp_path, capsys):
     (tmp_path / "runs" / "mlflow.db").mkdir(parents=True)  # sqlite cannot open a folder
-    with registry.open_run(tmp_path, "data", config={"name": "p", "tracking": ["mlflow"]}) as run:
+    tracked = {
+        "config": {"name": "p", "tracking": ["mlflow"]},
+        "on_close": tracking.mirror_on_close,
+    }
+    with registry.open_run(tmp_path, "data", **tracked) as run:
         run.update(metrics={"accuracy": 1.0})
     assert registry.get_run(tmp_path, run.id).status == "completed"
     err = " ".join(capsys.readouterr().err.split())
@@ -217,7 +221,7 @@ def test_unwritable_store_warns_and_keeps_the_run(tmp_path, capsys):
     assert "cannot open the MLflow sqlite store" in err  # at once: not MLflow's ~100 s of retries
     with (
         pytest.raises(ValueError, match="boom"),
-        registry.open_run(tmp_path, "data", config={"name": "p", "tracking": ["mlflow"]}),
+        registry.open_run(tmp_path, "data", **tracked),
     ):
         raise ValueError("boom")  # the run's own error propagates, not the mirror's
     assert [r.status for r in registry.list_runs(tmp_path)] == ["completed", "failed"]
@@ -303,7 +307,10 @@ def test_live_mirror_shows_steps_while_the_run_runs_then_the_close_replaces_it(t
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     with registry.open_run(
-        tmp_path, "train", config={"name": "p", "tracking": ["mlflow", "tensorboard"]}
+        tmp_path,
+        "train",
+        config={"name": "p", "tracking": ["mlflow", "tensorboard"]},
+        on_close=tracking.mirror_on_close,
     ) as run:
         live = tracking.LiveMirror(run.dir, ["mlflow", "tensorboard"], interval=3600)
         with live:
@@ -375,7 +382,7 @@ def test_live_mirror_thread_sends_without_being_asked_and_a_broken_tracker_only_
 
 def test_live_interval_from_the_environment(monkeypatch):
     from lorapilot.errors import UsageError
-    from lorapilot.experiment import _live_interval
+    from lorapilot.tracking import live_interval as _live_interval
 
     monkeypatch.delenv("LORAPILOT_TRACKING_INTERVAL", raising=False)
     assert _live_interval() == tracking.LIVE_INTERVAL_S

@@ -138,6 +138,11 @@ def check_limits(estimate: dict, peak_memory_bytes: int | None, limits: LimitsSp
     return out
 
 
+def exceeded(limits: dict) -> dict:
+    """The entries of check_limits' result that are over their limit ({} when none is)."""
+    return {k: v for k, v in limits.items() if isinstance(v, dict) and not v.get("ok", True)}
+
+
 def rental_plan(estimate: dict, days: int, *, setup_hours: float = 1.0) -> dict:
     """How a rental of `days` splits into phases, and how many runs fit in it.
 
@@ -213,3 +218,20 @@ def compare_estimate(estimate: dict, actual: dict) -> dict:
 
 def _is_number(x: object) -> bool:
     return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def limit_checks(lim: LimitsSpec, started: float):
+    """(deadline, cost_check) from the spec's limits: stop gracefully at the time/cost cap."""
+    deadline = started + lim.time_hours * 3600 if lim.time_hours else None
+    cost_check = None
+    if lim.cost_cap_usd and lim.usd_per_hour:
+
+        def cost_check(status: dict) -> str | None:
+            spent = status["wall_s"] / 3600 * lim.usd_per_hour
+            return (
+                f"the cost cap of ${lim.cost_cap_usd:.2f} was reached (${spent:.2f})"
+                if spent >= lim.cost_cap_usd
+                else None
+            )
+
+    return deadline, cost_check

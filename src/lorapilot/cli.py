@@ -1,14 +1,14 @@
-"""The `lorapilot` command: parse -> load spec -> call one stage function -> print. No logic.
+"""The `lorapilot` command: parse -> load the spec -> call one step -> print. No logic.
 
 Contract (see ../shared/DESIGN.md): every verb takes `--json` and then prints exactly one JSON
 object on stdout, everything else on stderr. Exit codes: 0 ok, 1 a check failed, 2 bad input.
+Steps are imported inside each command, so `lorapilot check` never pays for torch.
 """
 
 from __future__ import annotations
 
 import errno
 import functools
-import json
 import os
 import sys
 from collections.abc import Callable
@@ -18,10 +18,10 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 from rich.markup import escape as esc
-from rich.table import Table
 
-from lorapilot import registry
+from lorapilot import registry, views
 from lorapilot.errors import CheckFailed, LorapilotError, UsageError
+from lorapilot.views import Shown, print_json, stderr
 
 app = typer.Typer(
     name="lorapilot",
@@ -43,36 +43,45 @@ PilotArg = Annotated[
 SetOpt = Annotated[
     list[str] | None,
     typer.Option(
-        "--set", help="Override a spec value for this run, e.g. --set train.lr=1e-4 (repeatable)."
+        "--set",
+        help="Override a spec value for this run, e.g. --set train.lr=1e-4 (repeatable).",
     ),
 ]
-
-stdout = Console(highlight=False, soft_wrap=True)
-stderr = Console(stderr=True, highlight=False, soft_wrap=True)
+NoProgress = Annotated[bool, typer.Option("--no-progress", help="Hide progress bars.")]
+RunOpt = Annotated[
+    str | None, typer.Option("--run", help="Train run (default: the latest completed one).")
+]
+LimitOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--limit", help="Evaluate only the first N examples (a quick look; not comparable)."
+    ),
+]
 
 
 def log_console(as_json: bool) -> Console:
     """Human-readable output goes to stdout, unless stdout is reserved for JSON."""
-    return stderr if as_json else stdout
+    return stderr if as_json else views.stdout
 
 
-def _print_json(obj: dict) -> None:
-    sys.stdout.write(json.dumps(obj, indent=2, ensure_ascii=False, default=str) + "\n")
-    sys.stdout.flush()
+def step_log(as_json: bool) -> Callable[[str], None]:
+    """A step's log lines, dimmed, on the log console."""
+    con = log_console(as_json)
+    return lambda m: con.print(f"[dim]{esc(m)}[/]")
 
 
-def verb(fn: Callable[..., Any]) -> Callable[..., Any]:
+def verb(fn: Callable[..., Shown]) -> Callable[..., None]:
     """Map lorapilot errors to the contract's exit codes and messages; never a traceback.
 
-    The wrapped function returns the JSON-able result dict; `show` in it is popped and called
-    to print the human view when `--json` is off.
+    The wrapped command returns a `Shown`: its data is printed as JSON with `--json`, else its
+    view prints it for a person; then the process exits with its exit code.
     """
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> None:
         as_json = bool(kwargs.get("as_json"))
         try:
-            result = fn(*args, **kwargs) or {}
+            shown = fn(*args, **kwargs)
         except CheckFailed as e:
             _fail(e, as_json, e.details)
         except LorapilotError as e:
@@ -99,14 +108,12 @@ def verb(fn: Callable[..., Any]) -> Callable[..., Any]:
                 {},
             )
         else:
-            show = result.pop("_show", None)
-            exit_code = int(result.pop("_exit_code", 0))
             if as_json:
-                _print_json(result)
-            elif show is not None:
-                show(result)
-            if exit_code:
-                raise typer.Exit(exit_code)
+                print_json(shown.data)
+            elif shown.view is not None:
+                shown.view(shown.data)
+            if shown.exit_code:
+                raise typer.Exit(shown.exit_code)
 
     return wrapper
 
@@ -129,8 +136,14 @@ def _fail(e: LorapilotError, as_json: bool, details: dict, label: str | None = N
     # user text (spec keys, data, paths) is escaped: "[/x]" in a key must not be read as markup
     stderr.print(f"[bold red]{label}:[/] {esc(str(e))}", markup=True, highlight=False)
     if as_json:
-        _print_json({"ok": False, "error": str(e), "exit_code": e.exit_code, **details})
+        print_json({"ok": False, "error": str(e), "exit_code": e.exit_code, **details})
     raise typer.Exit(e.exit_code)
+
+
+def _pilot(pilot: str, sets: list[str] | None = None):
+    from lorapilot.spec import load_pilot
+
+    return load_pilot(pilot, sets)
 
 
 # --------------------------------------------------------------------------- verbs
@@ -138,58 +151,22 @@ def _fail(e: LorapilotError, as_json: bool, details: dict, label: str | None = N
 
 @app.command()
 @verb
-def check(pilot: PilotArg, as_json: JsonFlag = False, sets: SetOpt = None) -> dict:
+def check(pilot: PilotArg, as_json: JsonFlag = False, sets: SetOpt = None) -> Shown:
     """Validate the pilot spec (hypothesis, task, guards, limits) and find its data source
     (files exist and are readable, an HF dataset is cached), without loading the model or
     reading records. Exit 2 names the bad key (and the resolved path)."""
-    from lorapilot.data.source import check_data_source
-    from lorapilot.spec import load_pilot
+    from lorapilot.steps.check import run_check
 
-    p = load_pilot(pilot, sets)
-    s = p.spec
-    data_source = check_data_source(p)
-    result = {
-        "ok": True,
-        "pilot": str(p.dir),
-        "spec": str(p.spec_path),
-        "name": s.name,
-        "spec_hash": s.spec_hash(),
-        "task": s.task.kind,
-        "success": s.success.model_dump() if s.success else None,
-        "guards": [g.model_dump(exclude_none=True) for g in s.guards],
-        "resolved": s.model_dump(mode="json"),
-        "data_source": data_source,
-    }
-
-    def show(r: dict) -> None:
-        stdout.print(f"[green]ok[/] {esc(r['spec'])}: pilot [bold]{r['name']}[/] ({r['task']})")
-        stdout.print(f"  hypothesis: {esc(s.hypothesis.strip())}")
-        stdout.print(f"  success: {esc(s.success.metric)} gains at least {s.success.min_gain}")
-        for g in r["guards"]:
-            stdout.print(f"  guard: {esc(str(g))}")
-        for src in r["data_source"]["sources"]:
-            what = src.get("format") or src["type"]
-            if src["type"] == "hf_cache":
-                what = ", ".join(f"{x['source']}: {x['rows']} rows" for x in src["splits"])
-            stdout.print(
-                f"  data: {esc(src['key'])} {esc(src.get('path') or src['name'])} ({esc(what)}, "
-                f"{src['n_files']} file(s), {src['bytes']} bytes)"
-            )
-        stdout.print(f"  spec hash: {r['spec_hash'][:16]}")
-
-    result["_show"] = show
-    return result
+    return Shown(run_check(_pilot(pilot, sets)), views.check)
 
 
 @app.command()
 @verb
-def schema(as_json: JsonFlag = False) -> dict:
+def schema(as_json: JsonFlag = False) -> Shown:
     """Print the JSON Schema of pilot.yaml (the same with or without --json)."""
     from lorapilot.spec import json_schema
 
-    sch = json_schema()
-    sch["_show"] = lambda r: _print_json(r)
-    return sch
+    return Shown(json_schema(), print_json)
 
 
 @model_app.command("fetch")
@@ -199,12 +176,12 @@ def model_fetch(
     force: Annotated[
         bool, typer.Option("--force", help="Re-make the folder even if its hashes match.")
     ] = False,
-) -> dict:
-    """Install the default base model (SmolLM2-135M-Instruct) as an HF folder with a hash manifest."""
+) -> Shown:
+    """Install the default base model (SmolLM2-135M-Instruct) as an HF folder with a hash
+    manifest."""
     from lorapilot.models import fetch_default_model
 
-    con = log_console(as_json)
-    con.print("[dim]checking the default base model...[/]")
+    log_console(as_json).print("[dim]checking the default base model...[/]")
     res = fetch_default_model(force=force)
     out = {
         "ok": True,
@@ -214,14 +191,7 @@ def model_fetch(
         "seconds": round(res.seconds, 2),
         "source": res.source,
     }
-
-    def show(r: dict) -> None:
-        what = "already installed, hashes verified" if r["reused"] else "installed"
-        stdout.print(f"[green]ok[/] {r['path']} ({what}, {r['seconds']} s)")
-        stdout.print(f"  model.safetensors sha256 {r['sha256']}")
-
-    out["_show"] = show
-    return out
+    return Shown(out, views.model_fetch)
 
 
 @app.command()
@@ -250,7 +220,8 @@ def runs(
         str | None,
         typer.Option(
             "--run",
-            help="With --watch: the run to follow (default: the running train run, else the latest).",
+            help="With --watch: the run to follow (default: the running train run, "
+            "else the latest).",
         ),
     ] = None,
     interval: Annotated[
@@ -260,12 +231,11 @@ def runs(
         int,
         typer.Option("--last", min=1, help="With --watch: how many recent steps the table shows."),
     ] = 15,
-) -> dict:
+) -> Shown:
     """List every run record of the pilot, failed and interrupted ones included; or, with
     --watch, follow a train run's steps live."""
-    from lorapilot.registry import list_runs
-    from lorapilot.runs_view import STATUS_COLOUR, runs_csv
     from lorapilot.spec import resolve_pilot
+    from lorapilot.steps.runs import run_runs, run_watch
 
     if fmt not in ("table", "json", "csv"):
         raise UsageError(f"--format {fmt!r}: expected table, json or csv")
@@ -275,132 +245,27 @@ def runs(
         raise UsageError("--run selects the run to --watch; add --watch")
     pilot_dir, _ = resolve_pilot(pilot)
     if watch:
-        return _watch_run(pilot_dir, run, as_json or fmt == "json", fmt, interval, last)
-    records = list_runs(pilot_dir, kind)
-    rows = [
-        {
-            "id": r.id,
-            "kind": r.kind,
-            "status": r.status,
-            "parent": r.parent,
-            "started_at": r.started_at,
-            "ended_at": r.ended_at,
-            "duration_s": r.duration_s,
-            "data_version": r.data_version,
-            "variant": (r.variant or {}).get("label"),
-            "error": r.error,
-        }
-        for r in records
-    ]
-
-    def show(res: dict) -> None:
-        if fmt == "json":
-            _print_json(res)
-            return
         if fmt == "csv":
-            sys.stdout.write(runs_csv(rows))
-            return
-        if not rows:
-            stdout.print(f"no runs yet in {esc(str(pilot_dir / 'runs'))}")
-            return
-        t = Table(title=f"runs of {esc(pilot_dir.name)}")
-        t.add_column("id", no_wrap=True)
-        for col in ("kind", "status", "duration", "variant"):
-            t.add_column(col)
-        for r in rows:
-            dur = f"{r['duration_s']:.1f}s" if r["duration_s"] is not None else "-"
-            t.add_row(
-                r["id"],
-                r["kind"],
-                f"[{STATUS_COLOUR.get(r['status'], 'white')}]{r['status']}[/]",
-                dur,
-                r["variant"] or "",
+            raise UsageError(
+                "--watch shows a live table; --format csv lists runs (drop one of them)"
             )
-        stdout.print(t)
-        for r in rows:  # reasons in full, below the table, where they are readable
-            if r["error"]:
-                stdout.print(f"{r['id']}: {esc(r['error'])}")
-
-    return {"pilot": str(pilot_dir), "runs": rows, "_show": show}
-
-
-def _watch_run(
-    pilot_dir: Path, run: str | None, as_json: bool, fmt: str, interval: float, last: int
-) -> dict:
-    """`runs --watch`: the live table on the console (stderr under JSON), the summary as result."""
-    from lorapilot.runs_view import watch
-
-    if fmt == "csv":
-        raise UsageError("--watch shows a live table; --format csv lists runs (drop one of them)")
-    summary = watch(pilot_dir, run, log_console(as_json), interval=interval, last=last)
-    result: dict[str, Any] = {"pilot": str(pilot_dir), **summary}
-    if fmt == "json":
-        result["_show"] = _print_json
-    else:
-        result["_show"] = lambda r: stdout.print(
-            f"run {r['run_id']}: {r['status']} after {r['steps_done']} steps"
-        )
-    return result
+        console = log_console(as_json or fmt == "json")
+        result = run_watch(pilot_dir, run, console, interval=interval, last=last)
+        return Shown(result, print_json if fmt == "json" else views.watch_summary)
+    view = {"json": print_json, "csv": views.runs_csv_view}.get(fmt, views.runs_table)
+    return Shown(run_runs(pilot_dir, kind), view)
 
 
 @app.command()
 @verb
-def data(pilot: PilotArg, as_json: JsonFlag = False, sets: SetOpt = None) -> dict:
+def data(pilot: PilotArg, as_json: JsonFlag = False, sets: SetOpt = None) -> Shown:
     """Load, validate, clean, version and split the data; find duplicates and leaks; measure
     lengths; audit the loss mask over every example. Exit 1 on a leak or a mask problem."""
-    from lorapilot.data.stage import run_data
-    from lorapilot.spec import load_pilot
+    from lorapilot.steps.data import run_data
 
-    p = load_pilot(pilot, sets)
+    p = _pilot(pilot, sets)
     log_console(as_json).print(f"[dim]data: {esc(p.dir.name)}: loading and checking...[/]")
-    result = run_data(p)
-    result["_show"] = _show_data
-    return result
-
-
-def _show_data(r: dict) -> None:
-    stdout.print(f"[green]data ok[/] version [bold]{r['version']}[/]  run {r['run_id']}")
-    stdout.print(f"  source: {esc(str(r['source']))}\n  permission: {esc(str(r['permission']))}")
-    t = Table(title="examples per split and category")
-    splits = list(r["splits"])
-    t.add_column("category")
-    for s in splits:
-        t.add_column(s, justify="right")
-    for cat, row in sorted(r["per_category"].items()):
-        t.add_row(esc(cat), *(str(row.get(s, 0)) for s in splits))
-    t.add_row("[bold]total[/]", *(f"[bold]{r['splits'][s]}[/]" for s in splits))
-    stdout.print(t)
-    lt = Table(title="tokens per example (template + answer)")
-    for col in ("split", "p50", "p95", "max", "input cut", "target cut"):
-        lt.add_column(col, justify="right")
-    for s, st in r["lengths"].items():
-        lt.add_row(
-            s,
-            str(st["p50"]),
-            str(st["p95"]),
-            str(st["max"]),
-            str(st["n_truncated"]),
-            str(st["n_target_truncated"]),
-        )
-    stdout.print(lt)
-    d = r["duplicates"]
-    c = d["counts"]
-    stdout.print(
-        f"  duplicates: {c['exact']} exact, {c['near']} near pairs; "
-        f"{d['n_cross_split']} across splits (policy {d['leakage_policy']}); "
-        f"{len(d['dropped_from_train'])} dropped from train"
-    )
-    ma = r["mask_audit"]
-    stdout.print(
-        f"  mask audit: {'[green]ok[/]' if ma['ok'] else '[red]FAILED[/]'}: "
-        f"{ma['loss_token_fraction']:.1%} of tokens carry the loss ({ma['loss_on']}), "
-        f"end-of-turn trained: {ma['end_of_turn_trained']}, eval prompt = train prefix: "
-        f"{ma['eval_prompt_is_train_prefix']}"
-    )
-    if r["skipped"]:
-        stdout.print(f"  [yellow]skipped {len(r['skipped'])} record(s):[/]")
-        for s in r["skipped"][:20]:
-            stdout.print(esc(f"    {s['file']}:{s['line']}: {s['problem']}"))
+    return Shown(run_data(p), views.data)
 
 
 @app.command()
@@ -416,62 +281,20 @@ def inspect(
     ] = "train",
     seed: Annotated[int, typer.Option("--seed", help="Sampling seed.")] = 0,
     sets: SetOpt = None,
-) -> dict:
+) -> Shown:
     """Show examples of every category after the exact preprocessing, loss tokens highlighted.
     Each example's loss tokens are decoded and checked against its answer; a mismatch exits 1."""
-    from lorapilot.data.stage import run_inspect
-    from lorapilot.spec import load_pilot
+    from lorapilot.steps.inspect import run_inspect
 
     if split not in ("train", "val"):
         raise UsageError(
             f"--split {split!r}: inspect samples train or val (the test split is reserved)"
         )
-    p = load_pilot(pilot, sets)
-    result = run_inspect(p, per_category, split, seed)
-    if not result["ok"]:
-        result["_exit_code"] = 1
-    result["_show"] = _show_inspect
+    result = run_inspect(_pilot(pilot, sets), per_category, split, seed)
     if as_json:
         for ex in result["examples"]:
             ex.pop("pieces", None)
-    return result
-
-
-def _show_inspect(r: dict) -> None:
-    from rich.text import Text
-
-    for ex in r["examples"]:
-        flag = "[green]match[/]" if ex["match"] else "[red]MISMATCH[/]"
-        cut = f", input cut by {ex['tokens_cut']} tokens" if ex["truncated"] else ""
-        stdout.rule(
-            esc(f"{ex['category']} / {ex['id']} ({ex['source']}): {ex['n_tokens']} tokens{cut}")
-        )
-        text = Text()
-        loss = set(ex["loss_positions"])
-        for i, piece in enumerate(ex["pieces"]):
-            style = (
-                "bold black on green" if i in loss else ("cyan" if piece.startswith("<|") else "")
-            )
-            text.append(piece, style=style)
-        stdout.print(text)
-        stdout.print(
-            f"loss tokens decode to {esc(repr(ex['decoded_target']))}; expected "
-            f"{esc(repr(ex['expected_target']))}: {flag}"
-        )
-    stdout.print(
-        f"\ncategories: {esc(', '.join(r['categories']))}  (green = tokens that carry the loss)"
-    )
-    if not r["ok"]:
-        stdout.print("[red]some examples' loss tokens do not decode to their answer[/]")
-
-
-LimitOpt = Annotated[
-    int | None,
-    typer.Option(
-        "--limit", help="Evaluate only the first N examples (a quick look; not comparable)."
-    ),
-]
-NoProgress = Annotated[bool, typer.Option("--no-progress", help="Hide progress bars.")]
+    return Shown(result, views.inspect, exit_code=0 if result["ok"] else 1)
 
 
 @app.command()
@@ -482,15 +305,13 @@ def baseline(
     limit: LimitOpt = None,
     no_progress: NoProgress = False,
     sets: SetOpt = None,
-) -> dict:
-    """Evaluate the unadapted base model on the validation split; keep its outputs and protocol."""
-    from lorapilot.evaluate.stage import run_evaluation
-    from lorapilot.spec import load_pilot
+) -> Shown:
+    """Evaluate the unadapted base model on the validation split; keep its outputs and
+    protocol."""
+    from lorapilot.steps.baseline import run_baseline
 
-    p = load_pilot(pilot, sets)
-    result = run_evaluation(p, "baseline", split="val", limit=limit, progress=not no_progress)
-    result["_show"] = _show_eval
-    return result
+    result = run_baseline(_pilot(pilot, sets), limit=limit, progress=not no_progress)
+    return Shown(result, views.evaluation)
 
 
 @app.command("eval")
@@ -515,69 +336,20 @@ def eval_cmd(
     ] = False,
     limit: LimitOpt = None,
     no_progress: NoProgress = False,
-) -> dict:
+) -> Shown:
     """Evaluate an adapter (or the base) on val, or on the reserved test split with --final."""
-    from lorapilot.evaluate.stage import adapter_of, run_evaluation
-    from lorapilot.spec import load_pilot
+    from lorapilot.steps.eval import run_eval
 
-    p = load_pilot(pilot)
-    parent, adapter = (None, None) if base else adapter_of(p, run)
-    result = run_evaluation(
-        p,
-        "eval",
+    result = run_eval(
+        _pilot(pilot),
+        run_id=run,
+        base=base,
         split=split,
-        adapter_dir=adapter,
-        parent=parent,
+        final=final,
         limit=limit,
         progress=not no_progress,
-        final=final,
     )
-    result["_show"] = _show_eval
-    return result
-
-
-def _show_eval(r: dict) -> None:
-    m = r["metrics"]
-    stdout.print(
-        f"[green]{r['split']}[/] n={r['n']}  run {r['run_id']}  protocol {r['eval_protocol']}  "
-        f"({r['examples_per_s']:.1f} ex/s)"
-    )
-    headline = [
-        k
-        for k in (
-            "accuracy",
-            "macro_f1",
-            "json_valid_rate",
-            "schema_valid_rate",
-            "required_fields_rate",
-            "field_f1",
-            "exact_match",
-            "format_valid_rate",
-        )
-        if k in m
-    ]
-    stdout.print("  " + "  ".join(f"{k}={m[k]:.3f}" for k in headline))
-    per = m.get("per_category") if "per_field" not in m else m.get("per_field")
-    if per:
-        t = Table(title="per category" if "per_field" not in m else "per field")
-        cols = [
-            c
-            for c in ("precision", "recall", "f1", "accuracy", "support")
-            if any(c in v for v in per.values())
-        ]
-        t.add_column("name")
-        for c in cols:
-            t.add_column(c, justify="right")
-        for name, v in per.items():
-            t.add_row(
-                esc(name),
-                *(
-                    f"{v[c]:.3f}" if isinstance(v.get(c), float) else str(v.get(c, ""))
-                    for c in cols
-                ),
-            )
-        stdout.print(t)
-    stdout.print(f"  predictions: {esc(r['predictions'])}")
+    return Shown(result, views.evaluation)
 
 
 @app.command("train")
@@ -593,41 +365,15 @@ def train_cmd(
         ),
     ] = None,
     no_progress: NoProgress = False,
-) -> dict:
+) -> Shown:
     """One experiment: adapter, update audit, training, saved adapter, validation metrics.
     `--set key=value` makes it a variant (labelled one_change or combined)."""
-    from lorapilot.experiment import run_train
-    from lorapilot.spec import load_pilot
+    from lorapilot.steps.train import run_train
 
-    p = load_pilot(pilot, sets)
-    con = log_console(as_json)
     result = run_train(
-        p, resume=resume, progress=not no_progress, log=lambda m: con.print(f"[dim]{esc(m)}[/]")
+        _pilot(pilot, sets), resume=resume, progress=not no_progress, log=step_log(as_json)
     )
-    result["_show"] = _show_train
-    return result
-
-
-def _show_train(r: dict) -> None:
-    a = r["update_audit"] or {}
-    stdout.print(
-        f"[green]train {r['status']}[/] run {r['run_id']} ({r['variant']}) in {r['wall_s']:.0f} s, {r['steps']} steps"
-    )
-    stdout.print(
-        f"  trainable params: {r['trainable_params']:,} of {r['total_params']:,}; "
-        f"{len(r['target_modules'])} adapted modules; update audit: {'ok' if a.get('ok') else a or 'n/a (resumed)'}"
-    )
-    stdout.print(f"  val loss {r['initial_val_loss']:.4f} -> {r['final_val_loss']:.4f}")
-    m = r["metrics"]
-    stdout.print(
-        "  "
-        + "  ".join(
-            f"{k}={m[k]:.3f}"
-            for k in ("accuracy", "macro_f1", "json_valid_rate", "field_f1")
-            if k in m
-        )
-    )
-    stdout.print(f"  adapter: {esc(r['adapter_path'])}")
+    return Shown(result, views.train)
 
 
 @app.command()
@@ -641,32 +387,19 @@ def smoke(
     steps: Annotated[int, typer.Option("--steps", min=1, help="Optimizer steps.")] = 40,
     no_progress: NoProgress = False,
     sets: SetOpt = None,
-) -> dict:
-    """Overfit a few examples through the real train and eval code: proves wiring, not quality."""
-    from lorapilot.experiment import run_smoke
-    from lorapilot.spec import load_pilot
+) -> Shown:
+    """Overfit a few examples through the real train and eval code: proves wiring, not
+    quality."""
+    from lorapilot.steps.smoke import run_smoke
 
-    p = load_pilot(pilot, sets)
-    con = log_console(as_json)
     result = run_smoke(
-        p,
+        _pilot(pilot, sets),
         per_category=per_category,
         max_steps=steps,
         progress=not no_progress,
-        log=lambda m: con.print(f"[dim]{esc(m)}[/]"),
+        log=step_log(as_json),
     )
-    if not result["ok"]:
-        result["_exit_code"] = 1
-
-    def show(r: dict) -> None:
-        verdict = "[green]ok[/]" if r["ok"] else "[red]FAILED[/]"
-        stdout.print(
-            f"smoke {verdict}: loss {r['initial_loss']:.3f} -> {r['final_loss']:.4f}, "
-            f"{r['n_correct']}/{r['n_examples']} memorised examples predicted right ({r['note']})"
-        )
-
-    result["_show"] = show
-    return result
+    return Shown(result, views.smoke, exit_code=0 if result["ok"] else 1)
 
 
 @app.command()
@@ -693,134 +426,42 @@ def probe(
     ] = 5,
     no_progress: NoProgress = False,
     sets: SetOpt = None,
-) -> dict:
+) -> Shown:
     """Size a full training step (forward, backward, update) at typical and long lengths,
     checkpointing off and on: first/later step time and peak memory, beside an estimate."""
-    from lorapilot.probe import run_probe
-    from lorapilot.spec import load_pilot
+    from lorapilot.steps.probe import run_probe
 
-    p = load_pilot(pilot, sets)
-    con = log_console(as_json)
     result = run_probe(
-        p,
+        _pilot(pilot, sets),
         search_batch=search_batch,
         estimate_only=estimate_only,
         steps=steps,
         progress=not no_progress,
-        log=lambda m: con.print(f"[dim]{esc(m)}[/]"),
+        log=step_log(as_json),
     )
-    result["_show"] = _show_probe
-    return result
-
-
-def _gib(b) -> str:
-    return f"{b / 2**30:.2f} GiB" if isinstance(b, (int, float)) else "-"
-
-
-def _show_probe(r: dict) -> None:
-    t = Table(title=f"probe {r['run_id']}" + (" (estimate only)" if r.get("estimate_only") else ""))
-    for col in (
-        "seq_len",
-        "micro_batch",
-        "ckpt",
-        "first step",
-        "later step",
-        "tokens/s",
-        "peak mem",
-        "estimate",
-        "error",
-        "ok",
-    ):
-        t.add_column(col, justify="right")
-    for m in r["measurements"]:
-        f = lambda v, fmt: fmt.format(v) if isinstance(v, (int, float)) else "-"  # noqa: E731
-        t.add_row(
-            str(m.get("seq_len")),
-            str(m.get("micro_batch")),
-            "on" if m.get("grad_checkpointing") else "off",
-            f(m.get("first_step_s"), "{:.2f}s"),
-            f(m.get("later_step_s"), "{:.2f}s"),
-            f(m.get("tokens_per_s"), "{:,.0f}"),
-            _gib(m.get("peak_memory_bytes")),
-            _gib(m.get("estimated_peak_memory_bytes")),
-            f(m.get("estimate_error"), "{:+.0%}"),
-            "yes" if m.get("ok", True) else f"[red]{(m.get('error') or 'no')[:40]}[/]",
-        )
-    stdout.print(t)
+    return Shown(result, views.probe)
 
 
 @app.command()
 @verb
-def budget(pilot: PilotArg, as_json: JsonFlag = False, sets: SetOpt = None) -> dict:
+def budget(pilot: PilotArg, as_json: JsonFlag = False, sets: SetOpt = None) -> Shown:
     """Time and cost of the run from the latest probe, a 3/7/30-day rental plan, and (after a
     train run) the estimate against what the run really took."""
-    from lorapilot.plan import run_budget
-    from lorapilot.spec import load_pilot
+    from lorapilot.steps.budget import run_budget
 
-    result = run_budget(load_pilot(pilot, sets))
-    result["_show"] = _show_budget
-    return result
-
-
-def _show_budget(r: dict) -> None:
-    e = r["estimate"]
-    stdout.print(
-        f"[bold]estimate[/] (probe {r['probe_run']}): {e['steps']} steps, total {e['total_s'] / 60:.1f} min, "
-        f"${e['cost_usd']:.2f}"
-    )
-    for k in ("train_s", "eval_s", "checkpoint_s", "setup_s", "margin_s"):
-        stdout.print(f"  {k[:-2]:<11} {e[k]:>9.1f} s")
-    for name, lim in (r.get("limits") or {}).items():
-        if isinstance(lim, dict):
-            stdout.print(
-                f"  limit {name}: {lim.get('value')} vs {lim.get('limit')}: {'ok' if lim.get('ok') else '[red]exceeded[/]'}"
-            )
-    t = Table(title="rental plans")
-    for col in ("days", "experiment hours", "variants that fit", "cost"):
-        t.add_column(col, justify="right")
-    for days, plan in r["rental"].items():
-        t.add_row(
-            days,
-            f"{plan['phases']['experiments']:.1f}",
-            str(plan["variants_fit"]),
-            f"${plan['cost_usd']:.0f}",
-        )
-    stdout.print(t)
-    if r.get("actual"):
-        stdout.print("[bold]estimate vs actual[/] (train run " + str(r.get("train_run")) + ")")
-        for k, v in (r.get("errors") or {}).items():
-            rel = v.get("rel_error")
-            stdout.print(
-                f"  {k}: estimate {v['estimate']:.1f}, actual {v['actual']:.1f}"
-                + (f" ({rel:+.0%})" if rel is not None else "")
-            )
-
-
-RunOpt = Annotated[
-    str | None, typer.Option("--run", help="Train run (default: the latest completed one).")
-]
+    return Shown(run_budget(_pilot(pilot, sets)), views.budget)
 
 
 @app.command()
 @verb
-def verify(pilot: PilotArg, as_json: JsonFlag = False, run: RunOpt = None) -> dict:
+def verify(pilot: PilotArg, as_json: JsonFlag = False, run: RunOpt = None) -> Shown:
     """Reload the adapter with its pinned base in a fresh process, re-evaluate, and compare
     with the in-process result. A changed base, adapter or tokenizer is refused (exit 1)."""
-    from lorapilot.export import run_verify
-    from lorapilot.spec import load_pilot
+    from lorapilot.steps.verify import run_verify
 
+    p = _pilot(pilot)
     log_console(as_json).print("[dim]verify: starting a fresh process...[/]")
-    result = run_verify(load_pilot(pilot), run)
-
-    def show(r: dict) -> None:
-        stdout.print(
-            f"[green]verify ok[/]: a fresh process reloading {r['train_run']} on base sha256 "
-            f"{r['base_sha256'][:16]} reproduces all predictions ({r['n_mismatched_predictions']} differ) "
-            f"and metrics (match: {r['metrics_match']})"
-        )
-
-    result["_show"] = show
-    return result
+    return Shown(run_verify(p, run), views.verify)
 
 
 @app.command()
@@ -833,109 +474,45 @@ def export(
     merge: Annotated[
         bool, typer.Option("--merge", help="Merge the adapter into the base weights.")
     ] = False,
-) -> dict:
+) -> Shown:
     """Write a merged model folder that plain transformers loads (outputs checked)."""
-    from lorapilot.export import run_export
-    from lorapilot.spec import load_pilot
+    from lorapilot.steps.export import run_export
 
-    result = run_export(load_pilot(pilot), run, out, merge)
-    result["_show"] = lambda r: stdout.print(
-        f"[green]exported[/] {r['out']} (max logit diff {r['max_logit_diff']:.1e})"
-    )
-    return result
+    return Shown(run_export(_pilot(pilot), run, out, merge), views.export)
 
 
 @app.command()
 @verb
-def compare(pilot: PilotArg, as_json: JsonFlag = False) -> dict:
+def compare(pilot: PilotArg, as_json: JsonFlag = False) -> Shown:
     """Every run side by side (failed ones too, with their reason): metrics and deltas against
     the baseline, guards, examples fixed and broken, and the decision so far."""
-    from lorapilot.report.write import run_compare
-    from lorapilot.spec import load_pilot
+    from lorapilot.steps.compare import run_compare
 
-    result = run_compare(load_pilot(pilot))
-    result["_show"] = _show_compare
-    return result
-
-
-def _show_compare(r: dict) -> None:
-    t = Table(title="runs compared with the baseline " + str(r["baseline"]))
-    for col in ("id", "kind", "status", "variant", "main metrics", "delta", "fixed/broken", "note"):
-        t.add_column(col)
-    for row in r["runs"]:
-        m = row.get("metrics") or {}
-        main = " ".join(
-            f"{k}={m[k]:.3f}"
-            for k in ("accuracy", "macro_f1", "field_f1", "json_valid_rate")
-            if isinstance(m.get(k), (int, float))
-        )
-        d = (row.get("deltas") or {}).get("overall", {})
-        delta = " ".join(f"{k}{d[k]:+.3f}" for k in ("macro_f1", "field_f1") if k in d)
-        fl = row.get("flips") or {}
-        fb = f"{len(fl.get('fixed', []))}/{len(fl.get('broken', []))}" if fl else ""
-        note = row.get("not_comparable_reason") or row.get("reason") or ""
-        t.add_row(
-            row["id"],
-            row["kind"],
-            row["status"],
-            row.get("variant") or "",
-            main,
-            delta,
-            fb,
-            esc(note[:50]),
-        )
-    stdout.print(t)
-    if r["decision"]:
-        stdout.print(f"decision so far ({r['chosen']}): [bold]{r['decision']}[/]")
-        for reason in r["reasons"]:
-            stdout.print(f"  - {esc(str(reason))}")
+    return Shown(run_compare(_pilot(pilot)), views.compare)
 
 
 @app.command()
 @verb
-def report(pilot: PilotArg, as_json: JsonFlag = False) -> dict:
+def report(pilot: PilotArg, as_json: JsonFlag = False) -> Shown:
     """Write report/index.html (self-contained) and report/report.md with the decision, and
     fill deliverable/ with what to hand over. A NO-GO is a result, not a failure (exit 0)."""
-    from lorapilot.report.write import run_report
-    from lorapilot.spec import load_pilot
+    from lorapilot.steps.report import run_report
 
-    result = run_report(load_pilot(pilot))
-
-    def show(r: dict) -> None:
-        stdout.print(f"decision: [bold]{r['decision']}[/]")
-        for reason in r["reasons"]:
-            stdout.print(f"  - {esc(str(reason))}")
-        stdout.print(
-            f"report: {r['html']}\n        {r['markdown']}\ndeliverable: {r['deliverable']}"
-        )
-
-    result["_show"] = show
-    return result
+    return Shown(run_report(_pilot(pilot)), views.report)
 
 
 @app.command("run")
 @verb
-def run_cmd(pilot: PilotArg, as_json: JsonFlag = False, no_progress: NoProgress = False) -> dict:
+def run_cmd(pilot: PilotArg, as_json: JsonFlag = False, no_progress: NoProgress = False) -> Shown:
     """The whole pilot: data, inspect, baseline, smoke, probe, budget, train, verify, final
     test, report. Completed phases with unchanged inputs are reused."""
-    from lorapilot.pipeline import run_pipeline
-    from lorapilot.spec import load_pilot
+    from lorapilot.steps.run import run_pipeline
 
     con = log_console(as_json)
     result = run_pipeline(
-        load_pilot(pilot), progress=not no_progress, log=lambda m: con.print(m, highlight=False)
+        _pilot(pilot), progress=not no_progress, log=lambda m: con.print(m, highlight=False)
     )
-
-    def show(r: dict) -> None:
-        stdout.print(
-            f"decision: [bold]{r['decision']}[/] (train run {r['train_run']}, {r['wall_s']:.0f} s)"
-        )
-        for reason in r["reasons"]:
-            stdout.print(f"  - {esc(str(reason))}")
-        stdout.print(f"report: {r['html']}")
-
-    result["_show"] = show
-    return result
+    return Shown(result, views.run)
 
 
 @app.command()
@@ -946,51 +523,17 @@ def sync(
     to: Annotated[
         list[str] | None,
         typer.Option(
-            "--to", help="mlflow or tensorboard (repeatable; default: the spec's tracking list)."
+            "--to",
+            help="mlflow or tensorboard (repeatable; default: the spec's tracking list).",
         ),
     ] = None,
-) -> dict:
+) -> Shown:
     """Mirror the pilot's existing run records to MLflow / TensorBoard. Idempotent: an
     unchanged run is skipped, a changed one replaced, never duplicated."""
-    from lorapilot import tracking
-    from lorapilot.spec import load_pilot
+    from lorapilot.steps.sync import run_sync
 
-    p = load_pilot(pilot)
-    targets = list(dict.fromkeys(to or p.spec.tracking))
-    if not targets:
-        raise UsageError(
-            f"{p.spec_path}: nothing to sync to: give --to mlflow or --to tensorboard, "
-            "or list them under tracking in the spec"
-        )
-    unknown = [t for t in targets if t not in tracking.TARGETS]
-    if unknown:
-        raise UsageError(
-            f"--to {unknown[0]!r}: unknown tracker; known: {', '.join(tracking.TARGETS)}"
-        )
-    tracking.require(targets, "--to")
-    log_console(as_json).print(
-        f"[dim]sync: mirroring the runs of {esc(p.dir.name)} to {', '.join(targets)}...[/]"
-    )
-    result = tracking.sync(p.dir, targets)
-    if not result["ok"]:
-        result["_exit_code"] = 1
-
-    def show(r: dict) -> None:
-        for t, counts in r["counts"].items():
-            stdout.print(
-                f"[green]{t}[/]: " + (", ".join(f"{n} {k}" for k, n in counts.items()) or "no runs")
-            )
-        for row in r["runs"]:
-            for t in r["targets"]:
-                if row[t].startswith("failed"):
-                    stdout.print(f"[red]{row['id']}[/] {t}: {esc(row[t])}")
-        if "mlflow_uri" in r:
-            stdout.print(f"  mlflow: {esc(r['mlflow_uri'])}")
-        if "tensorboard_dir" in r:
-            stdout.print(f"  tensorboard --logdir {esc(r['tensorboard_dir'])}")
-
-    result["_show"] = show
-    return result
+    result = run_sync(_pilot(pilot), to, log=step_log(as_json))
+    return Shown(result, views.sync, exit_code=0 if result["ok"] else 1)
 
 
 @app.command()
@@ -1004,15 +547,11 @@ def init(
     directory: Annotated[Path, typer.Option("--dir", help="Where to create the folder.")] = Path(
         "."
     ),
-) -> dict:
+) -> Shown:
     """Scaffold a pilot folder: a commented pilot.yaml and a tiny data file to start from."""
     from lorapilot.scaffold import init_pilot
 
-    result = init_pilot(name, task, directory)
-    result["_show"] = lambda r: stdout.print(
-        f"[green]created[/] {r['pilot']} ({r['task']}, {r['n_examples']} examples). Next: lorapilot run {r['pilot']}"
-    )
-    return result
+    return Shown(init_pilot(name, task, directory), views.init)
 
 
 def main() -> None:

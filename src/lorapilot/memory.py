@@ -406,3 +406,8 @@ def estimate_step_memory(
 def to_gib(n_bytes: float) -> float:
     """Bytes -> GiB (2^30 bytes: the unit GPU memory sizes are quoted in)."""
     return n_bytes / GIB
+
+
+def format_gib(n_bytes: float | None) -> str:
+    """ "1.23 GiB", or "-" for a figure that was not measured: the console's one format."""
+    return f"{to_gib(n_bytes):.2f} GiB" if isinstance(n_bytes, int | float) else "-"

@@ -24,11 +24,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from lorapilot import __version__
 from lorapilot.errors import LorapilotError, UsageError
 from lorapilot.fsutil import atomic_write_json, locked, sha256_file
+
+if TYPE_CHECKING:
+    from lorapilot.spec import Pilot
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 DEFAULT_ALIASES = (DEFAULT_MODEL, "default")
@@ -577,3 +580,49 @@ def make_tiny_model(
     }
     write_manifest(path, source, dtype="float32")
     return path
+
+
+def quiet_transformers() -> None:
+    """transformers' own progress bars and warnings would interleave with ours on stderr."""
+    import warnings
+
+    from transformers.utils import logging
+
+    # peft calls a transformers API deprecated for v6; not actionable for our users
+    warnings.filterwarnings("ignore", category=FutureWarning, module="transformers")
+    logging.set_verbosity_error()
+    logging.disable_progress_bar()
+
+
+def load_base(pilot: Pilot):
+    """(resolved, model, tokenizer) of the pilot's base model, offline, eval mode."""
+    quiet_transformers()
+    m = pilot.spec.model
+    resolved = resolve_base(m.base, m.revision, root=pilot.dir, allow_pickle=m.allow_pickle)
+    model, tok = load_model(resolved, m.dtype, m.trust_remote_code)
+    return resolved, model, tok
+
+
+def attach_adapter(model: Any, adapter_dir: Path) -> Any:
+    """Base + saved PEFT adapter (safetensors only), ready for evaluation."""
+    from peft import PeftModel
+
+    if not (adapter_dir / "adapter_model.safetensors").is_file():
+        raise UsageError(
+            f"{adapter_dir}: no adapter_model.safetensors (was the train run completed?)"
+        )
+    peft_model = PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=False)
+    peft_model.eval()
+    return peft_model
+
+
+def load_tokenizer(pilot: Pilot) -> tuple[Any, Any]:
+    """(resolved base, tokenizer) for the pilot's base model, offline."""
+    from transformers import AutoTokenizer
+
+    m = pilot.spec.model
+    resolved = resolve_base(m.base, m.revision, root=pilot.dir, allow_pickle=m.allow_pickle)
+    tok = AutoTokenizer.from_pretrained(
+        resolved.path, local_files_only=True, trust_remote_code=m.trust_remote_code
+    )
+    return resolved, tok

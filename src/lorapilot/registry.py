@@ -17,7 +17,7 @@ import secrets
 import signal
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -235,12 +235,14 @@ def open_run(
     environment: dict | None = None,
     run_id: str | None = None,
     write: bool = True,
+    on_close: Callable[[Path, RunRecord], None] | None = None,
 ) -> Iterator[RunHandle]:
     """Create (or, with `run_id`, reopen for resume) a run and close it with the right status.
 
     Exceptions propagate after the record is written: failed (exception), interrupted
     (Ctrl-C/SIGTERM), stopped_by_limit (StoppedByLimit, which the caller treats as success).
-    The closed record is then mirrored to the trackers its config names (`tracking`).
+    `on_close(run_dir, record)` is called after the closed record is saved (the steps pass
+    tracking.mirror_on_close, so this lowest layer never imports a tracker); it must not raise.
 
     `write=False` (with the `run_id` another process created) follows that run without
     touching the disk: the record lives in memory only. Non-zero ranks of a distributed
@@ -297,10 +299,8 @@ def open_run(
                 (dt.datetime.fromisoformat(record.ended_at) - t0).total_seconds(), 3
             )
             handle.save()
-            if write and record.config.get("tracking"):  # mirrors of the saved record; never raises
-                from lorapilot.tracking import mirror_quietly
-
-                mirror_quietly(run_dir, record.config["tracking"])
+            if write and on_close is not None:
+                on_close(run_dir, record)
 
         try:
             handle.save()  # inside: a signal right after the record is written still closes it
@@ -316,3 +316,27 @@ def open_run(
             raise
         else:
             close("completed")
+
+
+def adapter_of(pilot_dir: Path, run_id: str | None) -> tuple[str, Path]:
+    """(train run id, adapter folder) for --run, default the latest completed train run."""
+    if run_id is None:
+        rec = latest_run(pilot_dir, "train")
+        if rec is None:
+            raise UsageError(
+                f"{pilot_dir}: no completed train run yet (run `lorapilot train` first or pass "
+                "--run)"
+            )
+    else:
+        rec = get_run(pilot_dir, run_id)
+        if rec.kind != "train":
+            raise UsageError(f"--run {run_id}: is a {rec.kind} run, not a train run")
+        if rec.status != "completed":
+            raise UsageError(
+                f"--run {run_id}: has status {rec.status}; only a completed train run has a final "
+                "adapter"
+            )
+    path = rec.result.get("adapter_path")
+    if not path:
+        raise UsageError(f"train run {rec.id} has no adapter_path in its record")
+    return rec.id, Path(path)

@@ -26,6 +26,7 @@ from rich.table import Table
 
 from lorapilot import registry
 from lorapilot.errors import UsageError
+from lorapilot.memory import format_gib
 
 # The columns of `runs --format csv`, in this order; adding one is fine, renaming is not.
 CSV_COLUMNS = (
@@ -86,7 +87,7 @@ def step_rows(steps: list[dict], last: int = 15) -> list[tuple[str, ...]]:
                 _num(tokens_per_s(s), ",.0f"),
                 _num(s.get("step_time_s"), ".2f")
                 + ("s" if isinstance(s.get("step_time_s"), (int, float)) else ""),
-                f"{mem / 2**30:.2f} GiB" if isinstance(mem, (int, float)) and mem > 0 else "-",
+                format_gib(mem) if isinstance(mem, (int, float)) and mem > 0 else "-",
             )
         )
     return rows

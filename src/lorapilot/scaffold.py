@@ -57,7 +57,8 @@ task:
     - {{name: quantity, type: integer, required: true}}
     - {{name: product, type: string, required: true}}
     - {{name: deadline, type: date, required: false}}
-  system: "Extract the order as one JSON object with the keys {{fields}}. Use null when a field is absent."
+  system: "Extract the order as one JSON object with the keys {{fields}}.
+    Use null when a field is absent."
   template: "Order:\\n{{text}}\\n\\nJSON:"
 model:
   base: smollm2-135m-instruct

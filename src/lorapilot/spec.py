@@ -222,7 +222,8 @@ class DataSpec(_Strict):
     file: str | None = Field(
         None,
         description="One file to split into train/val/test, or a folder written by `datasets` "
-        "save_to_disk: a Dataset is split, a DatasetDict's train/validation(/test) are used as they are.",
+        "save_to_disk: a Dataset is split, a DatasetDict's train/validation(/test) are used as "
+        "they are.",
     )
     files: DataFiles | None = Field(
         None, description="Pre-split files (or save_to_disk Dataset folders), used as they are."
@@ -492,7 +493,8 @@ def parse_yaml(text: str, source: str) -> Any:
 def spec_from_dict(raw: Any, source: str = "pilot.yaml") -> PilotSpec:
     if not isinstance(raw, dict):
         raise UsageError(
-            f"{source}: the pilot spec must be a YAML mapping (key: value), got {type(raw).__name__}"
+            f"{source}: the pilot spec must be a YAML mapping (key: value), got "
+            f"{type(raw).__name__}"
         )
     try:
         return PilotSpec.model_validate(raw)

@@ -2,8 +2,9 @@
 
 The files under `runs/<run_id>/` stay the source of truth; a tracker gets a faithful copy
 for people who already look at their runs there, and can always be rebuilt from the files.
-One function, `mirror_run`, reads a run folder and writes the mirror: `registry.open_run`
-calls it when a run closes (whatever its status) and `lorapilot sync` calls it for existing
+One function, `mirror_run`, reads a run folder and writes the mirror: the steps' close hook
+(`mirror_on_close`, given to `registry.open_run`) calls it when a run closes (whatever its
+status) and `lorapilot sync` calls it for existing
 records. Mirroring again is idempotent: the MLflow run is found by its `lorapilot.run_id` tag
 and kept when the record is unchanged (a fingerprint tag), replaced when it changed; a
 TensorBoard folder is rewritten whole. A tracker failure only warns: it never fails a run.
@@ -102,7 +103,8 @@ def require(targets: Iterable[str], source: str) -> None:
         missing = [m for m in _modules(target) if not _available(m)]
         if missing:
             raise UsageError(
-                f"{source}: tracking: {target} needs the Python package(s) {', '.join(missing)}, which "
+                f"{source}: tracking: {target} needs the Python package(s) {', '.join(missing)}, "
+                "which "
                 f"are not installed; install the extra with `pip install 'lorapilot[{target}]'` "
                 f"(or remove {target} from tracking)"
             )
@@ -325,7 +327,8 @@ def _mlflow(run: _Run, runs_root: Path) -> str:
         # write outside it. It is a mirror, so it is rebuilt rather than patched.
         raise LorapilotError(
             f"{db} was made in another folder (its artifacts are at {old}); delete it and "
-            f"{db.parent / MLFLOW_ARTIFACTS}, then `lorapilot sync` rebuilds it from the run records"
+            f"{db.parent / MLFLOW_ARTIFACTS}, then `lorapilot sync` rebuilds it from the run "
+            "records"
         )
     for stale in existing:  # the record changed (resumed, re-tagged, ...): replace, never duplicate
         client.delete_run(stale.info.run_id)
@@ -400,6 +403,13 @@ def mirror_run(run_dir: Path, targets: Iterable[str]) -> dict[str, str]:
                 raise UsageError(f"unknown tracking target {target!r}; known: {', '.join(TARGETS)}")
             out[target] = _MIRRORS[target](run, run_dir.parent)
     return out
+
+
+def mirror_on_close(run_dir: Path, record: registry.RunRecord) -> None:
+    """registry.open_run's close hook: mirror the saved record to the trackers its config
+    names (`tracking`); never raises."""
+    if record.config.get("tracking"):
+        mirror_quietly(run_dir, record.config["tracking"])
 
 
 def mirror_quietly(run_dir: Path, targets: Iterable[str]) -> dict[str, str]:
@@ -554,7 +564,8 @@ class LiveMirror:
             except Exception as e:  # a live mirror must never disturb training
                 self.failed[target] = f"{type(e).__name__}: {e}"
                 print(
-                    f"warning: live tracking ({target}) stopped for run {self.dir.name}: {self.failed[target]}. "
+                    f"warning: live tracking ({target}) stopped for run {self.dir.name}: "
+                    f"{self.failed[target]}. "
                     "Training goes on; the run is mirrored again when it ends.",
                     file=sys.stderr,
                 )
@@ -583,3 +594,19 @@ class LiveMirror:
         if self._writer is not None:
             with contextlib.suppress(Exception):
                 self._writer.close()
+
+
+def live_interval() -> float:
+    """Seconds between live tracking updates: LORAPILOT_TRACKING_INTERVAL, default 15."""
+    raw = os.environ.get("LORAPILOT_TRACKING_INTERVAL")
+    if raw is None:
+        return LIVE_INTERVAL_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0 or value == float("inf"):
+        raise UsageError(
+            f"LORAPILOT_TRACKING_INTERVAL={raw!r}: must be a positive number of seconds"
+        )
+    return value

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lorapilot.data.clean import clean_records, clean_text, collapse_whitespace
-from lorapilot.data.load import Record
+from lorapilot.data.rows import Record
 from lorapilot.errors import UsageError
 
 
@@ -26,7 +26,10 @@ def test_strip():
 
 
 def test_collapse_whitespace_keeps_paragraphs():
-    text = "ACME  Ltd\t\tInvoice   \r\n  12 Main St\r\n\r\n\r\n\r\nTotal:\u00a0\u00a012.00 \n\n\n\nThanks"
+    text = (
+        "ACME  Ltd\t\tInvoice   \r\n  12 Main St\r\n\r\n\r\n\r\n"
+        "Total:\u00a0\u00a012.00 \n\n\n\nThanks"
+    )
     assert clean_text(text, ["collapse_whitespace"], None) == (
         "ACME Ltd Invoice\n12 Main St\n\nTotal: 12.00\n\nThanks"
     )

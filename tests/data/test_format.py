@@ -12,7 +12,8 @@ from lorapilot.errors import UsageError
 from lorapilot.spec import TaskSpec
 
 ZEPHYR = (
-    "{% for m in messages %}{% if m['role'] == 'system' %}<|system|>\n{{ m['content'] }}{{ eos_token }}\n"
+    "{% for m in messages %}{% if m['role'] == 'system' %}<|system|>\n{{ m['content'] }}{{ "
+    "eos_token }}\n"
     "{% elif m['role'] == 'user' %}<|user|>\n{{ m['content'] }}{{ eos_token }}\n"
     "{% else %}<|assistant|>\n{{ m['content'] }}{{ eos_token }}\n{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"

@@ -174,7 +174,7 @@ def test_version_follows_the_arrow_files(tmp_path, tokenizer):
 def test_pipeline_inputs_key_follows_a_saved_folder(tmp_path):
     """`run` reuses a phase only while its inputs are unchanged: a folder has no bytes of its
     own to hash, so its arrow files stand for it."""
-    from lorapilot.pipeline import inputs_key
+    from lorapilot.steps.run import inputs_key
 
     pilot = _pilot(tmp_path / "p", {"file": "data/ds"})
     _save(_rows(), pilot / "data" / "ds")
@@ -329,7 +329,8 @@ def test_cached_dataset_problems_name_the_spec_key(tmp_path, monkeypatch, no_net
         {"name": "acme/ticket-tiny", "config": "other"}
     )
     assert err({"name": "acme/ticket-tiny", "split": "dev"}) == (
-        "data.hf_dataset.split: acme/ticket-tiny has no split 'dev' (splits: train, validation, test)"
+        "data.hf_dataset.split: acme/ticket-tiny has no split 'dev' (splits: train, validation, "
+        "test)"
     )
     assert "is a datasets file format" in err({"name": "json"})
 

@@ -12,7 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lorapilot.data import load as load_mod
-from lorapilot.data.load import Record, Skipped, load_records
+from lorapilot.data.load import load_records
+from lorapilot.data.rows import Record, Skipped
 from lorapilot.errors import UsageError
 from lorapilot.spec import DataSpec, FieldMap, FieldSpec, TaskSpec
 

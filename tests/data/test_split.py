@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from lorapilot.data.load import Record
+from lorapilot.data.rows import Record
 from lorapilot.data.split import category_counts, split_records, split_sizes
 
 

@@ -56,7 +56,7 @@ def test_two_train_runs_at_once_get_distinct_ids_and_intact_records(tmp_path, ti
 def _ledger_writer(pilot_dir: str, index: int, barrier, results) -> None:
     from pathlib import Path
 
-    from lorapilot.evaluate.stage import record_test_access
+    from lorapilot.evaluate.records import record_test_access
 
     barrier.wait()
     earlier = record_test_access(

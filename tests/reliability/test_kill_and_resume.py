@@ -3,8 +3,8 @@
 What a user sees is what is tested: the CLI in a subprocess, killed with SIGKILL (no
 handler runs), then `runs` and `train --resume` / a rerun. Already covered elsewhere and not
 repeated here: the in-process bitwise resume after a limit or a crash, and a one-bit
-corruption of the newest checkpoint (tests/test_train.py); SIGKILL of one train run and its
-resume to a complete steps.jsonl (tests/test_experiment.py); a torn run.json skipped by
+corruption of the newest checkpoint (tests/train/test_loop.py); SIGKILL of one train run and its
+resume to a complete steps.jsonl (tests/steps/test_train_step.py); a torn run.json skipped by
 `runs` (tests/test_registry.py).
 """
 
@@ -179,7 +179,7 @@ def test_crash_between_checkpoint_write_and_rename_keeps_the_previous_one(refere
 
 
 def _kill_with_children(proc, run_dir: Path) -> int:
-    """SIGKILL the verb; `verify` also has a child (python -m lorapilot.export RUN_DIR) that
+    """SIGKILL the verb; `verify` also has a child (python -m lorapilot.reload RUN_DIR) that
     a SIGKILL of its parent leaves running: it is ours, so it goes too (by pid)."""
     rc = sigkill(proc)
     for p in psutil.process_iter(["pid", "cmdline"]):

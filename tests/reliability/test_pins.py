@@ -2,8 +2,8 @@
 is refused (exit 1), each named in the message.
 
 Already covered elsewhere: changed base weights and an adapter on another base refused, a
-missing adapter file (tests/test_export.py); checkpoint checksums (tests/test_train.py and
-test_kill_and_resume.py here).
+missing adapter file (tests/steps/test_verify_export.py); checkpoint checksums
+(tests/train/test_loop.py and test_kill_and_resume.py here).
 """
 
 from __future__ import annotations

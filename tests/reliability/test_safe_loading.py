@@ -56,7 +56,7 @@ def test_allowed_pickle_is_loaded_with_weights_only_and_no_remote_code(
 ):
     from transformers import AutoModelForCausalLM
 
-    from lorapilot.evaluate.stage import load_base
+    from lorapilot.models import load_base
 
     base = _pickle_only_copy(tiny_model_dir, tmp_path / "pickled")
     spec = small_spec(base)
@@ -116,8 +116,7 @@ def test_code_in_a_model_folder_is_not_run_by_default(tmp_path, tiny_model_dir):
     )
     pilot = load_pilot(small_pilot(tmp_path / "pilot", base))
     assert pilot.spec.model.trust_remote_code is False
-    from lorapilot.data.stage import load_tokenizer
-    from lorapilot.evaluate.stage import load_base
+    from lorapilot.models import load_base, load_tokenizer
 
     _, model, _ = load_base(pilot)
     load_tokenizer(pilot)

@@ -11,7 +11,7 @@ import random
 from typing import Any
 
 from lorapilot.data.format import Encoded, PromptFormatter
-from lorapilot.data.load import Record
+from lorapilot.data.rows import Record
 
 
 def _percentile(values: list[int], q: float) -> int:

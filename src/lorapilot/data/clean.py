@@ -11,7 +11,7 @@ import re
 import unicodedata
 from collections.abc import Iterable
 
-from lorapilot.data.load import Record
+from lorapilot.data.rows import Record
 from lorapilot.errors import UsageError
 from lorapilot.spec import CLEANING_RULES
 

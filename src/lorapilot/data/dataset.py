@@ -13,7 +13,8 @@ from typing import Any
 from lorapilot.data.clean import clean_records
 from lorapilot.data.dedup import DupItem, DupReport, find_duplicates
 from lorapilot.data.format import Encoded, PromptFormatter, answer_text, template_hash
-from lorapilot.data.load import Record, Skipped, load_records
+from lorapilot.data.load import load_records
+from lorapilot.data.rows import Record, Skipped
 from lorapilot.data.source import file_sources
 from lorapilot.data.split import SPLITS, category_counts, split_records
 from lorapilot.errors import CheckFailed
@@ -150,7 +151,8 @@ def prepare_data(pilot: Pilot, tokenizer: Any, *, enforce_leakage: bool = True) 
     target_excluded: list[dict] = []
     if fmt.max_length - budget < len(fmt._ids(fmt.prompt_text(""))):
         msg = (
-            f"data.max_length={data.max_length} leaves no room for the input text: the prompt template "
+            f"data.max_length={data.max_length} leaves no room for the input text: the prompt "
+            "template "
             f"alone plus the longest answer ({budget} tokens) exceed it"
         )
         if data.on_truncated_target == "fail":
@@ -197,7 +199,8 @@ def check_leakage(pilot: Pilot, prepared: PreparedData) -> None:
     leaks = remaining_leaks(pilot, prepared)
     if leaks and pilot.spec.data.leakage == "fail":
         shown = "; ".join(
-            f"{p['a_split']}:{p['a_id']} ~ {p['b_split']}:{p['b_id']} ({p['kind']}, {p['similarity']:.2f})"
+            f"{p['a_split']}:{p['a_id']} ~ {p['b_split']}:{p['b_id']} ({p['kind']}, "
+            f"{p['similarity']:.2f})"
             for p in leaks[:10]
         )
         more = f" and {len(leaks) - 10} more" if len(leaks) > 10 else ""

@@ -16,14 +16,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lorapilot.data.load import (
+from lorapilot.data.rows import (
+    BadRow,
     Record,
+    RecordBuilder,
     Skipped,
-    _Bad,
-    _jsonable,
-    _needed_columns,
-    _RecordBuilder,
     collect_rows,
+    jsonable,
+    needed_columns,
 )
 from lorapilot.errors import UsageError
 from lorapilot.fsutil import sha256_file, sha256_json
@@ -227,13 +227,13 @@ def cache_tables(hf: HFDataset, pilot_dir: Path | None = None) -> list[Table]:
 # --------------------------------------------------------------------------- rows -> records
 
 
-def _rows(table: Table, data: DataSpec, task: TaskSpec) -> Iterator[tuple[int, dict | _Bad]]:
+def _rows(table: Table, data: DataSpec, task: TaskSpec) -> Iterator[tuple[int, dict | BadRow]]:
     """(row number, column -> JSON value); ClassLabel integers become their names."""
     import pyarrow as pa
 
     ds = table.ds
     names = list(ds.column_names)
-    for col in _needed_columns(data, task):
+    for col in needed_columns(data, task):
         if col not in names:
             raise UsageError(
                 f"{table.shown}: no column {col!r} (columns: {', '.join(names)}); "
@@ -258,7 +258,7 @@ def _rows(table: Table, data: DataSpec, task: TaskSpec) -> Iterator[tuple[int, d
                     v = values.get(c)
                     if isinstance(v, int):
                         values[c] = labels[v] if 0 <= v < len(labels) else None
-                yield row, {k: _jsonable(v) for k, v in values.items()}
+                yield row, {k: jsonable(v) for k, v in values.items()}
     except pa.ArrowException as e:
         raise UsageError(f"{table.shown}:row {row + 1}: cannot read the data: {e}") from None
 
@@ -270,7 +270,7 @@ def table_records(
     records: list[Record] = []
     skipped: list[Skipped] = []
     for t in tables:
-        builder = _RecordBuilder(task, data, t.shown, t.stem, t.split, row_numbers=True)
+        builder = RecordBuilder(task, data, t.shown, t.stem, t.split, row_numbers=True)
         recs, skips = collect_rows(
             _rows(t, data, task),
             builder,

@@ -9,22 +9,28 @@ the whole file. `data.on_error` decides whether the first bad record stops the l
 from __future__ import annotations
 
 import csv
-import datetime as dt
-import decimal
 import json
-import re
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
-from lorapilot.data.targets import category_of, is_text_target, json_type, target_validator
+from lorapilot.data.rows import (
+    MAX_LINE_BYTES,
+    BadRow,
+    Record,
+    RecordBuilder,
+    Skipped,
+    collect_rows,
+    json_message,
+    jsonable,
+    needed_columns,
+    no_constant,
+)
+from lorapilot.data.targets import json_type
 from lorapilot.errors import UsageError
 from lorapilot.spec import DataSpec, TaskSpec
 
-MAX_LINE_BYTES = 1 << 20  # a longer line is refused before it is decoded or parsed
 _BOM = b"\xef\xbb\xbf"
-_SURROGATE = re.compile(r"[\ud800-\udfff]")
 _FORMATS = {
     ".jsonl": "jsonl",
     ".json": "jsonl",
@@ -33,33 +39,6 @@ _FORMATS = {
     ".parquet": "parquet",
     ".pq": "parquet",
 }
-_MISSING = object()
-
-
-@dataclass
-class Record:
-    """One valid example, as read (before cleaning)."""
-
-    id: str
-    text: str
-    label: str | None  # classification only
-    target: Any  # extraction/format: a JSON object (a string for a regex-only format task)
-    source: str  # "file:line" (CSV: first line of the data row; Parquet: "file:row N")
-    split: str | None  # set when the record comes from a pre-split file (or after splitting)
-    category: str  # stratum for splitting and per-category metrics
-
-
-@dataclass
-class Skipped:
-    """A record set aside under `on_error: skip`; `line` is the row number for Parquet."""
-
-    file: str
-    line: int
-    problem: str
-
-
-class _Bad(Exception):
-    """A problem with one record: reported with its line, never escapes this module."""
 
 
 def detect_format(path: Path, data: DataSpec) -> str:
@@ -108,9 +87,10 @@ def load_records(
     fmt = detect_format(path, data)
     if fmt == "datasets":
         raise UsageError(
-            f"{shown}: data.format is datasets, so this must be the folder save_to_disk wrote, not a file"
+            f"{shown}: data.format is datasets, so this must be the folder save_to_disk wrote, "
+            "not a file"
         )
-    builder = _RecordBuilder(task, data, shown, path.stem, split, row_numbers=fmt == "parquet")
+    builder = RecordBuilder(task, data, shown, path.stem, split, row_numbers=fmt == "parquet")
     try:
         if fmt == "jsonl":
             rows = _jsonl_rows(path)
@@ -123,178 +103,7 @@ def load_records(
         raise UsageError(f"{shown}: cannot read: {e.strerror or e}") from None
 
 
-def collect_rows(
-    rows: Iterable[tuple[int, dict | _Bad]],
-    builder: _RecordBuilder,
-    data: DataSpec,
-    shown: str,
-    row_numbers: bool,
-    empty: str = "no records in the file",
-) -> tuple[list[Record], list[Skipped]]:
-    """Build a record from every row, under data.on_error: the one validation path of every
-    reader (files here, HF datasets in hf.py)."""
-    records: list[Record] = []
-    skipped: list[Skipped] = []
-    seen_any = False
-    for line, row in rows:
-        seen_any = True
-        try:
-            if isinstance(row, _Bad):
-                raise row
-            records.append(builder.build(row, line))
-        except (_Bad, RecursionError) as e:
-            problem = str(e) if isinstance(e, _Bad) else "JSON nested too deeply"
-            where = f"row {line}" if row_numbers else str(line)
-            if data.on_error == "fail":
-                raise UsageError(f"{shown}:{where}: {problem}") from None
-            skipped.append(Skipped(shown, line, problem))
-    if not seen_any:
-        raise UsageError(f"{shown}: {empty}")
-    return records, skipped
-
-
 # --------------------------------------------------------------------------- one record
-
-
-class _RecordBuilder:
-    """Checks one raw row (column -> value) against the spec and builds its Record."""
-
-    def __init__(
-        self,
-        task: TaskSpec,
-        data: DataSpec,
-        shown: str,
-        stem: str,
-        split: str | None,
-        row_numbers: bool,
-    ):
-        self.task = task
-        self.row_numbers = row_numbers  # Parquet records have rows, not lines
-        self.fields = data.fields
-        self.shown = shown
-        self.stem = stem
-        self.split = split
-        self.text_target = is_text_target(task)
-        self.check_target: Callable[[Any], list[str]] | None = (
-            None if task.kind == "classification" else target_validator(task)
-        )
-        self.labels = set(task.labels or [])
-        self.seen: dict[str, str] = {}
-
-    def build(self, row: dict, line: int) -> Record:
-        fm = self.fields
-        text = row.get(fm.text, _MISSING)
-        if text is _MISSING or text is None:
-            raise _Bad(f"missing field {fm.text!r}")
-        if not isinstance(text, str):
-            raise _Bad(f"field {fm.text!r} must be a string, got {json_type(text)}")
-        if not text.strip():
-            raise _Bad(f"field {fm.text!r} is empty")
-        if "\x00" in text:
-            raise _Bad(f"field {fm.text!r} contains a NUL byte")
-        if len(text) > MAX_LINE_BYTES:
-            raise _Bad(
-                f"field {fm.text!r} is too long ({len(text)} characters, max {MAX_LINE_BYTES})"
-            )
-        _no_surrogates(text, fm.text)
-
-        label = None
-        target = None
-        if self.task.kind == "classification":
-            label = self._label(row.get(fm.label, _MISSING))
-        else:
-            target = self._target(row.get(fm.target, _MISSING))
-
-        rid = self._id(row, line)
-        source = f"{self.shown}:row {line}" if self.row_numbers else f"{self.shown}:{line}"
-        first = self.seen.get(rid)
-        if first is not None:
-            raise _Bad(f"duplicate id {_show(rid)} (first at {first})")
-        self.seen[rid] = source
-        return Record(
-            id=rid,
-            text=text,
-            label=label,
-            target=target,
-            source=source,
-            split=self.split,
-            category=category_of(label, target, self.task),
-        )
-
-    def _label(self, label: Any) -> str:
-        name = self.fields.label
-        if label is _MISSING or label is None:
-            raise _Bad(f"missing field {name!r}")
-        if not isinstance(label, str):
-            raise _Bad(f"field {name!r} must be a string, got {json_type(label)}")
-        if label not in self.labels:
-            allowed = ", ".join(self.task.labels or [])
-            raise _Bad(f"label {_show(label)} is not one of the task labels ({allowed})")
-        return label
-
-    def _target(self, target: Any) -> Any:
-        name = self.fields.target
-        if target is _MISSING or target is None:
-            raise _Bad(f"missing field {name!r}")
-        if isinstance(target, str) and not self.text_target:
-            # CSV cells and Parquet string columns carry the object as JSON text.
-            try:
-                target = json.loads(target, parse_constant=_no_constant)
-            except ValueError as e:
-                raise _Bad(f"field {name!r} is not valid JSON: {_json_message(e)}") from None
-        if not self.text_target and not isinstance(target, dict):
-            raise _Bad(f"field {name!r} must be a JSON object, got {json_type(target)}")
-        try:
-            json.dumps(target, ensure_ascii=False, allow_nan=False).encode("utf-8")
-        except UnicodeEncodeError:
-            raise _Bad(
-                f"field {name!r} contains an unpaired surrogate escape (not valid Unicode)"
-            ) from None
-        except (TypeError, ValueError) as e:
-            raise _Bad(f"field {name!r} is not JSON data: {e}") from None
-        assert self.check_target is not None
-        problems = self.check_target(target)
-        if problems:
-            raise _Bad("; ".join(problems))
-        return target
-
-    def _id(self, row: dict, line: int) -> str:
-        name = self.fields.id
-        rid = row.get(name, _MISSING) if name else _MISSING
-        if rid is _MISSING or rid is None:
-            return f"{self.stem}-{line}"
-        if isinstance(rid, int) and not isinstance(rid, bool):
-            return str(rid)
-        if not isinstance(rid, str):
-            raise _Bad(f"field {name!r} must be a string or an integer, got {json_type(rid)}")
-        if not rid.strip():
-            raise _Bad(f"field {name!r} is empty")
-        _no_surrogates(rid, name or "id")
-        return rid
-
-
-def _show(value: str, limit: int = 80) -> str:
-    """repr, so control characters and trailing spaces are visible; cut to `limit` chars."""
-    return repr(value[:limit]) + ("…" if len(value) > limit else "")
-
-
-def _no_surrogates(value: str, name: str) -> None:
-    m = _SURROGATE.search(value)
-    if m:
-        raise _Bad(
-            f"field {name!r} contains an unpaired surrogate {m.group()!r} (not valid Unicode)"
-        )
-
-
-def _no_constant(name: str) -> Any:
-    # NaN/Infinity are not JSON; they would break every JSON file written downstream.
-    raise ValueError(f"{name} is not allowed in JSON")
-
-
-def _json_message(e: ValueError) -> str:
-    if isinstance(e, json.JSONDecodeError):
-        return f"{e.msg} (column {e.colno})"
-    return str(e)
 
 
 # --------------------------------------------------------------------------- readers
@@ -328,11 +137,11 @@ def _lines(f: IO[bytes]) -> Iterator[tuple[int, bytes | None]]:
             yield lineno, chunk
 
 
-def _too_long() -> _Bad:
-    return _Bad(f"line too long (over {MAX_LINE_BYTES} bytes)")
+def _too_long() -> BadRow:
+    return BadRow(f"line too long (over {MAX_LINE_BYTES} bytes)")
 
 
-def _jsonl_rows(path: Path) -> Iterator[tuple[int, dict | _Bad]]:
+def _jsonl_rows(path: Path) -> Iterator[tuple[int, dict | BadRow]]:
     with path.open("rb") as f:
         for lineno, raw in _lines(f):
             if raw is None:
@@ -344,33 +153,28 @@ def _jsonl_rows(path: Path) -> Iterator[tuple[int, dict | _Bad]]:
             try:
                 text = body.decode("utf-8")
             except UnicodeDecodeError as e:
-                yield lineno, _Bad(f"invalid UTF-8 (byte {e.start + 1} of the line)")
+                yield lineno, BadRow(f"invalid UTF-8 (byte {e.start + 1} of the line)")
                 continue
             try:
-                obj = json.loads(text, parse_constant=_no_constant)
+                obj = json.loads(text, parse_constant=no_constant)
             except RecursionError:
-                yield lineno, _Bad("JSON nested too deeply")
+                yield lineno, BadRow("JSON nested too deeply")
                 continue
             except ValueError as e:
                 hint = ""
                 if lineno == 1 and text.startswith("["):
                     hint = "; expected JSON Lines: one JSON object per line, not a JSON array"
-                yield lineno, _Bad(f"invalid JSON: {_json_message(e)}{hint}")
+                yield lineno, BadRow(f"invalid JSON: {json_message(e)}{hint}")
                 continue
             if not isinstance(obj, dict):
-                yield lineno, _Bad(f"record is not a JSON object (got {json_type(obj)})")
+                yield lineno, BadRow(f"record is not a JSON object (got {json_type(obj)})")
                 continue
             yield lineno, obj
 
 
-def _needed_columns(data: DataSpec, task: TaskSpec) -> list[str]:
-    fm = data.fields
-    return [fm.text, fm.label if task.kind == "classification" else fm.target]
-
-
 def _csv_rows(
     path: Path, data: DataSpec, task: TaskSpec, shown: str
-) -> Iterator[tuple[int, dict | _Bad]]:
+) -> Iterator[tuple[int, dict | BadRow]]:
     """CSV with a header row; a quoted cell may span lines, so a row has its first line."""
     # The csv module's default cell limit (128 KiB) is below our line limit; a long text
     # would otherwise fail with a confusing "field larger than field limit".
@@ -405,7 +209,7 @@ def _csv_rows(
         if len(set(header)) != len(header):
             dups = sorted({h for h in header if header.count(h) > 1})
             raise UsageError(f"{shown}:1: duplicate column names in the header: {dups}")
-        for col in _needed_columns(data, task):
+        for col in needed_columns(data, task):
             if col not in header:
                 raise UsageError(
                     f"{shown}:1: no column {col!r} (columns: {', '.join(header)}); "
@@ -418,7 +222,7 @@ def _csv_rows(
             except StopIteration:
                 return
             except csv.Error as e:
-                yield start, _Bad(f"invalid CSV: {e}")
+                yield start, BadRow(f"invalid CSV: {e}")
                 continue
             end = reader.line_num
             lines = range(start, end + 1)
@@ -429,12 +233,12 @@ def _csv_rows(
             bad_here = [n for n in lines if n in bad_utf8]
             if bad_here:
                 n = bad_here[0]
-                yield n, _Bad(f"invalid UTF-8 (byte {bad_utf8[n]} of the line)")
+                yield n, BadRow(f"invalid UTF-8 (byte {bad_utf8[n]} of the line)")
                 continue
             if not row or (len(row) == 1 and not row[0].strip() and len(header) > 1):
                 continue  # a blank line is not a record
             if len(row) != len(header):
-                yield start, _Bad(f"has {len(row)} columns, the header has {len(header)}")
+                yield start, BadRow(f"has {len(row)} columns, the header has {len(header)}")
                 continue
             # An empty cell is a missing value, except for the text (that is "empty text").
             yield (
@@ -448,7 +252,7 @@ def _csv_rows(
 
 def _parquet_rows(
     path: Path, data: DataSpec, task: TaskSpec, shown: str
-) -> Iterator[tuple[int, dict | _Bad]]:
+) -> Iterator[tuple[int, dict | BadRow]]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -458,7 +262,7 @@ def _parquet_rows(
         raise UsageError(f"{shown}: not a readable Parquet file: {e}") from None
     with pf:
         names = pf.schema_arrow.names
-        for col in _needed_columns(data, task):
+        for col in needed_columns(data, task):
             if col not in names:
                 raise UsageError(
                     f"{shown}: no column {col!r} (columns: {', '.join(names)}); "
@@ -472,23 +276,6 @@ def _parquet_rows(
             for batch in pf.iter_batches(batch_size=1024, columns=list(dict.fromkeys(wanted))):
                 for values in batch.to_pylist():
                     row += 1
-                    yield row, {k: _jsonable(v) for k, v in values.items()}
+                    yield row, {k: jsonable(v) for k, v in values.items()}
         except pa.ArrowException as e:
             raise UsageError(f"{shown}:row {row + 1}: cannot read the Parquet data: {e}") from None
-
-
-def _jsonable(value: Any) -> Any:
-    """Parquet values -> JSON values: dates as ISO strings, decimals as numbers."""
-    if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, dt.datetime):
-        return value.isoformat()
-    if isinstance(value, dt.date):
-        return value.isoformat()
-    if isinstance(value, decimal.Decimal):
-        if not value.is_finite():
-            return float(value)
-        return int(value) if value == value.to_integral_value() else float(value)
-    return value

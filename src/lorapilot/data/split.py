@@ -14,7 +14,7 @@ import random
 from collections import defaultdict
 from collections.abc import Iterable
 
-from lorapilot.data.load import Record
+from lorapilot.data.rows import Record
 
 SPLITS = ("train", "val", "test")
 MIN_TO_SPLIT = 3

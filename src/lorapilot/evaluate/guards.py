@@ -88,10 +88,14 @@ def _check(
         change = cand - base
         if kind == "max_drop":
             ok = -change <= threshold + _EPS
-            detail = f"{metric}: {base:.4f} -> {cand:.4f}, drop {-change:.4f} {'<=' if ok else '>'} max_drop {threshold:g}"
+            op = "<=" if ok else ">"
+            detail = f"{metric}: {base:.4f} -> {cand:.4f}, "
+            detail += f"drop {-change:.4f} {op} max_drop {threshold:g}"
         else:
             ok = change >= threshold - _EPS
-            detail = f"{metric}: {base:.4f} -> {cand:.4f}, gain {change:+.4f} {'>=' if ok else '<'} min_gain {threshold:g}"
+            op = ">=" if ok else "<"
+            detail = f"{metric}: {base:.4f} -> {cand:.4f}, "
+            detail += f"gain {change:+.4f} {op} min_gain {threshold:g}"
     status: Status = "pass" if ok else "fail"
     if support is not None and support < min_support:
         status = "insufficient_data"

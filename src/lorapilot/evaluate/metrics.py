@@ -506,3 +506,13 @@ def paired_bootstrap_macro_f1(
         boots.append(diff)
     delta = float(boots[0][0])
     return _summary(delta, np.concatenate(boots[1:]), ci)
+
+
+def per_group(metrics: Any) -> tuple[str, dict]:
+    """("per_field", its dict) for extraction metrics, else ("per_category", its dict)."""
+    if not isinstance(metrics, dict):
+        return "per_category", {}
+    if isinstance(metrics.get("per_field"), dict):
+        return "per_field", metrics["per_field"]
+    per = metrics.get("per_category")
+    return "per_category", per if isinstance(per, dict) else {}

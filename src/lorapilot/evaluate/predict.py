@@ -15,19 +15,12 @@ ids, so results do not depend on the batch size or on padding (tested).
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch
 
-
-def autocast_ctx(device: torch.device, precision: str):
-    """bf16/fp16 autocast (also on CPU, where AMX makes bf16 matmul several times faster)."""
-    if precision == "fp32":
-        return contextlib.nullcontext()
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
-    return torch.autocast(device_type=device.type, dtype=dtype)
+from lorapilot.precision import autocast
 
 
 def _length_batches(lengths: list[int], batch_size: int) -> Iterator[list[int]]:
@@ -72,7 +65,7 @@ def _prefix_cache(model, prefix: list[int], precision: str):
         return None
     device = next(model.parameters()).device
     ids = torch.tensor([prefix], dtype=torch.long, device=device)
-    with autocast_ctx(device, precision):
+    with autocast(device.type, precision):
         res = model(input_ids=ids, use_cache=True, logits_to_keep=1)
     return [(layer.keys, layer.values) for layer in res.past_key_values.layers]
 
@@ -147,7 +140,7 @@ def score_labels(
         model, prompts, batch_size, pad_id, precision, share_prefix
     ):
         b = len(idx)
-        with autocast_ctx(device, precision):
+        with autocast(device.type, precision):
             # Only the last position's logits are needed: a full [b, T, vocab] logits tensor
             # would cost more than the rest of the forward pass on a 49k vocabulary.
             res = model(
@@ -224,7 +217,7 @@ def _score_tree(model, tree: _LabelTree, cache, mask, pos, precision: str) -> to
             ~allowed, torch.finfo(dtype).min
         )
     device = mask.device
-    with autocast_ctx(device, precision):
+    with autocast(device.type, precision):
         res = model(
             input_ids=tree.ids.expand(b, n),
             attention_mask=allowed,
@@ -248,7 +241,7 @@ def _score_repeated(model, lab, lab_mask, cache, mask, pos, precision: str) -> t
     full_mask = torch.cat([mask.repeat_interleave(n_labels, 0), feed_mask], dim=1)
     start = pos[:, -1:].repeat_interleave(n_labels, 0) + 1
     feed_pos = start + torch.arange(max_lab - 1, device=device)
-    with autocast_ctx(device, precision):
+    with autocast(device.type, precision):
         res = model(
             input_ids=feed,
             attention_mask=full_mask,
@@ -309,7 +302,7 @@ def generate(
         ended = torch.zeros(b, dtype=torch.bool, device=device)
         steps: list[torch.Tensor] = []  # a row's tokens after its stop token are cut below
         for _ in range(max_new_tokens):
-            with autocast_ctx(device, precision):
+            with autocast(device.type, precision):
                 res = model(
                     input_ids=ids,
                     attention_mask=mask,

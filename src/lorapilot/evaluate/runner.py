@@ -11,7 +11,7 @@ from typing import Any
 
 from lorapilot.data.dataset import PreparedData
 from lorapilot.data.format import PromptFormatter, answer_text, template_hash
-from lorapilot.data.load import Record
+from lorapilot.data.rows import Record
 from lorapilot.evaluate import predict
 from lorapilot.evaluate.metrics import classification_metrics, extraction_metrics, format_metrics
 from lorapilot.fsutil import sha256_json

@@ -13,7 +13,7 @@ from typing import Any
 from lorapilot import registry
 from lorapilot.compare import bootstrap_for, comparable, decide, flips
 from lorapilot.evaluate.guards import check_guards
-from lorapilot.evaluate.metrics import get_metric
+from lorapilot.evaluate.metrics import get_metric, per_group
 from lorapilot.fsutil import read_jsonl
 from lorapilot.spec import Pilot
 
@@ -32,12 +32,6 @@ def _num(metrics: dict | None, name: str) -> float | None:
     return float(v) if isinstance(v, (int, float)) else None
 
 
-def _per_group(metrics: dict) -> tuple[str, dict]:
-    if "per_field" in metrics:
-        return "per_field", metrics["per_field"]
-    return "per_category", metrics.get("per_category", {})
-
-
 def deltas(base: dict, cand: dict) -> dict:
     """Candidate minus baseline, overall and per category / field."""
     overall = {}
@@ -48,8 +42,8 @@ def deltas(base: dict, cand: dict) -> dict:
             and isinstance(base.get(k), (int, float))
         ):
             overall[k] = v - base[k]
-    group, per = _per_group(cand)
-    _, base_per = _per_group(base)
+    group, per = per_group(cand)
+    _, base_per = per_group(base)
     per_delta = {}
     for name, vals in per.items():
         b = base_per.get(name, {})
@@ -236,7 +230,7 @@ def limitations(
     out: list[str] = []
     spec = pilot.spec
     if chosen and chosen.get("metrics"):
-        _, per = _per_group(chosen["metrics"])
+        _, per = per_group(chosen["metrics"])
         small = [
             f"{k} ({v.get('support')})"
             for k, v in per.items()
@@ -246,7 +240,8 @@ def limitations(
             out.append(f"small validation support (< {spec.eval.min_support}): {', '.join(small)}")
     if len(ledger) > 1:
         out.append(
-            f"the test split was used {len(ledger)} times; only the first use is an unbiased estimate"
+            f"the test split was used {len(ledger)} times; only the first use is an unbiased "
+            "estimate"
         )
     bad = [r for r in rows if r["status"] in ("failed", "interrupted", "stopped_by_limit")]
     for r in bad:
@@ -257,7 +252,8 @@ def limitations(
         out.append(f"{len(data['skipped'])} invalid record(s) were skipped by the data policy")
     if data and data.get("duplicates", {}).get("dropped_from_train"):
         out.append(
-            f"{len(data['duplicates']['dropped_from_train'])} leaked example(s) were dropped from train"
+            f"{len(data['duplicates']['dropped_from_train'])} leaked example(s) were dropped from "
+            "train"
         )
     n_val = sum(
         (data or {}).get("per_category", {}).get(c, {}).get("val", 0)
@@ -265,14 +261,11 @@ def limitations(
     )
     if n_val and n_val < 200:
         out.append(
-            f"the validation split has {n_val} examples: differences of a few points are within noise"
+            f"the validation split has {n_val} examples: differences of a few points are within "
+            "noise"
         )
     if chosen and chosen.get("flips"):
         f = chosen["flips"]
         if f.get("broken"):
             out.append(f"the adapter broke {len(f['broken'])} example(s) the base model got right")
     return out
-
-
-def dump(state: dict) -> str:
-    return json.dumps(state, indent=2, default=str)

@@ -58,12 +58,14 @@ def _html_block(b: Any) -> str:
             return ""
         head = "".join(_hcell(h, "th") for h in b.headers)
         body = "".join("<tr>" + "".join(_hcell(c) for c in row) + "</tr>" for row in b.rows)
-        return f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
+        table = f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+        return f'<div class="scroll">{table}</div>'
     if isinstance(b, Image):
         try:
             uri = b.draw()
         except Exception as e:  # a figure that fails leaves its tables in place
-            return f'<p class="warn">figure {_h(b.alt)} could not be drawn: {_h(type(e).__name__)}: {_h(e)}</p>'
+            why = f"{_h(type(e).__name__)}: {_h(e)}"
+            return f'<p class="warn">figure {_h(b.alt)} could not be drawn: {why}</p>'
         if not (isinstance(uri, str) and uri.startswith("data:image/png;base64,")):
             return f'<p class="notrun">no figure: {_h(b.alt)} has nothing to draw</p>'
         return (
@@ -90,7 +92,8 @@ def render_html(state: dict | None) -> str:
         '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
         f'<meta http-equiv="Content-Security-Policy" content="{CSP}">\n'
         '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
-        f"<title>lorapilot report: {_h(name)}</title>\n<style>{CSS}</style>\n</head>\n<body>\n<main>\n"
+        "<title>lorapilot report: "
+        f"{_h(name)}</title>\n<style>{CSS}</style>\n</head>\n<body>\n<main>\n"
         f'<header>\n<h1>lorapilot report: {_h(name)}</h1>\n<p class="meta">{meta}</p>\n'
         f"<nav><ol>{toc}</ol></nav>\n</header>\n{body}\n</main>\n</body>\n</html>\n"
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
+from lorapilot.evaluate.metrics import per_group
 from lorapilot.report import plots
 from lorapilot.report.blocks import (
     KV,
@@ -92,15 +93,6 @@ def _numeric_keys(*metrics: Any) -> list[str]:
         if isinstance(m, dict):
             keys += [k for k, v in m.items() if isnum(v) and k not in keys]
     return keys
-
-
-def _per_group(metrics: Any) -> tuple[str, dict]:
-    if not isinstance(metrics, dict):
-        return "per_category", {}
-    if isinstance(metrics.get("per_field"), dict):
-        return "per_field", metrics["per_field"]
-    per = metrics.get("per_category")
-    return "per_category", per if isinstance(per, dict) else {}
 
 
 # --------------------------------------------------------------------------- sections
@@ -700,8 +692,8 @@ def _results(s: dict) -> list:
         Sub("Overall"),
         _overall_table(bm, cm, chosen.get("deltas"), _get(s, "success", "metric")),
     ]
-    group, bper = _per_group(bm)
-    group_c, cper = _per_group(cm)
+    group, bper = per_group(bm)
+    group_c, cper = per_group(cm)
     group = group_c if cm else group
     names = list(dict.fromkeys([*bper, *cper]))
     if names:
@@ -878,7 +870,8 @@ def _curves(s: dict) -> list:
         Image(
             partial(plots.loss_curves, curves),
             "training and validation loss",
-            "Training loss per optimizer step (solid) and validation loss (dashed), one colour per run.",
+            "Training loss per optimizer step (solid) and validation loss (dashed), one colour "
+            "per run.",
         ),
         Table(
             [
@@ -1001,7 +994,8 @@ def build_sections(state: dict | None) -> list[tuple[str, str, list]]:
 
 
 def meta_rows(state: dict) -> list[tuple[str, Any]]:
-    """The header line under the title: (label, value) pairs, empty values left out by the renderers."""
+    """The header line under the title: (label, value) pairs, empty values left out by the
+    renderers."""
     return [
         ("pilot", state.get("pilot")),
         ("task", _get(state, "task", "kind")),

@@ -1,0 +1,89 @@
+"""What is trained: attach LoRA (or unfreeze everything for full fine-tuning) and list the
+adapted modules and every trainable tensor (`build_adapter`, `adapter_info`).
+
+Names: `target_modules` are module names of the *base* model (what `adapter.target_modules`
+refers to, e.g. `model.layers.0.self_attn.q_proj`); tensor names (`trainable_tensors`) are
+`named_parameters()` names of the model as trained (with PEFT's `base_model.model.` prefix),
+the names state dicts and optimizers use. The update audit (does a real step move exactly
+these tensors?) is `train.audit`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lorapilot.errors import UsageError
+from lorapilot.spec import AdapterSpec
+
+
+def build_adapter(model, adapter: AdapterSpec, *, seed: int | None = None) -> tuple[Any, dict]:
+    """Attach the spec's adapter. Returns (model to train, info).
+
+    `lora`: a peft LoraConfig from the spec and `get_peft_model`; only the LoRA matrices and
+    `modules_to_save` are trainable. `full`: every parameter trainable, model returned as is.
+    `seed` makes the LoRA initialisation independent of the global RNG (callers pass
+    `train.seed`); the global RNG is left untouched then.
+    """
+    import torch
+
+    if adapter.method == "full":
+        for p in model.parameters():
+            p.requires_grad_(True)
+        return model, adapter_info(model, "full")
+
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(
+        r=adapter.r,
+        lora_alpha=adapter.alpha,
+        lora_dropout=adapter.dropout,
+        target_modules=adapter.target_modules,  # "all-linear" is understood by peft itself
+        modules_to_save=list(adapter.modules_to_save) or None,
+        task_type="CAUSAL_LM",
+    )
+    try:
+        if seed is None:
+            peft_model = get_peft_model(model, config)
+        else:
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(seed)
+                peft_model = get_peft_model(model, config)
+    except ValueError as e:  # peft: "Target modules {...} not found in the base model"
+        raise UsageError(f"adapter.target_modules: {e}") from e
+    # The new wrapper module starts in train mode whatever its base was in; keep one mode.
+    peft_model.train(model.training)
+    return peft_model, adapter_info(peft_model, "lora")
+
+
+def adapter_info(model, method: str) -> dict:
+    """The trainable-parameter inventory of a model as it will be trained."""
+    lora_modules: list[str] = []
+    saved_modules: list[str] = []
+    if method == "lora":
+        from peft.tuners.lora import LoraLayer
+        from peft.utils import ModulesToSaveWrapper
+
+        for name, module in model.get_base_model().named_modules():
+            if isinstance(module, LoraLayer):
+                lora_modules.append(name)
+            elif isinstance(module, ModulesToSaveWrapper):
+                saved_modules.append(name)
+    # named_parameters() lists a tied tensor (embeddings = lm_head) once: count it once.
+    params = list(model.named_parameters())
+    trainable = sorted(n for n, p in params if p.requires_grad)
+    n_trainable = sum(p.numel() for _, p in params if p.requires_grad)
+    n_total = sum(p.numel() for _, p in params)
+    return {
+        "method": method,
+        "target_modules": sorted(lora_modules),
+        "target_module_types": sorted({n.rsplit(".", 1)[-1] for n in lora_modules}),
+        "trainable_params": n_trainable,
+        "total_params": n_total,
+        "trainable_fraction": n_trainable / n_total if n_total else 0.0,
+        "modules_to_save": sorted(saved_modules),
+        "trainable_tensors": trainable,
+    }
+
+
+def is_peft(model) -> bool:
+    return hasattr(model, "peft_config") and hasattr(model, "get_base_model")

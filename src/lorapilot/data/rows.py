@@ -1,0 +1,242 @@
+"""One raw row (column -> value) checked against the spec and made a Record, under
+data.on_error: the one validation path of every reader (files in `load`, HF datasets in `hf`)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import json
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from lorapilot.data.targets import category_of, is_text_target, json_type, target_validator
+from lorapilot.errors import UsageError
+from lorapilot.spec import DataSpec, TaskSpec
+
+MAX_LINE_BYTES = 1 << 20  # a longer line is refused before it is decoded or parsed
+
+
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+
+_MISSING = object()
+
+
+@dataclass
+class Record:
+    """One valid example, as read (before cleaning)."""
+
+    id: str
+    text: str
+    label: str | None  # classification only
+    target: Any  # extraction/format: a JSON object (a string for a regex-only format task)
+    source: str  # "file:line" (CSV: first line of the data row; Parquet: "file:row N")
+    split: str | None  # set when the record comes from a pre-split file (or after splitting)
+    category: str  # stratum for splitting and per-category metrics
+
+
+@dataclass
+class Skipped:
+    """A record set aside under `on_error: skip`; `line` is the row number for Parquet."""
+
+    file: str
+    line: int
+    problem: str
+
+
+class BadRow(Exception):
+    """A problem with one record: reported with its line, never escapes this module."""
+
+
+def collect_rows(
+    rows: Iterable[tuple[int, dict | BadRow]],
+    builder: RecordBuilder,
+    data: DataSpec,
+    shown: str,
+    row_numbers: bool,
+    empty: str = "no records in the file",
+) -> tuple[list[Record], list[Skipped]]:
+    """Build a record from every row, under data.on_error: the one validation path of every
+    reader (files here, HF datasets in hf.py)."""
+    records: list[Record] = []
+    skipped: list[Skipped] = []
+    seen_any = False
+    for line, row in rows:
+        seen_any = True
+        try:
+            if isinstance(row, BadRow):
+                raise row
+            records.append(builder.build(row, line))
+        except (BadRow, RecursionError) as e:
+            problem = str(e) if isinstance(e, BadRow) else "JSON nested too deeply"
+            where = f"row {line}" if row_numbers else str(line)
+            if data.on_error == "fail":
+                raise UsageError(f"{shown}:{where}: {problem}") from None
+            skipped.append(Skipped(shown, line, problem))
+    if not seen_any:
+        raise UsageError(f"{shown}: {empty}")
+    return records, skipped
+
+
+class RecordBuilder:
+    """Checks one raw row (column -> value) against the spec and builds its Record."""
+
+    def __init__(
+        self,
+        task: TaskSpec,
+        data: DataSpec,
+        shown: str,
+        stem: str,
+        split: str | None,
+        row_numbers: bool,
+    ):
+        self.task = task
+        self.row_numbers = row_numbers  # Parquet records have rows, not lines
+        self.fields = data.fields
+        self.shown = shown
+        self.stem = stem
+        self.split = split
+        self.text_target = is_text_target(task)
+        self.check_target: Callable[[Any], list[str]] | None = (
+            None if task.kind == "classification" else target_validator(task)
+        )
+        self.labels = set(task.labels or [])
+        self.seen: dict[str, str] = {}
+
+    def build(self, row: dict, line: int) -> Record:
+        fm = self.fields
+        text = row.get(fm.text, _MISSING)
+        if text is _MISSING or text is None:
+            raise BadRow(f"missing field {fm.text!r}")
+        if not isinstance(text, str):
+            raise BadRow(f"field {fm.text!r} must be a string, got {json_type(text)}")
+        if not text.strip():
+            raise BadRow(f"field {fm.text!r} is empty")
+        if "\x00" in text:
+            raise BadRow(f"field {fm.text!r} contains a NUL byte")
+        if len(text) > MAX_LINE_BYTES:
+            raise BadRow(
+                f"field {fm.text!r} is too long ({len(text)} characters, max {MAX_LINE_BYTES})"
+            )
+        _no_surrogates(text, fm.text)
+
+        label = None
+        target = None
+        if self.task.kind == "classification":
+            label = self._label(row.get(fm.label, _MISSING))
+        else:
+            target = self._target(row.get(fm.target, _MISSING))
+
+        rid = self._id(row, line)
+        source = f"{self.shown}:row {line}" if self.row_numbers else f"{self.shown}:{line}"
+        first = self.seen.get(rid)
+        if first is not None:
+            raise BadRow(f"duplicate id {_show(rid)} (first at {first})")
+        self.seen[rid] = source
+        return Record(
+            id=rid,
+            text=text,
+            label=label,
+            target=target,
+            source=source,
+            split=self.split,
+            category=category_of(label, target, self.task),
+        )
+
+    def _label(self, label: Any) -> str:
+        name = self.fields.label
+        if label is _MISSING or label is None:
+            raise BadRow(f"missing field {name!r}")
+        if not isinstance(label, str):
+            raise BadRow(f"field {name!r} must be a string, got {json_type(label)}")
+        if label not in self.labels:
+            allowed = ", ".join(self.task.labels or [])
+            raise BadRow(f"label {_show(label)} is not one of the task labels ({allowed})")
+        return label
+
+    def _target(self, target: Any) -> Any:
+        name = self.fields.target
+        if target is _MISSING or target is None:
+            raise BadRow(f"missing field {name!r}")
+        if isinstance(target, str) and not self.text_target:
+            # CSV cells and Parquet string columns carry the object as JSON text.
+            try:
+                target = json.loads(target, parse_constant=no_constant)
+            except ValueError as e:
+                raise BadRow(f"field {name!r} is not valid JSON: {json_message(e)}") from None
+        if not self.text_target and not isinstance(target, dict):
+            raise BadRow(f"field {name!r} must be a JSON object, got {json_type(target)}")
+        try:
+            json.dumps(target, ensure_ascii=False, allow_nan=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise BadRow(
+                f"field {name!r} contains an unpaired surrogate escape (not valid Unicode)"
+            ) from None
+        except (TypeError, ValueError) as e:
+            raise BadRow(f"field {name!r} is not JSON data: {e}") from None
+        assert self.check_target is not None
+        problems = self.check_target(target)
+        if problems:
+            raise BadRow("; ".join(problems))
+        return target
+
+    def _id(self, row: dict, line: int) -> str:
+        name = self.fields.id
+        rid = row.get(name, _MISSING) if name else _MISSING
+        if rid is _MISSING or rid is None:
+            return f"{self.stem}-{line}"
+        if isinstance(rid, int) and not isinstance(rid, bool):
+            return str(rid)
+        if not isinstance(rid, str):
+            raise BadRow(f"field {name!r} must be a string or an integer, got {json_type(rid)}")
+        if not rid.strip():
+            raise BadRow(f"field {name!r} is empty")
+        _no_surrogates(rid, name or "id")
+        return rid
+
+
+def _show(value: str, limit: int = 80) -> str:
+    """repr, so control characters and trailing spaces are visible; cut to `limit` chars."""
+    return repr(value[:limit]) + ("…" if len(value) > limit else "")
+
+
+def _no_surrogates(value: str, name: str) -> None:
+    m = _SURROGATE.search(value)
+    if m:
+        raise BadRow(
+            f"field {name!r} contains an unpaired surrogate {m.group()!r} (not valid Unicode)"
+        )
+
+
+def no_constant(name: str) -> Any:
+    # NaN/Infinity are not JSON; they would break every JSON file written downstream.
+    raise ValueError(f"{name} is not allowed in JSON")
+
+
+def json_message(e: ValueError) -> str:
+    if isinstance(e, json.JSONDecodeError):
+        return f"{e.msg} (column {e.colno})"
+    return str(e)
+
+
+def needed_columns(data: DataSpec, task: TaskSpec) -> list[str]:
+    fm = data.fields
+    return [fm.text, fm.label if task.kind == "classification" else fm.target]
+
+
+def jsonable(value: Any) -> Any:
+    """Parquet values -> JSON values: dates as ISO strings, decimals as numbers."""
+    if isinstance(value, dict):
+        return {k: jsonable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [jsonable(v) for v in value]
+    if isinstance(value, dt.datetime):
+        return value.isoformat()
+    if isinstance(value, dt.date):
+        return value.isoformat()
+    if isinstance(value, decimal.Decimal):
+        if not value.is_finite():
+            return float(value)
+        return int(value) if value == value.to_integral_value() else float(value)
+    return value

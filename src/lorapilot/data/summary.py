@@ -1,0 +1,59 @@
+"""The data report: what the `data` step records about the prepared splits (sizes per
+category, duplicates and leaks, lengths, skipped rows, the loss-mask audit)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from lorapilot.data.audit import length_stats, mask_audit
+from lorapilot.data.dataset import PreparedData, encode_records, formatter_for, remaining_leaks
+from lorapilot.errors import UsageError
+from lorapilot.spec import Pilot
+
+
+def data_report(pilot: Pilot, prepared: PreparedData, tokenizer: Any) -> dict[str, Any]:
+    """Everything the `data` verb writes: the pilot's written data limit and its checks."""
+    spec = pilot.spec
+    fmt = formatter_for(pilot, tokenizer)
+    encoded = {
+        s: encode_records(fmt, spec.task, recs, prepared.answer_budget)
+        for s, recs in prepared.splits.items()
+    }
+    counts = prepared.counts()
+    per_category: dict[str, dict[str, int]] = {}
+    for split, cats in counts.items():
+        for cat, n in cats.items():
+            per_category.setdefault(cat, {s: 0 for s in counts})[split] = n
+    leaks = remaining_leaks(pilot, prepared)
+    dups = prepared.duplicates.to_dict()
+    dups["cross_split"] = leaks
+    dups["n_cross_split"] = len(leaks)
+    dups["leakage_policy"] = spec.data.leakage
+    dups["dropped_from_train"] = prepared.leak_dropped
+    return {
+        "version": prepared.version,
+        "source": spec.data.source,
+        "permission": spec.data.permission,
+        "n_examples": sum(len(v) for v in prepared.splits.values()),
+        "splits": {s: len(v) for s, v in prepared.splits.items()},
+        "per_category": per_category,
+        "duplicates": dups,
+        "lengths": length_stats(encoded, spec.data.max_length),
+        "skipped": [dataclasses.asdict(s) for s in prepared.skipped],
+        "dropped_by_cleaning": prepared.dropped,
+        "target_excluded": prepared.target_excluded,
+        "answer_budget_tokens": prepared.answer_budget,
+        "mask_audit": mask_audit(fmt, prepared.splits, encoded, prepared.answer_budget),
+    }
+
+
+def require_permission(pilot: Pilot) -> None:
+    d = pilot.spec.data
+    missing = [k for k in ("source", "permission") if not (getattr(d, k) or "").strip()]
+    if missing:
+        raise UsageError(
+            f"{pilot.spec_path}: {', '.join('data.' + k for k in missing)} must be stated: where "
+            "the data "
+            "comes from and the permission to use it (a licence or an internal approval)"
+        )

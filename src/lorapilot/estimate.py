@@ -1,0 +1,252 @@
+"""What the `budget` verb reports, gathered from the run records: a run's time and cost from
+the latest probe, the limits checked, 3/7/30-day rental plans, and the estimate set against a
+real run. `train`, `report` and `run` call `budget_of` too (never the budget step).
+
+Inputs: the latest completed probe run that measured steps (an `--estimate-only` probe has
+no times and is skipped), the data size (the latest completed data run's `splits` when it
+was made with the same data section of the spec, else the data is prepared here), and the
+spec. The arithmetic is `budget.py`'s; this module only gathers its inputs:
+
+- later_step_s: the probe's median step time at the typical length, the spec's
+  micro_batch and grad_checkpointing, times grad_accum. A probe step is ONE micro-batch
+  and one optimizer update; a training step is grad_accum micro-batches and one update,
+  so this slightly over-counts the (small, for LoRA) update.
+- peak_memory_bytes: the largest `peak_total_bytes` among the probe's measurements at the
+  spec's micro_batch and grad_checkpointing (both lengths). That is the whole figure a
+  memory limit is about (CPU: the process's peak RSS, weights included; CUDA: max
+  reserved), not the RSS increase the probe compares with its memory model.
+- estimate vs actual: for the latest completed train run, the estimate is redone for the
+  number of steps that run took and its own train settings (eval_every, save_every,
+  micro_batch, grad_accum), without the verify evaluation (a separate run), and set beside
+  the run's steps.jsonl step times (train_s), its final evaluation (eval_s) and its record's
+  duration (total_s, the margin included in the estimate).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from lorapilot import registry
+from lorapilot.budget import (
+    ProbeFigures,
+    check_limits,
+    compare_estimate,
+    estimate_run,
+    exceeded,
+    plans,
+)
+from lorapilot.data.dataset import prepare_data
+from lorapilot.errors import CheckFailed, LorapilotError, UsageError
+from lorapilot.fsutil import read_jsonl
+from lorapilot.models import load_tokenizer
+from lorapilot.spec import Pilot
+
+COMPARISON_BASIS = (
+    "the estimate redone for the train run's own number of steps and train settings, without "
+    "the verify evaluation (a separate run); actual train_s = the sum of its steps.jsonl "
+    "step_time_s, eval_s = its final evaluation, total_s = its record's duration_s"
+)
+
+
+def latest_probe(pilot_dir: Path) -> registry.RunRecord | None:
+    """The newest completed probe run that measured steps (not --estimate-only)."""
+    for rec in reversed(registry.list_runs(pilot_dir, "probe")):
+        if (
+            rec.status == "completed"
+            and not rec.result.get("estimate_only")
+            and any(m.get("ok") and m.get("measured") for m in rec.result.get("measurements", []))
+        ):
+            return rec
+    return None
+
+
+def _at_settings(
+    measurements: list[dict], micro_batch: int, grad_checkpointing: bool
+) -> list[dict]:
+    return [
+        m
+        for m in measurements
+        if m.get("ok")
+        and m.get("measured")
+        and m["micro_batch"] == micro_batch
+        and m["grad_checkpointing"] == grad_checkpointing
+    ]
+
+
+def probe_figures(probe: dict, train_cfg: dict, run_id: str) -> ProbeFigures:
+    """ProbeFigures for `train_cfg` (a spec's train section as a dict) from a probe result."""
+    mb, ckpt = train_cfg["micro_batch"], bool(train_cfg["grad_checkpointing"])
+    rows = _at_settings(probe.get("measurements", []), mb, ckpt)
+    typical = [m for m in rows if m["length"] == "typical" and not m.get("search")]
+    if not typical:
+        raise UsageError(
+            f"probe run {run_id} did not measure micro_batch={mb}, grad_checkpointing={ckpt} at "
+            "the "
+            "typical length (the spec changed since?); run `lorapilot probe PILOT` again"
+        )
+    if not probe.get("eval_examples_per_s"):
+        raise UsageError(
+            f"probe run {run_id} has no evaluation throughput; run `lorapilot probe PILOT` again"
+        )
+    peaks = [m.get("peak_total_bytes", m.get("peak_memory_bytes")) for m in rows]
+    peaks = [p for p in peaks if p is not None]
+    return ProbeFigures(
+        later_step_s=typical[-1]["later_step_s"] * train_cfg["grad_accum"],
+        eval_examples_per_s=probe["eval_examples_per_s"],
+        checkpoint_save_s=probe.get("checkpoint_save_s") or 0.0,
+        model_load_s=(probe.get("load") or {}).get("seconds") or 0.0,
+        peak_memory_bytes=max(peaks) if peaks else None,
+    )
+
+
+def data_sizes(pilot: Pilot) -> dict:
+    """{train, val, test, source}: the latest completed data run's splits when its data
+    section matches the spec's, else prepared now (tokenizer only, no weights)."""
+    data_section = pilot.spec.model_dump(mode="json")["data"]
+    rec = registry.latest_run(pilot.dir, "data")
+    if rec is not None and rec.result.get("splits") and rec.config.get("data") == data_section:
+        return {**rec.result["splits"], "source": rec.id}
+    _, tok = load_tokenizer(pilot)
+    prepared = prepare_data(pilot, tok, enforce_leakage=False)
+    return {**{s: len(v) for s, v in prepared.splits.items()}, "source": "prepared"}
+
+
+def _estimate(
+    figures: ProbeFigures, train: dict, limits, sizes: dict, max_steps: int | None
+) -> dict:
+    return estimate_run(
+        figures,
+        n_train=sizes.get("train", 0),
+        n_val=sizes.get("val", 0),
+        epochs=train["epochs"],
+        max_steps=max_steps,
+        micro_batch=train["micro_batch"],
+        grad_accum=train["grad_accum"],
+        world_size=1,
+        eval_every=train.get("eval_every"),
+        save_every=train.get("save_every"),
+        margin=limits.margin,
+        usd_per_hour=limits.usd_per_hour,
+    )
+
+
+def actual_of(rec: registry.RunRecord, pilot_dir: Path) -> dict:
+    """What a completed train run took: {train_s, eval_s, total_s, steps}."""
+    train = rec.result.get("train") or {}
+    rows = read_jsonl(registry.runs_dir(pilot_dir) / rec.id / "steps.jsonl")
+    times = [r["step_time_s"] for r in rows if isinstance(r.get("step_time_s"), int | float)]
+    return {
+        "train_s": sum(times) if times else train.get("train_wall_s"),
+        "eval_s": rec.result.get("eval_seconds"),
+        "total_s": rec.duration_s,
+        "steps": train.get("steps") or len(rows) or None,
+    }
+
+
+def compare_with_run(
+    rec: registry.RunRecord, pilot: Pilot, probe: registry.RunRecord, sizes: dict
+) -> dict:
+    """{actual, errors, estimate (the comparison one), basis} for a completed train run."""
+    actual = actual_of(rec, pilot.dir)
+    train = {**pilot.spec.train.model_dump(mode="json"), **(rec.config.get("train") or {})}
+    note = None
+    try:
+        figures = probe_figures(probe.result, train, probe.id)
+    except UsageError:  # the run used settings the probe did not measure: the spec's figures
+        figures = probe_figures(probe.result, pilot.spec.train.model_dump(mode="json"), probe.id)
+        note = (
+            "the train run's micro_batch/grad_checkpointing were not probed; "
+            "the spec's step time was used"
+        )
+    steps = actual["steps"] or 1
+    est = _estimate(figures, train, pilot.spec.limits, sizes, steps)
+    # The train run evaluates at every eval_every point and at the end; verify is another run.
+    one_eval = est["eval_s"] / est["n_evals"]
+    est["n_evals"] -= 1
+    est["eval_s"] -= one_eval
+    parts = est["train_s"] + est["eval_s"] + est["checkpoint_s"] + est["setup_s"]
+    est["margin_s"] = pilot.spec.limits.margin * parts
+    est["total_s"] = parts + est["margin_s"]
+    est["cost_usd"] = est["total_s"] / 3600 * est["usd_per_hour"]
+    return {
+        "actual": actual,
+        "errors": compare_estimate(est, actual),
+        "comparison_estimate": est,
+        "comparison_basis": COMPARISON_BASIS,
+        "comparison_note": note,
+        "train_run": rec.id,
+    }
+
+
+def budget_of(pilot: Pilot) -> dict[str, Any]:
+    """Time/cost estimate of one training run, limits, 3/7/30-day plans, estimate vs actual."""
+    spec = pilot.spec
+    probe = latest_probe(pilot.dir)
+    if probe is None:
+        raise UsageError(
+            f"{pilot.dir}: no completed probe run with measured steps yet; run "
+            "`lorapilot probe PILOT` first (an --estimate-only probe measures no times)"
+        )
+    train = spec.train.model_dump(mode="json")
+    figures = probe_figures(probe.result, train, probe.id)
+    sizes = data_sizes(pilot)
+    estimate = _estimate(figures, train, spec.limits, sizes, spec.train.max_steps)
+    estimate["step_s_definition"] = (
+        "the probe's median time of one micro-batch step at the typical length, times grad_accum"
+    )
+    out: dict[str, Any] = {
+        "estimate": estimate,
+        "window": spec.limits.window,
+        "limits": check_limits(estimate, figures.peak_memory_bytes, spec.limits),
+        "rental": plans(estimate),
+        "rental_days": spec.limits.rental_days,
+        "probe_run": probe.id,
+        "figures": {
+            "later_step_s": figures.later_step_s,
+            "eval_examples_per_s": figures.eval_examples_per_s,
+            "checkpoint_save_s": figures.checkpoint_save_s,
+            "model_load_s": figures.model_load_s,
+            "peak_memory_bytes": figures.peak_memory_bytes,
+            "peak_memory_source": "the largest peak_total_bytes of the probe at the spec's "
+            "settings",
+            "accelerator": (probe.result.get("environment") or {}).get("accelerator"),
+        },
+        "data": sizes,
+        "actual": None,
+        "errors": None,
+    }
+    rec = registry.latest_run(pilot.dir, "train")
+    if rec is not None:
+        out.update(compare_with_run(rec, pilot, probe, sizes))
+    return out
+
+
+def refuse_over_limits(pilot: Pilot, log=print) -> None:
+    """Before training: refuse (exit 1) when the latest probe's measured memory or the budget
+    estimate exceeds the spec's limits. Without a probe there is nothing measured to check."""
+    try:
+        budget = budget_of(pilot)
+    except LorapilotError as e:
+        log(f"limits not checked before training: {e}")
+        return
+    limits = budget.get("limits") or {}
+    over = exceeded(limits)
+    if over:
+        detail = "; ".join(
+            f"{k}: {v.get('detail') or (str(v.get('value')) + ' > ' + str(v.get('limit')))}"
+            for k, v in over.items()
+        )
+        raise CheckFailed(
+            f"the measured probe / budget estimate exceeds the spec's limits ({detail}); "
+            "raise limits in pilot.yaml or shrink the run",
+            {"limits": limits},
+        )
+
+
+def budget_or_none(pilot: Pilot) -> dict | None:
+    """budget_of, or None when there is no probe yet (the report says so)."""
+    try:
+        return budget_of(pilot)
+    except LorapilotError:
+        return None

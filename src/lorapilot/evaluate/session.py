@@ -1,0 +1,91 @@
+"""One evaluation in a run record, shared by the `baseline` and `eval` steps (and `run`'s
+final test): evaluate the base (or base + adapter) on a split and keep everything.
+
+Each writes, in its run folder: `predictions.jsonl` (one row per example), `metrics.json`
+and `protocol.json` (the evaluation protocol and its hash). The test split is reserved:
+only `eval --split test --final` touches it, and every access is appended to
+`runs/test_ledger.jsonl` under a lock.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from lorapilot.data.dataset import formatter_for, prepare_data
+from lorapilot.errors import UsageError
+from lorapilot.evaluate.records import record_test_access, write_eval_files
+from lorapilot.evaluate.runner import evaluate_records, make_protocol
+from lorapilot.models import attach_adapter, load_base
+from lorapilot.spec import Pilot
+from lorapilot.steprun import open_run
+
+
+def _limit(records: list, limit: int | None) -> list:
+    if limit is None:
+        return records
+    if limit <= 0:
+        raise UsageError(f"--limit {limit}: must be a positive number of examples")
+    return records[:limit]
+
+
+def evaluate_split(
+    pilot: Pilot,
+    kind: str,
+    *,
+    split: str = "val",
+    adapter_dir: Path | None = None,
+    parent: str | None = None,
+    limit: int | None = None,
+    progress: bool = True,
+    final: bool = False,
+) -> dict:
+    """Evaluate the base (or base + adapter) on a split inside a run of `kind`."""
+    spec = pilot.spec
+    if split == "test" and not final:
+        raise UsageError(
+            "the test split is reserved: use `lorapilot eval PILOT --split test --final`"
+        )
+    if split not in ("val", "test"):
+        raise UsageError(f"--split {split!r}: must be val or test")
+    with open_run(pilot, kind, parent=parent) as run:
+        resolved, model, tok = load_base(pilot)
+        if adapter_dir is not None:
+            model = attach_adapter(model, adapter_dir)
+        prepared = prepare_data(pilot, tok)
+        run.record.data_version = prepared.version
+        records = _limit(prepared.splits[split], limit)
+        if not records:
+            raise UsageError(f"the {split} split is empty; nothing to evaluate")
+        protocol = make_protocol(spec, tok, prepared)
+        if limit is not None:
+            protocol["limit"] = limit
+        if split == "test":
+            earlier = record_test_access(pilot.dir, run.id, parent, adapter_dir)
+        fmt = formatter_for(pilot, tok)
+        result = evaluate_records(
+            model, tok, fmt, spec, records, protocol, progress=progress, label=f"{kind} ({split})"
+        )
+        write_eval_files(run.dir, result)
+        out = {
+            "split": split,
+            "n": len(records),
+            "metrics": result.metrics,
+            "eval_protocol": protocol["eval_protocol"],
+            "protocol": protocol,
+            "data_version": prepared.version,
+            "base": {
+                "id": resolved.id,
+                "path": str(resolved.path),
+                "revision": resolved.revision,
+                "sha256": resolved.weights_sha256,
+            },
+            "adapter": str(adapter_dir) if adapter_dir else None,
+            "seconds": round(result.seconds, 3),
+            "examples_per_s": round(result.examples_per_s, 3),
+            "device": result.device,
+            "predictions": str(run.dir / "predictions.jsonl"),
+        }
+        if split == "test":
+            out["test_accesses_before"] = earlier
+        run.update(**out)
+    return {"run_id": run.id, "status": run.record.status, **out}

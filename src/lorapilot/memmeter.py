@@ -1,0 +1,96 @@
+"""Peak memory of a phase or of a training run: one meter for the probe and the loop.
+
+CUDA: the allocator's max allocated/reserved since the meter started. CPU: the process RSS,
+sampled by a thread every 5 ms inside `with PeakMemory(device)` (the probe's phases), or at
+each step end by `at_step_end()` (the training loop, which must not pay for a thread).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import gc
+import threading
+
+SAMPLE_EVERY_S = 0.005
+
+
+def _malloc_trim() -> None:
+    """Hand freed heap back to the OS (glibc), so RSS falls back to what is really live."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+
+
+class PeakMemory:
+    """Peak memory of a phase. CUDA: max allocated/reserved since entry. CPU: a thread
+    samples the process RSS every 5 ms; `increase` is the peak over the RSS at entry."""
+
+    def __init__(self, device, *, reset_cuda: bool = False):
+        import psutil
+
+        self.device, self._proc = device, psutil.Process()
+        self.rss_start = self.rss_peak = 0
+        self.cuda_allocated = self.cuda_reserved = None
+        if reset_cuda and device.type == "cuda":
+            import torch
+
+            torch.cuda.reset_peak_memory_stats(device)
+
+    def at_step_end(self) -> int:
+        """The loop's figure at a step end, no thread: CUDA max allocated since the meter
+        was made with reset_cuda=True; CPU the largest RSS seen at a step end so far, which
+        is what a machine's memory limit is measured against."""
+        if self.device.type == "cuda":
+            import torch
+
+            return int(torch.cuda.max_memory_allocated(self.device))
+        self._sample()
+        return self.rss_peak
+
+    def _sample(self) -> None:
+        self.rss_peak = max(self.rss_peak, self._proc.memory_info().rss)
+
+    def _run(self) -> None:
+        while not self._stop.wait(SAMPLE_EVERY_S):
+            self._sample()
+
+    def __enter__(self) -> PeakMemory:
+        import torch
+
+        gc.collect()
+        _malloc_trim()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(self.device)
+        self.rss_start = self.rss_peak = self._proc.memory_info().rss
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import torch
+
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            self.cuda_allocated = int(torch.cuda.max_memory_allocated(self.device))
+            self.cuda_reserved = int(torch.cuda.max_memory_reserved(self.device))
+
+    @property
+    def increase(self) -> int:
+        return self.rss_peak - self.rss_start
+
+    @property
+    def peak(self) -> int:
+        """The measured peak of a step: CUDA max allocated, CPU the RSS increase."""
+        return self.cuda_allocated if self.cuda_allocated is not None else self.increase
+
+    @property
+    def total(self) -> int:
+        """What a memory limit is checked against: CUDA max reserved, CPU the peak RSS."""
+        return self.cuda_reserved if self.cuda_reserved is not None else self.rss_peak

@@ -1,0 +1,125 @@
+"""The fresh process of `verify`: `python -m lorapilot.reload PILOT_DIR ADAPTER_DIR OUT_DIR`.
+
+It knows nothing of the train run but what is on disk: the adapter's manifest names the base
+(sha256), tokenizer, chat template, data version and evaluation protocol it was trained with;
+the base is resolved and hashed again, the adapter attached, the validation split evaluated
+and the predictions written for the parent process to compare.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from lorapilot.compare import protocol_differences
+from lorapilot.data.dataset import formatter_for, prepare_data
+from lorapilot.data.format import template_hash, tokenizer_hash
+from lorapilot.errors import LorapilotError
+from lorapilot.evaluate.records import write_eval_files
+from lorapilot.evaluate.runner import evaluate_records, make_protocol
+from lorapilot.fsutil import atomic_write_json
+from lorapilot.manifest import adapter_files, read_manifest, weights_sha256
+from lorapilot.models import attach_adapter, load_model, quiet_transformers, resolve_base
+from lorapilot.spec import Pilot, PilotSpec
+
+
+def verify_child(pilot_dir: Path, adapter_dir: Path, out_dir: Path) -> dict:
+    """What the fresh process does: pin checks, load base + adapter from disk, re-evaluate."""
+
+    quiet_transformers()
+    manifest = read_manifest(adapter_dir)
+    problems: list[str] = []
+    files_now = adapter_files(adapter_dir)
+    for name, sha in manifest["files"].items():
+        if files_now.get(name) != sha:
+            problems.append(
+                f"adapter file {name}: sha256 {files_now.get(name, 'missing')} != manifest {sha}"
+            )
+    spec = PilotSpec.model_validate(manifest["spec"])
+    pilot = Pilot(Path(pilot_dir), Path(pilot_dir) / "pilot.yaml", spec, {})
+    m = spec.model
+    resolved = resolve_base(m.base, m.revision, root=pilot.dir, allow_pickle=m.allow_pickle)
+    base_sha = weights_sha256(resolved.path, m.allow_pickle)
+    expected = manifest["base"]["sha256"]
+    result: dict[str, Any] = {
+        "base_sha256": base_sha,
+        "expected_base_sha256": expected,
+        "base_path": str(resolved.path),
+    }
+    if base_sha != expected:
+        result.update(
+            ok=False,
+            refused=True,
+            problems=problems
+            + [
+                f"base weights in {resolved.path} have sha256 {base_sha}, but the adapter was "
+                f"trained on {expected}"
+            ],
+        )
+        return result
+    if problems:
+        result.update(ok=False, refused=True, problems=problems)
+        return result
+    model, tok = load_model(resolved, m.dtype, m.trust_remote_code)
+    for what, now, then in (
+        ("tokenizer", tokenizer_hash(tok), manifest["tokenizer_sha256"]),
+        ("chat template", template_hash(tok, spec.task), manifest["template_sha256"]),
+    ):
+        if now != then:
+            problems.append(f"{what} sha256 {now} differs from the one trained with ({then})")
+    model = attach_adapter(model, Path(adapter_dir))
+    prepared = prepare_data(pilot, tok)
+    if prepared.version != manifest["data_version"]:
+        problems.append(
+            f"data version {prepared.version} differs from the trained one "
+            f"({manifest['data_version']})"
+        )
+    protocol = make_protocol(spec, tok, prepared)
+    if protocol["eval_protocol"] != manifest["eval_protocol"]["eval_protocol"]:
+        keys = protocol_differences(manifest["eval_protocol"], protocol)
+        problems.append(
+            f"eval protocol {protocol['eval_protocol']} differs from "
+            f"{manifest['eval_protocol']['eval_protocol']}"
+            + (f" (trained vs now: {', '.join(keys)})" if keys else "")
+        )
+    ev = evaluate_records(
+        model,
+        tok,
+        formatter_for(pilot, tok),
+        spec,
+        prepared.splits["val"],
+        protocol,
+        progress=False,
+        label="verify",
+    )
+    write_eval_files(out_dir, ev)
+    result.update(
+        ok=not problems,
+        refused=False,
+        problems=problems,
+        metrics=ev.metrics,
+        eval_protocol=protocol["eval_protocol"],
+        data_version=prepared.version,
+        seconds=round(ev.seconds, 3),
+        device=ev.device,
+    )
+    return result
+
+
+def _child_main(argv: list[str]) -> int:
+
+    pilot_dir, adapter_dir, out_dir = (Path(a) for a in argv)
+    try:
+        res = verify_child(pilot_dir, adapter_dir, out_dir)
+    except LorapilotError as e:
+        res = {"ok": False, "refused": True, "problems": [str(e)], "exit_code": e.exit_code}
+    atomic_write_json(out_dir / "verify_child.json", res)
+    print(json.dumps({"ok": res.get("ok")}))
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    raise SystemExit(_child_main(sys.argv[1:]))

@@ -1,0 +1,56 @@
+"""deliverable/: everything to hand over without runs/ (adapter and manifest, resolved spec,
+report, baseline and final predictions, environment record, decision)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from lorapilot.fsutil import atomic_write_json
+from lorapilot.spec import Pilot
+
+
+def _copy_tree(src: Path, dst: Path) -> None:
+    tmp = dst.with_name(f".{dst.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(src, tmp)
+    shutil.rmtree(dst, ignore_errors=True)
+    tmp.rename(dst)
+
+
+def fill_deliverable(pilot: Pilot, state: dict, report_dir: Path) -> Path:
+    """Everything to hand over without runs/: adapter + manifest, resolved spec, report,
+    baseline and final predictions, environment record."""
+    d = pilot.dir / "deliverable"
+    d.mkdir(exist_ok=True)
+    runs = pilot.dir / "runs"
+    atomic_write_json(d / "spec.resolved.json", pilot.spec.model_dump(mode="json"))
+    shutil.copy2(pilot.spec_path, d / "pilot.yaml")
+    for name in ("index.html", "report.md"):
+        shutil.copy2(report_dir / name, d / name)
+    if state["baseline"]:
+        src = runs / state["baseline"]["id"] / "predictions.jsonl"
+        if src.is_file():
+            shutil.copy2(src, d / "baseline_predictions.jsonl")
+    rec = state.get("chosen_record")
+    if rec:
+        adapter = Path(rec["result"].get("adapter_path", ""))
+        if adapter.is_dir():
+            _copy_tree(adapter, d / "adapter")
+        src = runs / rec["id"] / "predictions.jsonl"
+        if src.is_file():
+            shutil.copy2(src, d / "final_val_predictions.jsonl")
+        atomic_write_json(d / "environment.json", rec.get("environment", {}))
+    if state.get("test"):
+        src = runs / state["test"]["id"] / "predictions.jsonl"
+        if src.is_file():
+            shutil.copy2(src, d / "final_test_predictions.jsonl")
+    atomic_write_json(
+        d / "decision.json",
+        {
+            "decision": state["decision"],
+            "limitations": state["limitations"],
+            "chosen_run": state["chosen"] and state["chosen"]["id"],
+        },
+    )
+    return d

@@ -1,0 +1,25 @@
+"""A step's run record: registry.open_run with the spec, the environment and the trackers
+filled in. Used by every computing step (and by the evaluation session they share)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lorapilot import environment, registry, tracking
+from lorapilot.spec import Pilot
+
+
+def record_kwargs(pilot: Pilot) -> dict[str, Any]:
+    """The spec hash, the resolved spec, the environment snapshot, and the close hook that
+    mirrors the closed record to the trackers the spec names."""
+    return {
+        "spec_hash": pilot.spec.spec_hash(),
+        "config": pilot.spec.model_dump(mode="json"),
+        "environment": environment.snapshot(),
+        "on_close": tracking.mirror_on_close,
+    }
+
+
+def open_run(pilot: Pilot, kind: str, **kwargs: Any):
+    """registry.open_run for a step of this pilot (see record_kwargs)."""
+    return registry.open_run(pilot.dir, kind, **{**record_kwargs(pilot), **kwargs})

@@ -1,0 +1,216 @@
+"""`lorapilot train`: one experiment with an identity, from spec to saved adapter.
+
+A train run records its variant (the `--set` diff against the spec and whether it changes one
+parameter group or several), the adapter's resolved targets and parameter counts, the base
+model's identity, the update audit, the training curve and the in-process validation result
+of the final adapter (what `verify` later reproduces in a fresh process).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+from lorapilot import registry, tracking
+from lorapilot.adapter import build_adapter
+from lorapilot.budget import limit_checks
+from lorapilot.data.dataset import encode_records, formatter_for, prepare_data
+from lorapilot.data.format import template_hash, tokenizer_hash
+from lorapilot.errors import CheckFailed, UsageError
+from lorapilot.estimate import refuse_over_limits
+from lorapilot.evaluate.records import write_eval_files
+from lorapilot.evaluate.runner import evaluate_records, make_protocol
+from lorapilot.manifest import write_adapter_manifest
+from lorapilot.models import load_base, pad_id_of
+from lorapilot.spec import Pilot, load_spec_file, variant_label
+from lorapilot.steprun import record_kwargs
+from lorapilot.train import fsdp
+from lorapilot.train.audit import audit_batches, run_update_audit
+from lorapilot.train.distributed import (
+    check_distributed,
+    distributed_info,
+    distributed_state,
+    init_distributed,
+    open_train_run,
+)
+from lorapilot.train.loop import train
+from lorapilot.train.step import make_optimizer
+
+
+def run_train(
+    pilot: Pilot,
+    *,
+    resume: str | None = None,
+    limits_checked: bool = False,
+    progress: bool = True,
+    log=print,
+) -> dict:
+    """One experiment: data -> adapter -> audit -> train -> save -> evaluate the adapter.
+
+    Under torchrun / accelerate launch every rank runs this; only rank 0 writes the run, evaluates
+    the final adapter and keeps stdout (the CLI prints one JSON object, rank 0's).
+    `limits_checked`: the caller (`run`) has just checked the budget against the limits.
+    """
+    spec = pilot.spec
+    check_distributed(spec.train)
+    state = distributed_state()
+    if state is not None and not state.is_main_process:
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - for the life of this rank's process
+    distributed = distributed_info(state, spec.train.distributed)
+    label = variant_label(pilot.diff)
+    variant = {"label": label, "diff": pilot.diff, "parent_spec_hash": None}
+    if resume:
+        rec = registry.get_run(pilot.dir, resume)
+        if rec.kind != "train":
+            raise UsageError(f"--resume {resume}: is a {rec.kind} run, not a train run")
+        if rec.status == "completed":
+            raise UsageError(f"--resume {resume}: the run is already completed")
+        if rec.spec_hash != spec.spec_hash():
+            raise UsageError(
+                f"--resume {resume}: the spec (with --set) differs from the one the run started "
+                "with; "
+                "resume with the same pilot.yaml and the same --set values"
+            )
+    else:
+        base_spec, _ = load_spec_file(pilot.spec_path)
+        variant["parent_spec_hash"] = base_spec.spec_hash()
+        if not limits_checked:
+            refuse_over_limits(pilot, log)
+    started = time.time()
+    with open_train_run(state, pilot.dir, **record_kwargs(pilot), run_id=resume) as run:
+        if not resume:
+            run.record.variant = variant
+            run.save()
+        resolved, model, tok = load_base(pilot)
+        prepared = prepare_data(pilot, tok)
+        run.record.data_version = prepared.version
+        fmt = formatter_for(pilot, tok)
+        train_ex = encode_records(fmt, spec.task, prepared.splits["train"], prepared.answer_budget)
+        val_ex = encode_records(fmt, spec.task, prepared.splits["val"], prepared.answer_budget)
+        pad_id = pad_id_of(tok)
+
+        model, adapter_info = build_adapter(model, spec.adapter, seed=spec.train.seed)
+        base_info = {
+            "id": resolved.id,
+            "path": str(resolved.path),
+            "revision": resolved.revision,
+            "sha256": resolved.weights_sha256,
+            "source": resolved.source,
+        }
+        run.update(
+            adapter=adapter_info,
+            trainable_params=adapter_info["trainable_params"],
+            target_modules=adapter_info["target_modules"],
+            base=base_info,
+            distributed=distributed,
+        )
+
+        if not resume:
+            audit = run_update_audit(
+                model,
+                audit_batches(train_ex, spec.train.micro_batch, pad_id),
+                lambda m: make_optimizer(m, spec.train),
+                steps=2,
+                precision=spec.train.precision,
+                max_grad_norm=spec.train.max_grad_norm,
+            )
+            run.update(update_audit=audit)
+            if not audit["ok"]:
+                raise CheckFailed(
+                    "the update audit failed: " + "; ".join(audit.get("problems", [])[:5]),
+                    {"run_id": run.id, "update_audit": audit},
+                )
+        deadline, cost_check = limit_checks(spec.limits, started)
+        # Trackers see the curves during the run (rank 0 only); the whole run is mirrored at close.
+        live = tracking.LiveMirror(
+            run.dir, spec.tracking if run.write else [], tracking.live_interval()
+        )
+        try:
+            with live:
+                result = train(
+                    model,
+                    train_ex,
+                    val_ex,
+                    spec.train,
+                    run.dir,
+                    pad_id=pad_id,
+                    resume=bool(resume),
+                    deadline=deadline,
+                    cost_check=cost_check,
+                    progress=progress,
+                    log=log,
+                )
+        except registry.StoppedByLimit as e:
+            run.update(
+                checkpoint=str(getattr(e, "checkpoint", "")),
+                stopped_at_step=getattr(e, "step", None),
+            )
+            raise
+        adapter_dir = Path(result.adapter)
+        run.update(
+            train=result.to_dict(),
+            adapter_path=str(adapter_dir),
+            final_val_loss=result.final_val_loss,
+            initial_val_loss=result.initial_val_loss,
+        )
+        if not run.write:  # a non-zero rank: rank 0 evaluates the adapter and writes the files
+            return {"run_id": run.id, "status": "completed", "rank": state.process_index}
+
+        # The final adapter on the validation split, with the same protocol as the baseline.
+        if distributed["mode"] == "fsdp":  # rank 0 cannot run the sharded model alone
+            del model
+            model = fsdp.model_for_final_eval(pilot, adapter_dir, init_distributed().device)
+        protocol = make_protocol(spec, tok, prepared)
+        ev = evaluate_records(
+            model,
+            tok,
+            fmt,
+            spec,
+            prepared.splits["val"],
+            protocol,
+            progress=progress,
+            label="eval (val)",
+        )
+        write_eval_files(run.dir, ev)
+        run.update(
+            metrics=ev.metrics,
+            eval_protocol=protocol["eval_protocol"],
+            protocol=protocol,
+            eval_seconds=round(ev.seconds, 3),
+            eval_device=ev.device,
+        )
+        write_adapter_manifest(
+            adapter_dir,
+            base=base_info,
+            spec=spec.model_dump(mode="json"),
+            data_version=prepared.version,
+            eval_protocol=protocol,
+            metrics=ev.metrics,
+            tokenizer_sha256=tokenizer_hash(tok),
+            template_sha256=template_hash(tok, spec.task),
+            adapter_info=adapter_info,
+            run_id=run.id,
+        )
+    rec = run.record
+    return {
+        "run_id": run.id,
+        "status": rec.status,
+        "variant": (rec.variant or {}).get("label", label),
+        "variant_diff": (rec.variant or {}).get("diff", {}),
+        "update_audit": rec.result.get("update_audit"),
+        "trainable_params": adapter_info["trainable_params"],
+        "total_params": adapter_info["total_params"],
+        "target_modules": adapter_info["target_modules"],
+        "adapter_path": str(adapter_dir),
+        "final_val_loss": result.final_val_loss,
+        "initial_val_loss": result.initial_val_loss,
+        "steps": result.steps,
+        "resumed_from": result.resumed_from,
+        "metrics": ev.metrics,
+        "eval_protocol": protocol["eval_protocol"],
+        "data_version": prepared.version,
+        "distributed": distributed,
+        "wall_s": round(time.time() - started, 3),
+    }

@@ -1,0 +1,103 @@
+"""Batches for training: collation with a loss mask, and length-grouped micro-batches in an
+order that a checkpoint can resume exactly."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+import torch
+
+from lorapilot.data.format import IGNORE_INDEX, Encoded
+
+MEGA_CHUNK = 50  # micro-batches per length-sorted chunk (the usual group_by_length size)
+
+
+Batch = dict[str, torch.Tensor]
+
+
+def collate(examples: Sequence[Encoded], pad_id: int) -> Batch:
+    """Right-pad to the longest example; padding gets attention 0 and label -100.
+
+    Padding is marked by position, not by `pad_id`: the pad token is often the
+    end-of-turn token, which is also a real, trained label at the end of each answer.
+    """
+    width = max(len(e.input_ids) for e in examples)
+    input_ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
+    labels = torch.full((len(examples), width), IGNORE_INDEX, dtype=torch.long)
+    attention_mask = torch.zeros((len(examples), width), dtype=torch.long)
+    for row, e in enumerate(examples):
+        n = len(e.input_ids)
+        input_ids[row, :n] = torch.tensor(e.input_ids, dtype=torch.long)
+        labels[row, :n] = torch.tensor(e.labels, dtype=torch.long)
+        attention_mask[row, :n] = 1
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+
+
+def count_target_tokens(batch: Batch) -> int:
+    """Tokens that carry loss: label != -100 after the causal shift (position 0 never does)."""
+    return int((batch["labels"][:, 1:] != IGNORE_INDEX).sum())
+
+
+def example_target_tokens(e: Encoded) -> int:
+    return sum(1 for t in e.labels[1:] if t != IGNORE_INDEX)
+
+
+def length_grouped_batches(
+    lengths: Sequence[int], micro_batch: int, seed: int, epoch: int
+) -> list[list[int]]:
+    """Indices grouped into micro-batches of similar length, in a per-(seed, epoch) order.
+
+    Shuffle, cut into mega-chunks of 50 micro-batches, sort each chunk by length (so a
+    micro-batch pads little), then shuffle the order of the micro-batches (so training does
+    not see short examples, then long ones). The batch holding the longest example goes
+    first, so an out-of-memory shows at step 1 rather than hours in. The same
+    (seed, epoch) always gives the same list, which is what makes resuming exact.
+    """
+    rng = random.Random(f"lorapilot-batches-{seed}-{epoch}")  # str seeds hash stably
+    order = list(range(len(lengths)))
+    rng.shuffle(order)
+    mega = micro_batch * MEGA_CHUNK
+    batches: list[list[int]] = []
+    for start in range(0, len(order), mega):
+        chunk = sorted(order[start : start + mega], key=lambda i: -lengths[i])
+        batches.extend(chunk[j : j + micro_batch] for j in range(0, len(chunk), micro_batch))
+    rng.shuffle(batches)
+    if batches:
+        longest = max(range(len(batches)), key=lambda b: max(lengths[i] for i in batches[b]))
+        batches.insert(0, batches.pop(longest))
+    return batches
+
+
+def padding_efficiency(lengths: Sequence[int], batches: Sequence[Sequence[int]]) -> float:
+    """Real tokens / padded tokens (1.0 = no padding at all)."""
+    real = sum(lengths[i] for b in batches for i in b)
+    padded = sum(len(b) * max(lengths[i] for i in b) for b in batches if b)
+    return real / padded if padded else 1.0
+
+
+class MicroBatchStream:
+    """Micro-batches epoch after epoch. Its position (epoch, index) is all a checkpoint
+    needs: each epoch's batch list is rebuilt from (seed, epoch)."""
+
+    def __init__(self, lengths: Sequence[int], micro_batch: int, seed: int):
+        self.lengths, self.micro_batch, self.seed = lengths, micro_batch, seed
+        self.epoch, self.index = 0, 0
+        self._batches = length_grouped_batches(lengths, micro_batch, seed, 0)
+
+    def next(self) -> list[int]:
+        if self.index >= len(self._batches):
+            self.epoch, self.index = self.epoch + 1, 0
+            self._batches = length_grouped_batches(
+                self.lengths, self.micro_batch, self.seed, self.epoch
+            )
+        self.index += 1
+        return self._batches[self.index - 1]
+
+    @property
+    def epoch_float(self) -> float:
+        return self.epoch + self.index / len(self._batches)
+
+    def seek(self, epoch: int, index: int) -> None:
+        self.epoch, self.index = epoch, index
+        self._batches = length_grouped_batches(self.lengths, self.micro_batch, self.seed, epoch)

@@ -1,0 +1,504 @@
+"""The training loop, readable top to bottom: batches, loss, step, `train`.
+
+Shape of one optimizer step::
+
+    grad_accum micro-batches  ->  loss_sum / target tokens of the WHOLE step  ->  backward
+    -> clip -> optimizer.step -> scheduler.step -> zero_grad
+
+Devices and DDP come from accelerate's `Accelerator`; mixed precision does not. Our loss
+calls the decoder and the LM head separately (so the head runs only where there is a
+target), which bypasses the `model.forward` that accelerate wraps in autocast; and
+accelerate's state is process-global, so a second Accelerator with another precision in the
+same process is refused. We therefore always ask accelerate for `mixed_precision="no"` and
+enter `torch.autocast(device_type)` ourselves, which works the same on CUDA and on CPUs.
+FSDP (`train.distributed: fsdp`) is torch's fully_shard, applied by `train.fsdp` at the
+points marked FSDP below: shard, validate, gather for saving, load on resume.
+
+The pieces: `train.batches` (collation, length-grouped micro-batches), `train.step` (the loss
+and the one `train_step` shared with the probe and the audit), `train.distributed` (launchers,
+process groups), `train.checkpoint` (atomic, checksummed checkpoints). This module is the loop.
+
+On disk, a run folder gets::
+
+    steps.jsonl        one line per optimizer step
+    val.jsonl          validation loss at step 0, every eval_every steps and at the end
+    checkpoints/       step-N/ (weights, optimizer.safetensors, state.json, checksums.json)
+                       and latest.json; the last 2 are kept
+    adapter/           the final adapter (peft save_pretrained), or the full model
+
+Checkpoints and the final adapter are written and read by `train.checkpoint` (atomic,
+checksummed, resumable bit for bit). Nothing is pickled: tensors go to safetensors,
+everything else to JSON.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+import random
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from lorapilot.data.format import Encoded
+from lorapilot.errors import UsageError
+from lorapilot.fsutil import append_jsonl, read_jsonl
+from lorapilot.memmeter import PeakMemory
+from lorapilot.registry import StoppedByLimit
+from lorapilot.spec import TrainSpec
+from lorapilot.train import fsdp
+from lorapilot.train.batches import MicroBatchStream, collate, example_target_tokens
+from lorapilot.train.checkpoint import (
+    Log,
+    find_checkpoint,
+    keep_records_up_to,
+    load_checkpoint,
+    param_names,
+    save_checkpoint,
+    write_final,
+)
+from lorapilot.train.distributed import accelerator_for, check_distributed
+from lorapilot.train.step import (
+    LossModule,
+    call_module,
+    causal_lm_loss_sum,
+    make_optimizer,
+    make_scheduler,
+    train_step,
+    validation_loss,
+)
+
+
+@dataclasses.dataclass
+class TrainResult:
+    """What `train` returns and the run record keeps under `result.train`."""
+
+    steps: int  # optimizer steps done, resumed ones included
+    total_steps: int
+    warmup_steps: int
+    final_loss: float | None  # training loss of the last step
+    final_val_loss: float | None
+    initial_val_loss: float | None  # at step 0: what "the val loss went down" is judged by
+    final_eval: dict | None  # eval_fn's result at the last validation point
+    tokens: int  # real (unpadded) tokens seen, all calls
+    target_tokens: int
+    wall_s: float  # this call
+    train_wall_s: float  # step time of all calls (a resumed run adds up)
+    checkpoint: str | None  # the last checkpoint written
+    adapter: str  # the final adapter (or full model) folder
+    resumed_from: int | None
+    padding_efficiency: float
+    train_tokens_per_s: float | None  # this call's steps only
+    world_size: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class _Loop:
+    """Everything a step, a validation point or a checkpoint needs, built by `_setup`."""
+
+    cfg: TrainSpec
+    out_dir: Path
+    acc: Any  # accelerate's Accelerator
+    model: Any  # the (PEFT) model, unwrapped
+    step_model: Any  # what train_step calls: the model, its DDP wrapper or the FSDP module
+    loss_fn: Callable
+    sharded: Any  # the FSDP loss module, or None
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    scaler: Any
+    stream: MicroBatchStream
+    total_steps: int
+    warmup: int
+    data_hash: str
+    totals: dict = dataclasses.field(
+        default_factory=lambda: {"tokens": 0, "padded_tokens": 0, "target_tokens": 0, "wall_s": 0.0}
+    )
+
+    @property
+    def main(self) -> bool:
+        return self.acc.is_main_process
+
+    @property
+    def world(self) -> int:
+        return self.acc.num_processes
+
+    @property
+    def ckpt_root(self) -> Path:
+        return self.out_dir / "checkpoints"
+
+    @property
+    def steps_path(self) -> Path:
+        return self.out_dir / "steps.jsonl"
+
+    @property
+    def val_path(self) -> Path:
+        return self.out_dir / "val.jsonl"
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)  # also seeds every CUDA device
+
+
+def _data_hash(examples: Sequence[Encoded]) -> str:
+    h = hashlib.sha256()
+    for e in examples:
+        h.update(np.asarray(e.input_ids, dtype=np.int64).tobytes())
+        h.update(np.asarray(e.labels, dtype=np.int64).tobytes())
+        h.update(b"|")
+    return h.hexdigest()
+
+
+def _progress_bar(enabled: bool, total: int, start: int):
+    if not enabled:
+        return None
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    bar = Progress(
+        TextColumn("train"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("loss {task.fields[loss]}"),
+        TextColumn("{task.fields[tps]} tok/s"),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+        console=Console(stderr=True),
+    )
+    bar.start()
+    bar.add_task("train", total=total, completed=start, loss="-", tps="-")
+    return bar
+
+
+def _setup(
+    model, train_examples: Sequence[Encoded], cfg: TrainSpec, out_dir: Path, log: Log
+) -> _Loop:
+    """Devices, seeds, FSDP/DDP wrapping, optimizer, schedule, data order."""
+    acc = accelerator_for()
+    world, device = acc.num_processes, acc.device
+    use_fsdp = cfg.distributed == "fsdp" and world > 1
+    if acc.is_main_process and world > 1:
+        what = "FSDP (sharded weights)" if use_fsdp else "DDP"
+        log(f"{what} over {world} processes ({acc.state.backend}); each takes its slice of a step")
+    elif cfg.distributed != "none" and world == 1:
+        log(
+            f"train.distributed is {cfg.distributed} but one process was launched: "
+            "training on one device"
+        )
+    seed_everything(cfg.seed)
+    if not use_fsdp:
+        model.to(device)  # FSDP moves each shard to the device as it shards (below)
+    if cfg.grad_checkpointing:
+        # Non-reentrant checkpointing needs no input that requires grad (LoRA's inputs don't).
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    # FSDP: shard before the optimizer is built, the parameters become DTensors (train.fsdp).
+    sharded = fsdp.shard(LossModule(model), device, world) if use_fsdp else None
+    optimizer = make_optimizer(model, cfg)
+    per_step = cfg.micro_batch * cfg.grad_accum * world
+    total_steps = cfg.max_steps or max(1, math.ceil(cfg.epochs * len(train_examples) / per_step))
+    warmup = round(cfg.warmup_ratio * total_steps)
+    # fp16 has too few exponent bits for small gradients: scale the loss up, unscale later.
+    scaler = torch.amp.GradScaler(device.type) if cfg.precision == "fp16" else None
+    if scaler is not None and sharded is not None:
+        scaler = fsdp.grad_scaler(device)  # inf checks agree across shards
+    if sharded is not None:
+        step_model, loss_fn = sharded, call_module
+    elif world > 1:
+        step_model, loss_fn = acc.prepare(LossModule(model)), call_module
+    else:
+        step_model, loss_fn = model, causal_lm_loss_sum
+    stream = MicroBatchStream([e.n_tokens for e in train_examples], cfg.micro_batch, cfg.seed)
+    return _Loop(
+        cfg=cfg,
+        out_dir=out_dir,
+        acc=acc,
+        model=model,
+        step_model=step_model,
+        loss_fn=loss_fn,
+        sharded=sharded,
+        optimizer=optimizer,
+        scheduler=make_scheduler(optimizer, cfg.schedule, warmup, total_steps),
+        scaler=scaler,
+        stream=stream,
+        total_steps=total_steps,
+        warmup=warmup,
+        data_hash=_data_hash(train_examples),
+    )
+
+
+def _resume(lp: _Loop, log: Log) -> int | None:
+    """Weights, optimizer, scheduler, RNG, data position and logs from the last good
+    checkpoint; the step resumed from, or None when there is none."""
+    # DISTRIBUTED FIX: find_checkpoint tidies the folder (deletes newer/broken checkpoints,
+    # rewrites latest.json), so only rank 0 runs it; the others load what it chose.
+    folder = find_checkpoint(lp.ckpt_root, log) if lp.main else None
+    if lp.world > 1:
+        from accelerate.utils import broadcast_object_list
+
+        folder = broadcast_object_list([folder])[0]
+    step = None
+    if folder is None:
+        log(f"no usable checkpoint in {lp.ckpt_root}; starting from step 0")
+    else:
+        saved = load_checkpoint(folder, lp.model, lp.optimizer, lp.scheduler, lp.scaler, lp.sharded)
+        if saved.get("data_hash") != lp.data_hash:
+            raise UsageError(
+                f"the training data differs from the data checkpoint {folder} "
+                "was trained on; start a new run"
+            )
+        if saved.get("total_steps") != lp.total_steps:
+            log(f"total steps changed from {saved.get('total_steps')} to {lp.total_steps}")
+        step = saved["step"]
+        lp.stream.seek(saved["epoch"], saved["batch_index"])
+        lp.totals.update(saved["totals"])
+        log(f"resumed from {folder} (step {step} of {lp.total_steps})")
+    if lp.main:
+        keep_records_up_to(lp.steps_path, step or 0)
+        keep_records_up_to(lp.val_path, step if step else -1)
+    return step
+
+
+def _validate(lp: _Loop, val_examples, pad_id: int, eval_fn, at_step: int) -> dict:
+    """Validation loss (+ eval_fn) at `at_step`, appended to val.jsonl. The RNG is forked so
+    that evaluation never shifts the dropout draws of training (resumes must match exactly)."""
+    device, cfg = lp.acc.device, lp.cfg
+    fork = [device.index or 0] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=fork):
+        if lp.sharded is not None:  # every rank must run the same forwards (collectives)
+            val = fsdp.validation_loss(
+                lp.sharded, val_examples, cfg.micro_batch, pad_id, cfg.precision, lp.acc
+            )
+        else:
+            val = validation_loss(
+                lp.model, val_examples, cfg.micro_batch, pad_id, cfg.precision, lp.acc
+            )
+        record = {"step": at_step, "val_loss": val}
+        if eval_fn is not None:
+            lp.model.eval()
+            record["eval"] = eval_fn(lp.model)
+            lp.model.train()
+    record["time"] = time.time()
+    if lp.main:
+        append_jsonl(lp.val_path, record)
+    return record
+
+
+def _checkpoint(lp: _Loop, at_step: int) -> Path:
+    """Save step `at_step` (FSDP: every rank takes part in gathering the full state)."""
+    state = {
+        "step": at_step,
+        "total_steps": lp.total_steps,
+        "epoch": lp.stream.epoch,
+        "batch_index": lp.stream.index,
+        "totals": lp.totals,
+        "data_hash": lp.data_hash,
+        "param_names": param_names(lp.model, lp.optimizer),
+        "train_spec": lp.cfg.model_dump(mode="json"),
+    }
+    path = lp.ckpt_root / f"step-{at_step}"
+    gathered = None
+    if lp.sharded is not None:
+        gathered = (
+            fsdp.gather_weights(lp.sharded),
+            fsdp.gather_optimizer(lp.sharded, lp.optimizer),
+        )
+    if lp.main:
+        path = save_checkpoint(
+            lp.ckpt_root, at_step, lp.model, lp.optimizer, lp.scheduler, lp.scaler, state, gathered
+        )
+    lp.acc.wait_for_everyone()
+    return path
+
+
+def _limit_reason(lp: _Loop, step: int, deadline, cost_check, t_call: float) -> str | None:
+    """Why to stop after this step (time limit, cost cap, another rank), or None."""
+    reason = None
+    if deadline is not None and time.time() >= deadline:
+        reason = "the time limit was reached"
+    elif cost_check is not None:
+        reason = cost_check(
+            {
+                "step": step,
+                "total_steps": lp.total_steps,
+                "wall_s": time.time() - t_call,
+                "total_wall_s": lp.totals["wall_s"],
+                "tokens": lp.totals["tokens"],
+            }
+        )
+    if lp.world > 1:  # all ranks must stop at the same step
+        flag = lp.acc.reduce(torch.tensor([1.0 if reason else 0.0], device=lp.acc.device), "sum")
+        reason = reason or ("another rank hit a limit" if flag.item() > 0 else None)
+    return reason
+
+
+# --------------------------------------------------------------------------- train
+
+
+def train(
+    model,
+    train_examples: list[Encoded],
+    val_examples: list[Encoded],
+    cfg: TrainSpec,
+    out_dir: Path,
+    *,
+    pad_id: int,
+    resume: bool = False,
+    eval_fn: Callable[[Any], dict] | None = None,
+    deadline: float | None = None,
+    cost_check: Callable[[dict], str | None] | None = None,
+    progress: bool = True,
+    log: Log = print,
+) -> TrainResult:
+    """Train `model` (already adapted by adapter.build_adapter) and write the run folder.
+
+    `deadline` is a time.time() limit and `cost_check(status) -> reason | None` is asked
+    after every step (status: step, total_steps, wall_s, total_wall_s, tokens); either one
+    stopping the run saves a checkpoint and raises registry.StoppedByLimit, and
+    `resume=True` later continues from it bit for bit. `eval_fn(model) -> dict` runs at
+    every validation point; its result is logged in val.jsonl under "eval". Only rank 0
+    writes files.
+    """
+    t_call = time.time()
+    out_dir = Path(out_dir)
+    check_distributed(cfg)
+    if not train_examples:
+        raise UsageError("no training examples")
+    lp = _setup(model, train_examples, cfg, out_dir, log)
+    if lp.sharded is not None and eval_fn is not None:
+        raise UsageError("train(eval_fn=...) is not supported with train.distributed: fsdp")
+    if not resume and (lp.ckpt_root.exists() or lp.steps_path.exists()):
+        raise UsageError(f"{out_dir} already holds a training run; resume it or use a new folder")
+    resumed_from = _resume(lp, log) if resume else None
+    lp.acc.wait_for_everyone()
+    step = resumed_from or 0
+    n_targets = [example_target_tokens(e) for e in train_examples]
+
+    def validate(at_step: int) -> dict:
+        return _validate(lp, val_examples, pad_id, eval_fn, at_step)
+
+    val_records = read_jsonl(lp.val_path) if resumed_from is not None else [validate(0)]
+    initial_val = next((r["val_loss"] for r in val_records if r["step"] == 0), None)
+    last_saved = resumed_from
+    last_ckpt = lp.ckpt_root / f"step-{resumed_from}" if resumed_from else None
+    last_record = (read_jsonl(lp.steps_path) or [None])[-1] if resumed_from else None
+    meter = PeakMemory(lp.acc.device, reset_cuda=True)
+    bar = _progress_bar(progress and lp.main, lp.total_steps, step)
+    call_tokens, call_train_s = 0, 0.0
+    rank, world = lp.acc.process_index, lp.world
+
+    # -- the loop -----------------------------------------------------------------------
+    model.train()
+    try:
+        while step < lp.total_steps:
+            t0 = time.perf_counter()
+            # Every rank draws the same global list of micro-batches and takes its own
+            # slice, so ranks see distinct shards and agree on the step's target tokens.
+            global_mbs = [lp.stream.next() for _ in range(cfg.grad_accum * world)]
+            step_targets = sum(n_targets[i] for mb in global_mbs for i in mb)
+            mine = [
+                collate([train_examples[i] for i in mb], pad_id) for mb in global_mbs[rank::world]
+            ]
+            out = train_step(
+                lp.step_model,
+                lp.optimizer,
+                lp.scheduler,
+                mine,
+                step_targets,
+                cfg.precision,
+                cfg.max_grad_norm,
+                lp.acc,
+                loss_fn=lp.loss_fn,
+                scaler=lp.scaler,
+            )
+            step += 1
+            dt = time.perf_counter() - t0
+            call_tokens, call_train_s = call_tokens + out["tokens"], call_train_s + dt
+            for k in ("tokens", "padded_tokens", "target_tokens"):
+                lp.totals[k] += out[k]
+            lp.totals["wall_s"] += dt
+            last_record = {
+                "step": step,
+                "epoch": round(lp.stream.epoch_float, 6),
+                "loss": out["loss"],
+                "lr": out["lr"],
+                "grad_norm": out["grad_norm"],
+                "tokens": out["tokens"],
+                "target_tokens": out["target_tokens"],
+                "step_time_s": dt,
+                "peak_memory_bytes": meter.at_step_end(),
+                "padding_efficiency": out["tokens"] / max(out["padded_tokens"], 1),
+                "time": time.time(),
+            }
+            if lp.main:
+                append_jsonl(lp.steps_path, last_record)
+            if bar is not None:
+                bar.update(
+                    bar.task_ids[0],
+                    completed=step,
+                    loss=f"{out['loss']:.4f}",
+                    tps=f"{call_tokens / max(call_train_s, 1e-9):,.0f}",
+                )
+            if cfg.eval_every and step % cfg.eval_every == 0 and step < lp.total_steps:
+                val_records.append(validate(step))
+            if cfg.save_every and step % cfg.save_every == 0 and step < lp.total_steps:
+                last_ckpt, last_saved = _checkpoint(lp, step), step
+            # Limits: stop between steps, with a checkpoint to resume from.
+            reason = _limit_reason(lp, step, deadline, cost_check, t_call)
+            if reason:
+                if last_saved != step:
+                    last_ckpt, last_saved = _checkpoint(lp, step), step
+                err = StoppedByLimit(
+                    f"{reason} after step {step} of {lp.total_steps}; "
+                    f"checkpoint {last_ckpt} (continue with resume)"
+                )
+                err.checkpoint, err.step = last_ckpt, step
+                raise err
+    finally:
+        if bar is not None:
+            bar.stop()
+
+    # -- the end: validation, checkpoint, final adapter ---------------------------------
+    if not any(r["step"] == step for r in val_records):
+        val_records.append(validate(step))
+    if last_saved != step:
+        last_ckpt = _checkpoint(lp, step)
+    weights = fsdp.gather_weights(lp.sharded) if lp.sharded is not None else None
+    adapter_dir = write_final(model, out_dir, weights) if lp.main else out_dir / "adapter"
+    lp.acc.wait_for_everyone()
+    final_val = next(r for r in reversed(val_records) if r["step"] == step)
+    return TrainResult(
+        steps=step,
+        total_steps=lp.total_steps,
+        warmup_steps=lp.warmup,
+        final_loss=last_record["loss"] if last_record else None,
+        final_val_loss=final_val["val_loss"],
+        initial_val_loss=initial_val,
+        final_eval=final_val.get("eval"),
+        tokens=lp.totals["tokens"],
+        target_tokens=lp.totals["target_tokens"],
+        wall_s=time.time() - t_call,
+        train_wall_s=lp.totals["wall_s"],
+        checkpoint=str(last_ckpt) if last_ckpt else None,
+        adapter=str(adapter_dir),
+        resumed_from=resumed_from,
+        padding_efficiency=lp.totals["tokens"] / max(lp.totals["padded_tokens"], 1),
+        train_tokens_per_s=call_tokens / call_train_s if call_train_s else None,
+        world_size=world,
+    )

@@ -1,0 +1,394 @@
+"""Console views: how each verb's result is printed without `--json` (with `--json` the
+result dict itself is printed). Each view takes the result dict the step returned."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape as esc
+from rich.table import Table
+
+from lorapilot.evaluate.metrics import per_group
+from lorapilot.memory import format_gib
+from lorapilot.runs_view import STATUS_COLOUR, runs_csv
+
+stdout = Console(highlight=False, soft_wrap=True)
+stderr = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+@dataclass
+class Shown:
+    """What a verb hands back to the CLI: the --json object, the view that prints it for a
+    person, and the exit code (1: a check failed)."""
+
+    data: dict[str, Any]
+    view: Callable[[dict], None] | None = None
+    exit_code: int = 0
+
+
+def print_json(obj: dict) -> None:
+    sys.stdout.write(json.dumps(obj, indent=2, ensure_ascii=False, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def check(r: dict) -> None:
+    stdout.print(f"[green]ok[/] {esc(r['spec'])}: pilot [bold]{r['name']}[/] ({r['task']})")
+    stdout.print(f"  hypothesis: {esc(r['hypothesis'])}")
+    if r["success"]:
+        stdout.print(
+            f"  success: {esc(r['success']['metric'])} gains at least {r['success']['min_gain']}"
+        )
+    for g in r["guards"]:
+        stdout.print(f"  guard: {esc(str(g))}")
+    for src in r["data_source"]["sources"]:
+        what = src.get("format") or src["type"]
+        if src["type"] == "hf_cache":
+            what = ", ".join(f"{x['source']}: {x['rows']} rows" for x in src["splits"])
+        stdout.print(
+            f"  data: {esc(src['key'])} {esc(src.get('path') or src['name'])} ({esc(what)}, "
+            f"{src['n_files']} file(s), {src['bytes']} bytes)"
+        )
+    stdout.print(f"  spec hash: {r['spec_hash'][:16]}")
+
+
+def model_fetch(r: dict) -> None:
+    what = "already installed, hashes verified" if r["reused"] else "installed"
+    stdout.print(f"[green]ok[/] {r['path']} ({what}, {r['seconds']} s)")
+    stdout.print(f"  model.safetensors sha256 {r['sha256']}")
+
+
+def runs_table(r: dict) -> None:
+    rows = r["runs"]
+    if not rows:
+        stdout.print(f"no runs yet in {esc(str(Path(r['pilot']) / 'runs'))}")
+        return
+    t = Table(title=f"runs of {esc(Path(r['pilot']).name)}")
+    t.add_column("id", no_wrap=True)
+    for col in ("kind", "status", "duration", "variant"):
+        t.add_column(col)
+    for row in rows:
+        dur = f"{row['duration_s']:.1f}s" if row["duration_s"] is not None else "-"
+        colour = STATUS_COLOUR.get(row["status"], "white")
+        t.add_row(
+            row["id"], row["kind"], f"[{colour}]{row['status']}[/]", dur, row["variant"] or ""
+        )
+    stdout.print(t)
+    for row in rows:  # reasons in full, below the table, where they are readable
+        if row["error"]:
+            stdout.print(f"{row['id']}: {esc(row['error'])}")
+
+
+def runs_csv_view(r: dict) -> None:
+    sys.stdout.write(runs_csv(r["runs"]))
+
+
+def watch_summary(r: dict) -> None:
+    stdout.print(f"run {r['run_id']}: {r['status']} after {r['steps_done']} steps")
+
+
+def smoke(r: dict) -> None:
+    verdict = "[green]ok[/]" if r["ok"] else "[red]FAILED[/]"
+    stdout.print(
+        f"smoke {verdict}: loss {r['initial_loss']:.3f} -> {r['final_loss']:.4f}, "
+        f"{r['n_correct']}/{r['n_examples']} memorised examples predicted right ({r['note']})"
+    )
+
+
+def verify(r: dict) -> None:
+    stdout.print(
+        f"[green]verify ok[/]: a fresh process reloading {r['train_run']} on base sha256 "
+        f"{r['base_sha256'][:16]} reproduces all predictions "
+        f"({r['n_mismatched_predictions']} differ) and metrics (match: {r['metrics_match']})"
+    )
+
+
+def export(r: dict) -> None:
+    stdout.print(f"[green]exported[/] {r['out']} (max logit diff {r['max_logit_diff']:.1e})")
+
+
+def _decision(r: dict) -> None:
+    for reason in r["reasons"]:
+        stdout.print(f"  - {esc(str(reason))}")
+
+
+def report(r: dict) -> None:
+    stdout.print(f"decision: [bold]{r['decision']}[/]")
+    _decision(r)
+    stdout.print(f"report: {r['html']}\n        {r['markdown']}\ndeliverable: {r['deliverable']}")
+
+
+def run(r: dict) -> None:
+    stdout.print(
+        f"decision: [bold]{r['decision']}[/] (train run {r['train_run']}, {r['wall_s']:.0f} s)"
+    )
+    _decision(r)
+    stdout.print(f"report: {r['html']}")
+
+
+def sync(r: dict) -> None:
+    for t, counts in r["counts"].items():
+        stdout.print(
+            f"[green]{t}[/]: " + (", ".join(f"{n} {k}" for k, n in counts.items()) or "no runs")
+        )
+    for row in r["runs"]:
+        for t in r["targets"]:
+            if row[t].startswith("failed"):
+                stdout.print(f"[red]{row['id']}[/] {t}: {esc(row[t])}")
+    if "mlflow_uri" in r:
+        stdout.print(f"  mlflow: {esc(r['mlflow_uri'])}")
+    if "tensorboard_dir" in r:
+        stdout.print(f"  tensorboard --logdir {esc(r['tensorboard_dir'])}")
+
+
+def init(r: dict) -> None:
+    stdout.print(
+        f"[green]created[/] {r['pilot']} ({r['task']}, {r['n_examples']} examples). "
+        f"Next: lorapilot run {r['pilot']}"
+    )
+
+
+def data(r: dict) -> None:
+    stdout.print(f"[green]data ok[/] version [bold]{r['version']}[/]  run {r['run_id']}")
+    stdout.print(f"  source: {esc(str(r['source']))}\n  permission: {esc(str(r['permission']))}")
+    t = Table(title="examples per split and category")
+    splits = list(r["splits"])
+    t.add_column("category")
+    for s in splits:
+        t.add_column(s, justify="right")
+    for cat, row in sorted(r["per_category"].items()):
+        t.add_row(esc(cat), *(str(row.get(s, 0)) for s in splits))
+    t.add_row("[bold]total[/]", *(f"[bold]{r['splits'][s]}[/]" for s in splits))
+    stdout.print(t)
+    lt = Table(title="tokens per example (template + answer)")
+    for col in ("split", "p50", "p95", "max", "input cut", "target cut"):
+        lt.add_column(col, justify="right")
+    for s, st in r["lengths"].items():
+        lt.add_row(
+            s,
+            str(st["p50"]),
+            str(st["p95"]),
+            str(st["max"]),
+            str(st["n_truncated"]),
+            str(st["n_target_truncated"]),
+        )
+    stdout.print(lt)
+    d = r["duplicates"]
+    c = d["counts"]
+    stdout.print(
+        f"  duplicates: {c['exact']} exact, {c['near']} near pairs; "
+        f"{d['n_cross_split']} across splits (policy {d['leakage_policy']}); "
+        f"{len(d['dropped_from_train'])} dropped from train"
+    )
+    ma = r["mask_audit"]
+    stdout.print(
+        f"  mask audit: {'[green]ok[/]' if ma['ok'] else '[red]FAILED[/]'}: "
+        f"{ma['loss_token_fraction']:.1%} of tokens carry the loss ({ma['loss_on']}), "
+        f"end-of-turn trained: {ma['end_of_turn_trained']}, eval prompt = train prefix: "
+        f"{ma['eval_prompt_is_train_prefix']}"
+    )
+    if r["skipped"]:
+        stdout.print(f"  [yellow]skipped {len(r['skipped'])} record(s):[/]")
+        for s in r["skipped"][:20]:
+            stdout.print(esc(f"    {s['file']}:{s['line']}: {s['problem']}"))
+
+
+def inspect(r: dict) -> None:
+    from rich.text import Text
+
+    for ex in r["examples"]:
+        flag = "[green]match[/]" if ex["match"] else "[red]MISMATCH[/]"
+        cut = f", input cut by {ex['tokens_cut']} tokens" if ex["truncated"] else ""
+        stdout.rule(
+            esc(f"{ex['category']} / {ex['id']} ({ex['source']}): {ex['n_tokens']} tokens{cut}")
+        )
+        text = Text()
+        loss = set(ex["loss_positions"])
+        for i, piece in enumerate(ex["pieces"]):
+            style = (
+                "bold black on green" if i in loss else ("cyan" if piece.startswith("<|") else "")
+            )
+            text.append(piece, style=style)
+        stdout.print(text)
+        stdout.print(
+            f"loss tokens decode to {esc(repr(ex['decoded_target']))}; expected "
+            f"{esc(repr(ex['expected_target']))}: {flag}"
+        )
+    stdout.print(
+        f"\ncategories: {esc(', '.join(r['categories']))}  (green = tokens that carry the loss)"
+    )
+    if not r["ok"]:
+        stdout.print("[red]some examples' loss tokens do not decode to their answer[/]")
+
+
+def evaluation(r: dict) -> None:
+    m = r["metrics"]
+    stdout.print(
+        f"[green]{r['split']}[/] n={r['n']}  run {r['run_id']}  protocol {r['eval_protocol']}  "
+        f"({r['examples_per_s']:.1f} ex/s)"
+    )
+    headline = [
+        k
+        for k in (
+            "accuracy",
+            "macro_f1",
+            "json_valid_rate",
+            "schema_valid_rate",
+            "required_fields_rate",
+            "field_f1",
+            "exact_match",
+            "format_valid_rate",
+        )
+        if k in m
+    ]
+    stdout.print("  " + "  ".join(f"{k}={m[k]:.3f}" for k in headline))
+    group, per = per_group(m)
+    if per:
+        t = Table(title=group.replace("_", " "))
+        cols = [
+            c
+            for c in ("precision", "recall", "f1", "accuracy", "support")
+            if any(c in v for v in per.values())
+        ]
+        t.add_column("name")
+        for c in cols:
+            t.add_column(c, justify="right")
+        for name, v in per.items():
+            t.add_row(
+                esc(name),
+                *(
+                    f"{v[c]:.3f}" if isinstance(v.get(c), float) else str(v.get(c, ""))
+                    for c in cols
+                ),
+            )
+        stdout.print(t)
+    stdout.print(f"  predictions: {esc(r['predictions'])}")
+
+
+def train(r: dict) -> None:
+    a = r["update_audit"] or {}
+    stdout.print(
+        f"[green]train {r['status']}[/] run {r['run_id']} ({r['variant']}) in {r['wall_s']:.0f} "
+        f"s, {r['steps']} steps"
+    )
+    stdout.print(
+        f"  trainable params: {r['trainable_params']:,} of {r['total_params']:,}; "
+        f"{len(r['target_modules'])} adapted modules; update audit: "
+        f"{'ok' if a.get('ok') else a or 'n/a (resumed)'}"
+    )
+    stdout.print(f"  val loss {r['initial_val_loss']:.4f} -> {r['final_val_loss']:.4f}")
+    m = r["metrics"]
+    stdout.print(
+        "  "
+        + "  ".join(
+            f"{k}={m[k]:.3f}"
+            for k in ("accuracy", "macro_f1", "json_valid_rate", "field_f1")
+            if k in m
+        )
+    )
+    stdout.print(f"  adapter: {esc(r['adapter_path'])}")
+
+
+def probe(r: dict) -> None:
+    t = Table(title=f"probe {r['run_id']}" + (" (estimate only)" if r.get("estimate_only") else ""))
+    for col in (
+        "seq_len",
+        "micro_batch",
+        "ckpt",
+        "first step",
+        "later step",
+        "tokens/s",
+        "peak mem",
+        "estimate",
+        "error",
+        "ok",
+    ):
+        t.add_column(col, justify="right")
+    for m in r["measurements"]:
+        f = lambda v, fmt: fmt.format(v) if isinstance(v, (int, float)) else "-"  # noqa: E731
+        t.add_row(
+            str(m.get("seq_len")),
+            str(m.get("micro_batch")),
+            "on" if m.get("grad_checkpointing") else "off",
+            f(m.get("first_step_s"), "{:.2f}s"),
+            f(m.get("later_step_s"), "{:.2f}s"),
+            f(m.get("tokens_per_s"), "{:,.0f}"),
+            format_gib(m.get("peak_memory_bytes")),
+            format_gib(m.get("estimated_peak_memory_bytes")),
+            f(m.get("estimate_error"), "{:+.0%}"),
+            "yes" if m.get("ok", True) else f"[red]{(m.get('error') or 'no')[:40]}[/]",
+        )
+    stdout.print(t)
+
+
+def budget(r: dict) -> None:
+    e = r["estimate"]
+    stdout.print(
+        f"[bold]estimate[/] (probe {r['probe_run']}): {e['steps']} steps, total "
+        f"{e['total_s'] / 60:.1f} min, "
+        f"${e['cost_usd']:.2f}"
+    )
+    for k in ("train_s", "eval_s", "checkpoint_s", "setup_s", "margin_s"):
+        stdout.print(f"  {k[:-2]:<11} {e[k]:>9.1f} s")
+    for name, lim in (r.get("limits") or {}).items():
+        if isinstance(lim, dict):
+            stdout.print(
+                f"  limit {name}: {lim.get('value')} vs {lim.get('limit')}: "
+                f"{'ok' if lim.get('ok') else '[red]exceeded[/]'}"
+            )
+    t = Table(title="rental plans")
+    for col in ("days", "experiment hours", "variants that fit", "cost"):
+        t.add_column(col, justify="right")
+    for days, plan in r["rental"].items():
+        t.add_row(
+            days,
+            f"{plan['phases']['experiments']:.1f}",
+            str(plan["variants_fit"]),
+            f"${plan['cost_usd']:.0f}",
+        )
+    stdout.print(t)
+    if r.get("actual"):
+        stdout.print("[bold]estimate vs actual[/] (train run " + str(r.get("train_run")) + ")")
+        for k, v in (r.get("errors") or {}).items():
+            rel = v.get("rel_error")
+            stdout.print(
+                f"  {k}: estimate {v['estimate']:.1f}, actual {v['actual']:.1f}"
+                + (f" ({rel:+.0%})" if rel is not None else "")
+            )
+
+
+def compare(r: dict) -> None:
+    t = Table(title="runs compared with the baseline " + str(r["baseline"]))
+    for col in ("id", "kind", "status", "variant", "main metrics", "delta", "fixed/broken", "note"):
+        t.add_column(col)
+    for row in r["runs"]:
+        m = row.get("metrics") or {}
+        main = " ".join(
+            f"{k}={m[k]:.3f}"
+            for k in ("accuracy", "macro_f1", "field_f1", "json_valid_rate")
+            if isinstance(m.get(k), (int, float))
+        )
+        d = (row.get("deltas") or {}).get("overall", {})
+        delta = " ".join(f"{k}{d[k]:+.3f}" for k in ("macro_f1", "field_f1") if k in d)
+        fl = row.get("flips") or {}
+        fb = f"{len(fl.get('fixed', []))}/{len(fl.get('broken', []))}" if fl else ""
+        note = row.get("not_comparable_reason") or row.get("reason") or ""
+        t.add_row(
+            row["id"],
+            row["kind"],
+            row["status"],
+            row.get("variant") or "",
+            main,
+            delta,
+            fb,
+            esc(note[:50]),
+        )
+    stdout.print(t)
+    if r["decision"]:
+        stdout.print(f"decision so far ({r['chosen']}): [bold]{r['decision']}[/]")
+        _decision(r)

@@ -1,0 +1,37 @@
+"""`smoke` on the real default model: it overfits a few examples and catches shifted labels.
+
+A file of its own so that the two-worker test run (`make test`) can put it beside the other
+long default-model tests instead of after them.
+"""
+
+from __future__ import annotations
+
+import pytest
+from conftest import run_cli, run_json
+from test_experiment import _pilot
+
+
+@pytest.mark.slow
+def test_smoke_passes_and_catches_shifted_labels(tmp_path, default_model_dir, monkeypatch):
+    from lorapilot.data import format as fmt_mod
+    from lorapilot.spec import load_pilot
+    from lorapilot.steps.smoke import run_smoke
+
+    pilot = _pilot(tmp_path)
+    ok = run_json("smoke", str(pilot), "--per-category", "1", "--steps", "30", "--no-progress")
+    assert ok["ok"] and ok["n_correct"] == ok["n_examples"] == 6 and ok["final_loss"] < 0.1
+
+    real_encode = fmt_mod.PromptFormatter.encode
+
+    def shifted(self, text, answer, budget):
+        enc = real_encode(self, text, answer, budget)
+        enc.labels = enc.labels[1:] + [fmt_mod.IGNORE_INDEX]  # the classic off-by-one
+        return enc
+
+    monkeypatch.setattr(fmt_mod.PromptFormatter, "encode", shifted)
+    bad = run_smoke(
+        load_pilot(pilot), per_category=1, max_steps=10, progress=False, log=lambda m: None
+    )
+    assert not bad["ok"] and bad["n_correct"] < bad["n_examples"]
+    human = run_cli("runs", str(pilot))
+    assert human.returncode == 0

@@ -1,0 +1,160 @@
+"""The deliverable: fresh-process verify, pinned base refused when changed, plain-PEFT reload,
+merged export, and the files that must (not) exist."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import warnings
+
+import pytest
+import torch
+import yaml
+from conftest import EXAMPLES, run_json
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, tiny_model_dir):
+    """A tiny pilot with its own copy of the base (so tests may corrupt it) and one train run."""
+    root = tmp_path_factory.mktemp("export")
+    base = root / "base"
+    shutil.copytree(tiny_model_dir, base)
+    pilot = root / "tt"
+    shutil.copytree(EXAMPLES / "ticket-triage", pilot, ignore=shutil.ignore_patterns("runs"))
+    spec = yaml.safe_load((pilot / "pilot.yaml").read_text())
+    spec["model"] = {"base": str(base)}
+    spec["train"].update(max_steps=3, lr=0.01, precision="fp32")
+    spec["adapter"]["modules_to_save"] = ["norm"]
+    (pilot / "pilot.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    out = run_json("train", str(pilot), "--no-progress")
+    return pilot, base, out
+
+
+def test_verify_fresh_process_matches(trained):
+    pilot, base, train = trained
+    out = run_json("verify", str(pilot))
+    assert out["ok"] and out["metrics_match"] and out["n_mismatched_predictions"] == 0
+    assert out["base_sha256"] == out["expected_base_sha256"]
+    assert out["metrics"]["accuracy"] == train["metrics"]["accuracy"]
+    assert out["device"] == "cpu"  # where the fresh process evaluated (no accelerator here)
+    rec = json.loads((pilot / "runs" / out["run_id"] / "run.json").read_text())
+    assert (
+        rec["kind"] == "verify"
+        and rec["parent"] == train["run_id"]
+        and rec["status"] == "completed"
+    )
+
+
+def test_adapter_files_and_plain_peft_reload(trained):
+    """Loads with transformers + peft only (no lorapilot loading code) and gives the same
+    outputs as lorapilot's own loading path."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    pilot, base, train = trained
+    adapter = pilot / "runs" / train["run_id"] / "adapter"
+    names = {p.name for p in adapter.iterdir()}
+    assert {"adapter_model.safetensors", "adapter_config.json", "lorapilot.json"} <= names
+    assert not {n for n in names if n.endswith((".bin", ".pt", ".pkl", ".pth"))}
+    ids = torch.tensor([[1, 2, 3, 4, 5, 6, 7, 8]])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        plain = PeftModel.from_pretrained(
+            AutoModelForCausalLM.from_pretrained(base), adapter
+        ).eval()
+    assert not [w for w in caught if "missing" in str(w.message).lower()]
+    from lorapilot.models import attach_adapter, load_base
+    from lorapilot.spec import load_pilot
+
+    _, ours, _ = load_base(load_pilot(pilot))
+    ours = attach_adapter(ours, adapter)
+    with torch.no_grad():
+        torch.testing.assert_close(
+            plain(input_ids=ids).logits, ours(input_ids=ids).logits, rtol=0, atol=0
+        )
+    # modules_to_save were trained, saved and restored
+    saved = {n for n, _ in plain.named_parameters() if "modules_to_save" in n}
+    assert saved, "modules_to_save not restored"
+    trained_norm = plain.base_model.model.model.norm.modules_to_save["default"].weight
+    assert not torch.equal(trained_norm, plain.base_model.model.model.norm.original_module.weight)
+
+
+def test_export_merge_loads_with_plain_transformers(trained, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    pilot, base, train = trained
+    out = run_json("export", str(pilot), "--merge", "--out", str(tmp_path / "merged"))
+    assert out["ok"] and out["max_logit_diff"] <= out["tolerance"]
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged")
+    assert AutoTokenizer.from_pretrained(tmp_path / "merged").chat_template
+    assert (tmp_path / "merged" / "model.safetensors").is_file()
+    assert not list((tmp_path / "merged").glob("adapter_*"))
+    assert merged.config.vocab_size > 0
+    again = run_json("export", str(pilot), "--merge", "--out", str(tmp_path / "merged"), expect=2)
+    assert "not empty" in again["error"]
+
+
+def test_changed_base_is_refused_then_restored(trained):
+    pilot, base, _ = trained
+    weights = base / "model.safetensors"
+    original = weights.read_bytes()
+    try:
+        data = bytearray(original)
+        data[-1] ^= 0x01
+        weights.write_bytes(bytes(data))
+        out = run_json("verify", str(pilot), expect=1)
+        assert not out["ok"] and out["base_sha256"] != out["expected_base_sha256"]
+        assert out["base_sha256"] in out["error"] and out["expected_base_sha256"] in out["error"]
+    finally:
+        weights.write_bytes(original)
+
+
+def test_adapter_on_a_different_base_is_refused(trained, tmp_path):
+    from lorapilot.models import default_model_dir, make_tiny_model
+
+    pilot, _, _ = trained
+    other = make_tiny_model(tmp_path / "other", tokenizer_dir=default_model_dir(), seed=1)
+    spec_path = pilot / "pilot.yaml"
+    original = spec_path.read_text()
+    try:
+        # the manifest pins the base by hash, not by path: the same path with other weights is
+        # refused
+        spec = yaml.safe_load(original)
+        base = spec["model"]["base"]
+        shutil.move(base, str(tmp_path / "moved"))
+        shutil.copytree(other, base)
+        out = run_json("verify", str(pilot), expect=1)
+        assert "trained on" in out["error"]
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+        shutil.move(str(tmp_path / "moved"), base)
+        spec_path.write_text(original)
+
+
+def test_missing_adapter_file_is_a_clear_error(trained):
+    pilot, _, train = trained
+    weights = pilot / "runs" / train["run_id"] / "adapter" / "adapter_model.safetensors"
+    saved = weights.read_bytes()
+    weights.unlink()
+    try:
+        out = run_json("verify", str(pilot), expect=1)
+        assert "adapter_model.safetensors" in out["error"] and "missing" in out["error"]
+    finally:
+        weights.write_bytes(saved)
+
+
+def test_changed_evaluation_protocol_is_refused_naming_the_key(trained):
+    """verify evaluates with the protocol the adapter was measured with; when the protocol it
+    computes now differs from the manifest's (here the manifest says batch size 3), the
+    refusal says which protocol key moved."""
+    pilot, _, train = trained
+    manifest = pilot / "runs" / train["run_id"] / "adapter" / "lorapilot.json"
+    original = manifest.read_text()
+    try:
+        data = json.loads(original)
+        data["eval_protocol"].update(batch_size=3, eval_protocol="ep-0000000000000000")
+        manifest.write_text(json.dumps(data))
+        out = run_json("verify", str(pilot), expect=1)
+        assert "eval protocol" in out["error"] and "batch_size (3 vs " in out["error"], out["error"]
+    finally:
+        manifest.write_text(original)

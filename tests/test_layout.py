@@ -1,0 +1,116 @@
+"""The package's layers, held by its import graph: no import circles, engines never import a
+step, steps never import each other (except `run`, their composition), and every verb of the
+CLI has its step module. Function-level imports count: a lazy import is still a dependency."""
+
+import ast
+from pathlib import Path
+
+import lorapilot
+
+PKG = Path(lorapilot.__file__).parent
+VERBS = (
+    "check",
+    "data",
+    "inspect",
+    "baseline",
+    "smoke",
+    "probe",
+    "budget",
+    "train",
+    "eval",
+    "verify",
+    "export",
+    "compare",
+    "report",
+    "run",
+    "runs",
+    "sync",
+)
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(PKG.parent).with_suffix("")
+    parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+    return ".".join(parts)
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = {module_name(p): p for p in PKG.rglob("*.py")}
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for mod, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            for name in names:
+                if name in modules and name != mod and name != "lorapilot":
+                    graph[mod].add(name)
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(m: str) -> list[str] | None:
+        state[m] = 1
+        stack.append(m)
+        for n in sorted(graph[m]):
+            if state.get(n) == 1:
+                return stack[stack.index(n) :] + [n]
+            if n not in state and (found := visit(n)):
+                return found
+        stack.pop()
+        state[m] = 2
+        return None
+
+    for m in sorted(graph):
+        if m not in state and (found := visit(m)):
+            return found
+    return None
+
+
+def test_find_cycle_finds_one():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_the_package_has_no_import_cycle():
+    cycle = find_cycle(import_graph())
+    assert cycle is None, " -> ".join(cycle)
+
+
+def test_engines_never_import_a_step_and_steps_never_import_each_other():
+    graph = import_graph()
+    for mod, deps in graph.items():
+        steps = {d for d in deps if d.startswith("lorapilot.steps.")}
+        if mod == "lorapilot.cli" or mod == "lorapilot.steps.run":
+            continue
+        assert not steps, f"{mod} imports {sorted(steps)}"
+
+
+def test_every_verb_has_its_step_module_with_its_stage_function():
+    for verb in VERBS:
+        path = PKG / "steps" / f"{verb}.py"
+        assert path.is_file(), path
+        functions = {
+            n.name for n in ast.parse(path.read_text()).body if isinstance(n, ast.FunctionDef)
+        }
+        assert any(f.startswith("run_") for f in functions), (verb, functions)
+
+
+def test_the_cli_only_dispatches_to_steps():
+    """cli.py reaches the work through steps (and the few read-only helpers named here)."""
+    allowed = {
+        "lorapilot.registry",
+        "lorapilot.views",
+        "lorapilot.errors",
+        "lorapilot.spec",
+        "lorapilot.models",
+        "lorapilot.scaffold",
+    }
+    deps = import_graph()["lorapilot.cli"]
+    other = {d for d in deps if not d.startswith("lorapilot.steps.")} - allowed
+    assert not other, sorted(other)
