@@ -1,6 +1,7 @@
 """The package's layers, held by its import graph: no import circles, engines never import a
 step, steps never import each other (except `run`, their composition), and every verb of the
-CLI has its step module. Function-level imports count: a lazy import is still a dependency."""
+CLI has its step module. Function-level imports count: a lazy import is still a dependency;
+imports under `if TYPE_CHECKING:` (annotations only, never run) do not."""
 
 import ast
 from pathlib import Path
@@ -38,7 +39,14 @@ def import_graph() -> dict[str, set[str]]:
     modules = {module_name(p): p for p in PKG.rglob("*.py")}
     graph: dict[str, set[str]] = {m: set() for m in modules}
     for mod, path in modules.items():
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):  # drop annotation-only blocks before walking
+            if isinstance(node, ast.If) and ast.unparse(node.test) in (
+                "TYPE_CHECKING",
+                "typing.TYPE_CHECKING",
+            ):
+                node.body = []
+        for node in ast.walk(tree):
             names: list[str] = []
             if isinstance(node, ast.Import):
                 names = [a.name for a in node.names]

@@ -16,16 +16,32 @@ from lorapilot.errors import UsageError
 from lorapilot.spec import AdapterSpec
 
 
-def build_adapter(model, adapter: AdapterSpec, *, seed: int | None = None) -> tuple[Any, dict]:
+def build_adapter(
+    model, adapter: AdapterSpec, *, seed: int | None = None, grad_checkpointing: bool = False
+) -> tuple[Any, dict]:
     """Attach the spec's adapter. Returns (model to train, info).
 
     `lora`: a peft LoraConfig from the spec and `get_peft_model`; only the LoRA matrices and
     `modules_to_save` are trainable. `full`: every parameter trainable, model returned as is.
     `seed` makes the LoRA initialisation independent of the global RNG (callers pass
-    `train.seed`); the global RNG is left untouched then.
+    `train.seed`); the global RNG is left untouched then. A quantized base first gets peft's
+    k-bit preparation, as QLoRA users expect: everything frozen, the unquantized modules
+    (norms, embeddings, LM head) upcast to fp32, and with `grad_checkpointing` the input
+    embeddings' output made to require grad so checkpointed layers see a grad-requiring input.
     """
     import torch
 
+    from lorapilot.quantize import is_quantized
+
+    quantized = is_quantized(model)
+    if quantized:
+        from peft import prepare_model_for_kbit_training
+
+        model = prepare_model_for_kbit_training(
+            model,
+            use_gradient_checkpointing=grad_checkpointing,
+            gradient_checkpointing_kwargs={"use_reentrant": False},
+        )
     if adapter.method == "full":
         for p in model.parameters():
             p.requires_grad_(True)
@@ -52,7 +68,9 @@ def build_adapter(model, adapter: AdapterSpec, *, seed: int | None = None) -> tu
         raise UsageError(f"adapter.target_modules: {e}") from e
     # The new wrapper module starts in train mode whatever its base was in; keep one mode.
     peft_model.train(model.training)
-    return peft_model, adapter_info(peft_model, "lora")
+    info = adapter_info(peft_model, "lora")
+    info["kbit_prepared"] = quantized
+    return peft_model, info
 
 
 def adapter_info(model, method: str) -> dict:

@@ -31,7 +31,7 @@ _LIBS = (
 )
 # Recorded too, but outside the fingerprint: data readers, trackers and the CLI change no
 # result, and installing a tracker must not make `run` redo its launch checks.
-_OTHER_LIBS = ("datasets", "mlflow", "tensorboard", "typer")
+_OTHER_LIBS = ("datasets", "mlflow", "tensorboard", "typer", "bitsandbytes")
 # Library -> the distributions that install it, first found wins: mlflow's module also comes
 # from the lighter mlflow-skinny (what lorapilot[mlflow] installs).
 _DISTS = {"mlflow": ("mlflow", "mlflow-skinny")}
@@ -160,6 +160,12 @@ def platform_fingerprint(env: dict) -> dict:
         "cuda": env.get("cuda"),
         "hip": env.get("hip"),
         # only the compute stack: a run recorded before more libraries were added keeps its key
-        "libraries": {k: v for k, v in (env.get("libraries") or {}).items() if k in _LIBS},
+        "libraries": {
+            k: v
+            for k, v in (env.get("libraries") or {}).items()
+            # bitsandbytes quantizes bases: a new version redoes the checks; absent, the key
+            # is left out so records made without it keep theirs
+            if k in _LIBS or (k == "bitsandbytes" and v)
+        },
         "python": env.get("python"),
     }

@@ -37,6 +37,7 @@ def write_adapter_manifest(
     template_sha256: str,
     adapter_info: dict,
     run_id: str,
+    base_identity: dict | None = None,
 ) -> dict:
     env = environment.snapshot()
     manifest: dict[str, Any] = {
@@ -44,6 +45,8 @@ def write_adapter_manifest(
         "lorapilot": __version__,
         "run_id": run_id,
         "base": base,
+        "base_identity": base_identity,
+        "needs_quantization": (base_identity or {}).get("quantization"),
         "tokenizer_sha256": tokenizer_sha256,
         "template_sha256": template_sha256,
         "method": adapter_info.get("method"),

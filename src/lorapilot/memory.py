@@ -6,7 +6,10 @@ error of this model beside it, and the measurement is what limits are checked ag
 
 Components, in bytes, of the peak of one micro-batch's forward + backward:
 
-- weights: the base model, `n_params x weight_dtype_bytes`.
+- weights: the base model, `n_params x weight_dtype_bytes`; for a quantized base (bitsandbytes
+  4-bit or 8-bit) its decoder linears take `quantized_bytes_per_param` each, their
+  quantization state included (`quantize.weight_bytes_per_param`), the rest (embeddings,
+  norms, LM head) `weight_dtype_bytes` (fp32 after peft's k-bit preparation).
 - trainable_master: the trainable parameters in fp32 when they are separate from the
   weights. peft keeps LoRA matrices in fp32 even on a bf16/fp16 base; full fine-tuning
   updates the loaded weights in place (as lorapilot's loop does), so 0 there.
@@ -19,6 +22,9 @@ Components, in bytes, of the peak of one micro-batch's forward + backward:
   only of leaf tensors that require grad, so a LoRA base's frozen weights are cast anew in
   every forward: one 16-bit copy of every decoder linear and of the LM head is alive when
   backward starts (measured with saved-tensor hooks: 255 MiB for SmolLM2-135M).
+- dequantize: a quantized linear dequantizes its weight to the compute dtype for every
+  matmul (forward, and again for the input gradient in backward) and frees it after; one
+  largest linear's copy is counted. 0 for an unquantized base.
 - workspace: a stated fraction of the rest, for allocator fragmentation, gradients of
   activations in flight during backward and kernel scratch: 10% with CUDA's caching
   allocator; for a CPU's RSS 50%, 100% with activation checkpointing (measured, see
@@ -42,6 +48,7 @@ COMPONENTS = (
     "activations",
     "logits",
     "weight_casts",
+    "dequantize",
     "workspace",
 )
 LINEAR_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -298,6 +305,7 @@ def weight_cast_bytes(
     weight_dtype_bytes: float,
     grad_checkpointing: bool,
     trainable_params: int = 0,
+    quantized: bool = False,
 ) -> int:
     """16-bit copies of fp32 weights that autocast makes and autograd keeps for backward.
 
@@ -308,7 +316,8 @@ def weight_cast_bytes(
     """
     if precision not in ("bf16", "fp16") or weight_dtype_bytes < 4:
         return 0
-    linears = decoder_linear_params(shape)
+    # A quantized base's linears dequantize themselves (component `dequantize`): no cast.
+    linears = 0 if quantized else decoder_linear_params(shape)
     head = shape.vocab * shape.hidden
     if grad_checkpointing:
         return 2 * ((linears + trainable_params) // shape.n_layers + head)
@@ -336,6 +345,8 @@ def estimate_step_memory(
     lora_dropout: float = 0.0,
     dropout_mask_bytes: float = 1.0,
     workspace_fraction: float = DEFAULT_WORKSPACE_FRACTION,
+    quantized_bytes_per_param: float | None = None,
+    dequantize_bytes: int = 2,
 ) -> dict[str, int]:
     """Estimated peak bytes of one micro-batch step, by component (COMPONENTS) and "total".
 
@@ -380,23 +391,33 @@ def estimate_step_memory(
 
     positions = min(loss_positions_per_example or seq_len, seq_len)
     logits = micro_batch * positions * shape.vocab * 3 * 4
+    quantized = quantized_bytes_per_param is not None
     casts = weight_cast_bytes(
         shape, precision=precision, weight_dtype_bytes=weight_dtype_bytes,
         grad_checkpointing=grad_checkpointing, trainable_params=trainable_params,
+        quantized=quantized,
     )  # fmt: skip
+    weights = shape.n_params * weight_dtype_bytes
+    dequantize = 0
+    if quantized:
+        linears = decoder_linear_params(shape)
+        weights += linears * (quantized_bytes_per_param - weight_dtype_bytes)
+        largest = shape.hidden * max(shape.intermediate, shape.q_dim, shape.kv_dim)
+        dequantize = largest * dequantize_bytes
 
     if adapter == "lora":  # peft keeps the adapter in fp32, beside the base weights
         master, state_bytes = 4 * trainable_params, 4
     else:  # full: the loaded weights are the trainable parameters, updated in place
         master, state_bytes = 0, max(2, math.ceil(weight_dtype_bytes))
     out = {
-        "weights": int(math.ceil(shape.n_params * weight_dtype_bytes)),
+        "weights": int(math.ceil(weights)),
         "trainable_master": master,
         "gradients": state_bytes * trainable_params,
         "optimizer_states": OPTIMIZER_STATES[optimizer] * state_bytes * trainable_params,
         "activations": activations,
         "logits": logits,
         "weight_casts": casts,
+        "dequantize": dequantize,
     }
     out["workspace"] = int(workspace_fraction * sum(out.values()))
     out["total"] = sum(out[k] for k in COMPONENTS)

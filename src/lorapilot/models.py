@@ -483,9 +483,27 @@ def pad_id_of(tokenizer: Any) -> int:
     return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
 
-def load_model(resolved: ResolvedModel, dtype: str = "float32", trust_remote_code: bool = False):
+def quantized_device() -> str:
+    """Where bitsandbytes quantizes a base at load time: this rank's GPU, else the CPU.
+    A quantized model cannot be moved afterwards, so it is loaded where it will run."""
+    import torch
+
+    if torch.cuda.is_available():
+        return f"cuda:{int(os.environ.get('LOCAL_RANK', '0') or 0)}"
+    return "cpu"
+
+
+def load_model(
+    resolved: ResolvedModel,
+    dtype: str = "float32",
+    trust_remote_code: bool = False,
+    quantization: Any = None,
+):
     """(model, tokenizer) from a resolved base, offline, in eval mode.
 
+    `quantization` (a spec QuantizationSpec): the base is quantized by bitsandbytes as its
+    safetensors are read, on `quantized_device()`; `dtype` is then the dtype of the modules
+    that stay unquantized (embeddings, norms, the LM head).
     Padding goes on the left so batched generation continues right after each prompt;
     a tokenizer without a pad token pads with eos (masked out by the attention mask).
     """
@@ -494,6 +512,14 @@ def load_model(resolved: ResolvedModel, dtype: str = "float32", trust_remote_cod
 
     if dtype not in DTYPES:
         raise UsageError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+    extra: dict[str, Any] = {}
+    if quantization is not None:
+        from lorapilot.quantize import bnb_config
+
+        extra = {
+            "quantization_config": bnb_config(quantization),
+            "device_map": {"": quantized_device()},
+        }
     try:
         # Pickle weights (allowed explicitly) go through torch.load(weights_only=True), which
         # refuses anything but tensors; a refusal is bad input, not a crash.
@@ -504,6 +530,7 @@ def load_model(resolved: ResolvedModel, dtype: str = "float32", trust_remote_cod
             trust_remote_code=trust_remote_code,
             weights_only=True,  # the transformers default, pinned
             local_files_only=True,
+            **extra,
         )
     except pickle.UnpicklingError as e:
         why = next(
@@ -599,7 +626,7 @@ def load_base(pilot: Pilot):
     quiet_transformers()
     m = pilot.spec.model
     resolved = resolve_base(m.base, m.revision, root=pilot.dir, allow_pickle=m.allow_pickle)
-    model, tok = load_model(resolved, m.dtype, m.trust_remote_code)
+    model, tok = load_model(resolved, m.dtype, m.trust_remote_code, m.quantization)
     return resolved, model, tok
 
 

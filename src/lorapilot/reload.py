@@ -21,6 +21,7 @@ from lorapilot.evaluate.runner import evaluate_records, make_protocol
 from lorapilot.fsutil import atomic_write_json
 from lorapilot.manifest import adapter_files, read_manifest, weights_sha256
 from lorapilot.models import attach_adapter, load_model, quiet_transformers, resolve_base
+from lorapilot.quantize import identity, identity_differences, require
 from lorapilot.spec import Pilot, PilotSpec
 
 
@@ -58,10 +59,19 @@ def verify_child(pilot_dir: Path, adapter_dir: Path, out_dir: Path) -> dict:
             ],
         )
         return result
+    # The exact base: the same weights, quantized the same way by the same bitsandbytes.
+    trained = manifest.get("base_identity") or identity(expected, None)
+    now = identity(base_sha, m.quantization)
+    result["base_identity"] = now
+    differs = identity_differences(trained, now)
+    if differs:
+        problems += [f"the base is not the one the adapter was trained on: {d}" for d in differs]
     if problems:
         result.update(ok=False, refused=True, problems=problems)
         return result
-    model, tok = load_model(resolved, m.dtype, m.trust_remote_code)
+    if m.quantization is not None:
+        require(m.quantization, "the adapter's manifest")
+    model, tok = load_model(resolved, m.dtype, m.trust_remote_code, m.quantization)
     for what, now, then in (
         ("tokenizer", tokenizer_hash(tok), manifest["tokenizer_sha256"]),
         ("chat template", template_hash(tok, spec.task), manifest["template_sha256"]),

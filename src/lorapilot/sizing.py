@@ -16,6 +16,7 @@ from lorapilot.memory import (
     ModelShape,
     estimate_step_memory,
 )
+from lorapilot.quantize import compute_bytes, weight_bytes_per_param
 from lorapilot.spec import AdapterSpec, Pilot
 from lorapilot.train.step import EAGER_ATTENTION_MAX_WIDTH
 
@@ -23,7 +24,9 @@ STEP_INCREASE = "step_increase"  # CPU: estimate without weights and trainable_m
 
 
 # what a step adds to a process whose weights are already resident (the CPU basis)
-STEP_GROWTH = ("gradients", "optimizer_states", "activations", "logits", "weight_casts")
+STEP_GROWTH = (
+    "gradients", "optimizer_states", "activations", "logits", "weight_casts", "dequantize",
+)  # fmt: skip
 
 
 TOTAL = "total"
@@ -125,6 +128,7 @@ def estimate_row(
         lora_dropout=spec.adapter.dropout,
         dropout_mask_bytes=4 if on_cpu else 1,  # CPUs keep a float mask (see memory.py)
         workspace_fraction=workspace,
+        **quantized_memory(spec.model.quantization),
     )
     if basis == STEP_INCREASE:
         grown = sum(est[k] for k in STEP_GROWTH)
@@ -137,6 +141,24 @@ def estimate_row(
         "estimate_basis": basis,
         "estimate_components": est,
     }
+
+
+def quantized_memory(q) -> dict:
+    """estimate_step_memory's arguments for a quantized base ({} for an unquantized one)."""
+    if q is None:
+        return {}
+    return {
+        "quantized_bytes_per_param": weight_bytes_per_param(q),
+        "dequantize_bytes": compute_bytes(q),
+    }
+
+
+def weight_bytes_of(spec) -> int:
+    """Bytes per weight of the modules that stay unquantized: the spec's dtype, or fp32 for
+    a quantized base (peft's k-bit preparation upcasts norms, embeddings and the head)."""
+    if spec.model.quantization is not None:
+        return 4
+    return {"float32": 4, "bfloat16": 2, "float16": 2}[spec.model.dtype]
 
 
 def relative_error(estimate: float, measured: float | None) -> float | None:

@@ -123,6 +123,36 @@ class TaskSpec(_Strict):
         return self
 
 
+class QuantizationSpec(_Strict):
+    """A base quantized at load time by bitsandbytes (QLoRA: 4-bit NF4 with LoRA on top)."""
+
+    bits: Literal[4, 8] = Field(description="4 (NF4/FP4, QLoRA) or 8 (LLM.int8).")
+    type: Literal["nf4", "fp4"] | None = Field(
+        None, description="4-bit data type (default nf4); not used with 8 bits."
+    )
+    double_quant: bool | None = Field(
+        None,
+        description="4-bit: quantize the block scales too (~0.4 bit/param saved; default true).",
+    )
+    compute_dtype: Literal["bf16", "fp16", "fp32"] | None = Field(
+        None,
+        description="4-bit: dtype the weights are dequantized to for each matmul (default bf16). "
+        "8-bit computes in fp16 (bitsandbytes' LLM.int8).",
+    )
+
+    @model_validator(mode="after")
+    def _by_bits(self) -> QuantizationSpec:
+        if self.bits == 8:
+            for key in ("type", "double_quant", "compute_dtype"):
+                if getattr(self, key) is not None:
+                    raise ValueError(f"{key} applies to 4-bit quantization only (bits is 8)")
+            return self
+        for key, default in (("type", "nf4"), ("double_quant", True), ("compute_dtype", "bf16")):
+            if getattr(self, key) is None:
+                object.__setattr__(self, key, default)
+        return self
+
+
 class ModelSpec(_Strict):
     base: str = Field(
         DEFAULT_BASE,
@@ -138,6 +168,11 @@ class ModelSpec(_Strict):
     )
     allow_pickle: bool = Field(
         False, description="Allow .bin/pickle weights (loaded with weights_only=True)."
+    )
+    quantization: QuantizationSpec | None = Field(
+        None,
+        description="Quantize the base at load time (bitsandbytes; extra `quant`). The adapter "
+        "is bound to the quantized base: verify reloads it quantized the same way.",
     )
 
 
@@ -408,6 +443,22 @@ class PilotSpec(_Strict):
         return v
 
     @model_validator(mode="after")
+    def _quantized_base_takes_an_adapter(self) -> PilotSpec:
+        if self.model.quantization is None:
+            return self
+        if self.adapter.method == "full":
+            raise ValueError(
+                "model.quantization: a quantized base cannot be fine-tuned in full "
+                "(adapter.method: full); use adapter.method: lora, or drop the quantization"
+            )
+        if self.train.distributed == "fsdp":
+            raise ValueError(
+                "model.quantization: a quantized base is not sharded with FSDP here; use "
+                "train.distributed: ddp (each GPU holds the whole quantized base)"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _defaults_by_task(self) -> PilotSpec:
         if self.success is None:
             metric = "macro_f1" if self.task.kind == "classification" else "field_f1"
@@ -556,6 +607,8 @@ PARAM_GROUPS = {
 
 
 def param_group(key: str) -> str:
+    if key.startswith("model.quantization"):  # bits, type, compute dtype: one idea, the base
+        return "model"
     return PARAM_GROUPS.get(key, key)
 
 
@@ -670,6 +723,10 @@ def load_pilot(path: str | Path, sets: list[str] | None = None) -> Pilot:
             if old != new and key.split(".")[0] != "tracking":  # a mirror is not a variant
                 diff[key] = [old, new]
         spec, raw = new_spec, raw2
+    if spec.model.quantization is not None:  # refused now, not after the data is prepared
+        from lorapilot.quantize import require
+
+        require(spec.model.quantization, str(spec_path))
     if spec.tracking:  # a tracker whose package is missing is refused now, not after training
         from lorapilot.tracking import require
 

@@ -60,6 +60,10 @@ def cast_for_eval(model: Any, precision: str) -> Any:
     machine would waste the rental. CUDA_VISIBLE_DEVICES="" keeps it on the CPU."""
     import torch
 
+    from lorapilot.quantize import is_quantized
+
+    if is_quantized(model):  # loaded on its device, quantized: it runs under autocast as it is
+        return model
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
     first = next(model.parameters())
     if first.device.type == "cpu" and torch.cuda.is_available():

@@ -65,6 +65,7 @@ from lorapilot.evaluate.runner import evaluate_records, make_protocol
 from lorapilot.memmeter import PeakMemory
 from lorapilot.memory import GIB, ModelShape, format_gib
 from lorapilot.models import load_base, load_tokenizer, pad_id_of
+from lorapilot.quantize import is_quantized
 from lorapilot.sizing import (
     STEP_INCREASE,
     TOTAL,
@@ -74,6 +75,7 @@ from lorapilot.sizing import (
     pick_examples,
     relative_error,
     target_lengths,
+    weight_bytes_of,
 )
 from lorapilot.spec import Pilot
 from lorapilot.stepmeasure import make_resident, measure, other_processes, set_checkpointing
@@ -204,7 +206,7 @@ def _estimate_only(pilot: Pilot, run, started: dict, log) -> dict:
     if spec.data.max_length > targets["long"]:
         targets["max_length"] = spec.data.max_length  # the longest input the spec allows
     trainable = lora_trainable_params(shape, spec.adapter)
-    weight_bytes = {"float32": 4, "bfloat16": 2, "float16": 2}[spec.model.dtype]
+    weight_bytes = weight_bytes_of(spec)
     mb = spec.train.micro_batch
     rows = []
     for name, target in targets.items():
@@ -353,11 +355,18 @@ def _load_phase(pilot: Pilot, device) -> tuple[Any, Any, Any, dict, dict]:
     with PeakMemory(device) as load_mem:
         t0 = time.perf_counter()
         resolved, model, tok = load_base(pilot)
-        base_params = sum(p.numel() for p in model.parameters())
-        weight_bytes = next(model.parameters()).element_size()
+        quantized = is_quantized(model)
+        # A quantized base packs two 4-bit weights in a byte: count its parameters from the
+        # config, and its bytes from what is held (quantization state included).
+        base_params = None if quantized else sum(p.numel() for p in model.parameters())
+        held = {v.data_ptr(): v.numel() * v.element_size() for v in model.state_dict().values()}
+        weight_bytes = (
+            weight_bytes_of(pilot.spec) if quantized else next(model.parameters()).element_size()
+        )
         config = model.config.to_dict()
         model, info = build_adapter(model, pilot.spec.adapter, seed=pilot.spec.train.seed)
-        model.to(device)
+        if not is_quantized(model):  # a quantized base was loaded on its device
+            model.to(device)
         make_resident(model)  # part of loading: the weights are in memory before any step
         load_s = time.perf_counter() - t0
     load = {
@@ -366,7 +375,7 @@ def _load_phase(pilot: Pilot, device) -> tuple[Any, Any, Any, dict, dict]:
         "rss_increase_bytes": load_mem.increase,
         "cuda_peak_allocated_bytes": load_mem.cuda_allocated,
         "cuda_peak_reserved_bytes": load_mem.cuda_reserved,
-        "weights_bytes": base_params * weight_bytes,
+        "weights_bytes": sum(held.values()) if quantized else base_params * weight_bytes,
         "base": str(resolved.path),
         "base_params": base_params,
         "weight_bytes": weight_bytes,

@@ -24,6 +24,7 @@ from lorapilot.evaluate.records import write_eval_files
 from lorapilot.evaluate.runner import evaluate_records, make_protocol
 from lorapilot.manifest import write_adapter_manifest
 from lorapilot.models import load_base, pad_id_of
+from lorapilot.quantize import identity
 from lorapilot.spec import Pilot, load_spec_file, variant_label
 from lorapilot.steprun import record_kwargs
 from lorapilot.train import fsdp
@@ -91,7 +92,10 @@ def run_train(
         val_ex = encode_records(fmt, spec.task, prepared.splits["val"], prepared.answer_budget)
         pad_id = pad_id_of(tok)
 
-        model, adapter_info = build_adapter(model, spec.adapter, seed=spec.train.seed)
+        model, adapter_info = build_adapter(
+            model, spec.adapter, seed=spec.train.seed,
+            grad_checkpointing=spec.train.grad_checkpointing,
+        )  # fmt: skip
         base_info = {
             "id": resolved.id,
             "path": str(resolved.path),
@@ -99,11 +103,14 @@ def run_train(
             "sha256": resolved.weights_sha256,
             "source": resolved.source,
         }
+        # The exact base: the adapter learned against these weights quantized this way.
+        base_identity = identity(resolved.weights_sha256, spec.model.quantization)
         run.update(
             adapter=adapter_info,
             trainable_params=adapter_info["trainable_params"],
             target_modules=adapter_info["target_modules"],
             base=base_info,
+            base_identity=base_identity,
             distributed=distributed,
         )
 
@@ -192,6 +199,7 @@ def run_train(
             template_sha256=template_hash(tok, spec.task),
             adapter_info=adapter_info,
             run_id=run.id,
+            base_identity=base_identity,
         )
     rec = run.record
     return {
@@ -203,6 +211,7 @@ def run_train(
         "trainable_params": adapter_info["trainable_params"],
         "total_params": adapter_info["total_params"],
         "target_modules": adapter_info["target_modules"],
+        "base_identity": base_identity,
         "adapter_path": str(adapter_dir),
         "final_val_loss": result.final_val_loss,
         "initial_val_loss": result.initial_val_loss,

@@ -31,6 +31,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from lorapilot.quantize import quant_state
 from lorapilot.train.batches import collate
 
 MIN_AUDIT_STEPS = 2  # LoRA's zero-initialised B keeps A still on the first step
@@ -127,6 +128,13 @@ def update_audit(
     }
 
 
+def quantization_audit(before: dict, after: dict) -> dict:
+    """{tensors, changed}: the quantized weights and quantization-state tensors that changed
+    (or vanished) between two `quantize.quant_state` snapshots."""
+    changed = sorted(n for n in before if n not in after or not _same_bits(before[n], after[n]))
+    return {"tensors": len(before), "changed": changed}
+
+
 def run_update_audit(
     model,
     batches: Sequence,
@@ -157,6 +165,10 @@ def run_update_audit(
         raise ValueError("the update audit needs at least one batch")
     loss_fn = loss_fn or causal_lm_loss_sum
     before = snapshot_params(model)
+    # A quantized base: its packed weights and their quantization state (absmax, quant maps,
+    # nested scales, 8-bit row scales) live partly outside the parameters; they must not
+    # change by one bit either.
+    quant_before = {k: v.detach().clone() for k, v in quant_state(model).items()}
     was_training = model.training
     device = next(model.parameters()).device
     fork_devices = [device.index or 0] if device.type == "cuda" else []
@@ -197,6 +209,13 @@ def run_update_audit(
             result = update_audit(
                 model, before, steps=steps, losses=losses, got_gradient=got_gradient
             )
+            if quant_before:
+                q = result["quant_state"] = quantization_audit(quant_before, quant_state(model))
+                if q["changed"]:
+                    result["ok"] = False
+                    result["problems"].append(
+                        f"{len(q['changed'])} quantized weight/quantization-state tensor(s) changed"
+                    )
             del optimizer
     finally:
         for h in hooks:

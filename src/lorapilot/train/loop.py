@@ -49,6 +49,7 @@ from lorapilot.data.format import Encoded
 from lorapilot.errors import UsageError
 from lorapilot.fsutil import append_jsonl, read_jsonl
 from lorapilot.memmeter import PeakMemory
+from lorapilot.quantize import is_quantized
 from lorapilot.registry import StoppedByLimit
 from lorapilot.spec import TrainSpec
 from lorapilot.train import fsdp
@@ -203,7 +204,7 @@ def _setup(
             "training on one device"
         )
     seed_everything(cfg.seed)
-    if not use_fsdp:
+    if not use_fsdp and not is_quantized(model):  # a quantized base was loaded on its device
         model.to(device)  # FSDP moves each shard to the device as it shards (below)
     if cfg.grad_checkpointing:
         # Non-reentrant checkpointing needs no input that requires grad (LoRA's inputs don't).

@@ -1,0 +1,150 @@
+"""Quantized bases (spec key `model.quantization`): bitsandbytes 4-bit (NF4/FP4, QLoRA) and
+8-bit (LLM.int8), quantized at load time from the base's safetensors.
+
+An adapter trained on a quantized base learned against the *dequantized 4-bit weights*, not
+the original ones, so the base it is bound to is (weights sha256, quantization config,
+bitsandbytes version): `identity` is that record, kept in the run and the adapter manifest,
+and `verify` refuses a reload that differs in any part of it. The arithmetic of the weight
+bytes is here too (pure), for the memory model.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import math
+from typing import TYPE_CHECKING, Any
+
+from lorapilot.errors import UsageError
+
+if TYPE_CHECKING:  # spec calls `require` while loading a pilot: annotations only here
+    from lorapilot.spec import QuantizationSpec
+
+BLOCK_SIZE_4BIT = 64  # bitsandbytes' default 4-bit block: one absmax scale per 64 weights
+NESTED_BLOCK_SIZE = 256  # double quantization: one fp32 scale per 256 absmax values
+INSTALL = "pip install -e '.[quant]' (bitsandbytes==0.50.2)"
+
+
+def bitsandbytes_version() -> str | None:
+    try:
+        return md.version("bitsandbytes")
+    except md.PackageNotFoundError:
+        return None
+
+
+def require(q: QuantizationSpec, source: str) -> None:
+    """Refuse (exit 2) a quantized base this machine cannot load: the extra missing, or a
+    bitsandbytes without a backend for this platform."""
+    if bitsandbytes_version() is None:
+        raise UsageError(
+            f"{source}: model.quantization needs bitsandbytes, which is not installed; "
+            f"install the extra: {INSTALL}"
+        )
+    try:
+        import bitsandbytes  # noqa: F401
+    except Exception as e:  # a broken install or no backend for this CPU/GPU
+        raise UsageError(
+            f"{source}: model.quantization: bitsandbytes {bitsandbytes_version()} cannot run "
+            f"on this platform ({type(e).__name__}: {e}); remove model.quantization or use a "
+            "machine it supports (CUDA, ROCm or an x86-64/aarch64 CPU)"
+        ) from None
+
+
+def bnb_config(q: QuantizationSpec):
+    """transformers' BitsAndBytesConfig for the spec."""
+    import torch
+    from transformers import BitsAndBytesConfig
+
+    if q.bits == 8:
+        return BitsAndBytesConfig(load_in_8bit=True)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+    return BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type=q.type,
+        bnb_4bit_use_double_quant=bool(q.double_quant),
+        bnb_4bit_compute_dtype=dtype[q.compute_dtype],
+    )
+
+
+def describe(q: QuantizationSpec | None) -> dict[str, Any] | None:
+    """The quantization as recorded: the spec's values resolved, plus the block size."""
+    if q is None:
+        return None
+    out = q.model_dump(mode="json")
+    if q.bits == 4:
+        out["block_size"] = BLOCK_SIZE_4BIT
+    return out
+
+
+def identity(weights_sha256: str, q: QuantizationSpec | None) -> dict[str, Any]:
+    """The exact base an adapter is bound to: original weights, quantization, bitsandbytes."""
+    return {
+        "weights_sha256": weights_sha256,
+        "quantization": describe(q),
+        "bitsandbytes": bitsandbytes_version() if q is not None else None,
+    }
+
+
+def identity_differences(trained: dict, now: dict) -> list[str]:
+    """What differs between two base identities, one phrase per part (empty: the same)."""
+    out = []
+    for key, what in (
+        ("weights_sha256", "base weights sha256"),
+        ("quantization", "quantization"),
+        ("bitsandbytes", "bitsandbytes version"),
+    ):
+        if trained.get(key) != now.get(key):
+            out.append(f"{what}: trained with {trained.get(key)}, now {now.get(key)}")
+    return out
+
+
+def is_quantized(model) -> bool:
+    """A base (or PEFT model over one) loaded through bitsandbytes."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return bool(
+        getattr(base, "is_quantized", False)
+        or getattr(base, "is_loaded_in_4bit", False)
+        or getattr(base, "is_loaded_in_8bit", False)
+    )
+
+
+def quant_state(model) -> dict[str, Any]:
+    """name -> tensor of every quantization-state entry (4-bit absmax, quant maps, nested
+    scales; 8-bit SCB) and quantized weight, as the state dict carries them."""
+    import torch
+
+    out = {}
+    for name, value in model.state_dict().items():
+        if not isinstance(value, torch.Tensor):
+            continue
+        if value.dtype in (torch.uint8, torch.int8) or any(
+            part in name for part in (".absmax", ".quant_map", ".nested_", ".SCB", "quant_state")
+        ):
+            out[name] = value
+    return out
+
+
+def weight_bytes_per_param(q: QuantizationSpec) -> float:
+    """Bytes a quantized linear weight takes per parameter, its quantization state included.
+
+    4-bit: half a byte, plus one absmax per 64-weight block: fp32 (4 bytes), or with double
+    quantization 1 byte plus one fp32 scale per 256 absmax values. 8-bit: one byte (the
+    per-row fp32 scale is negligible: 4 bytes per row of thousands).
+    """
+    if q.bits == 8:
+        return 1.0
+    if q.double_quant:
+        scales = 1 / BLOCK_SIZE_4BIT + 4 / (BLOCK_SIZE_4BIT * NESTED_BLOCK_SIZE)
+    else:
+        scales = 4 / BLOCK_SIZE_4BIT
+    return 0.5 + scales
+
+
+def compute_bytes(q: QuantizationSpec) -> int:
+    """Bytes of the dtype a quantized matmul dequantizes its weight to."""
+    if q.bits == 8:
+        return 2
+    return {"bf16": 2, "fp16": 2, "fp32": 4}[q.compute_dtype]
+
+
+def quantized_weight_bytes(n_linear_params: int, q: QuantizationSpec) -> int:
+    return int(math.ceil(n_linear_params * weight_bytes_per_param(q)))
