@@ -73,3 +73,15 @@ def test_platform_fingerprint_ignores_the_added_libraries():
     assert environment.platform_fingerprint(newer) == environment.platform_fingerprint(env)
     changed = {**env, "libraries": {**env["libraries"], "torch": "2.1"}}
     assert environment.platform_fingerprint(changed) != environment.platform_fingerprint(env)
+
+
+def test_bitsandbytes_joins_the_platform_fingerprint_only_when_installed():
+    """A new bitsandbytes redoes the launch checks (it quantizes bases); a machine without it
+    keeps the fingerprint that records made before it existed carry."""
+    env = environment.snapshot()
+    with_bnb = {**env, "libraries": {**env["libraries"], "bitsandbytes": "0.50.2"}}
+    without = {**env, "libraries": {**env["libraries"], "bitsandbytes": None}}
+    assert environment.platform_fingerprint(with_bnb)["libraries"]["bitsandbytes"] == "0.50.2"
+    assert "bitsandbytes" not in environment.platform_fingerprint(without)["libraries"]
+    newer = {**with_bnb, "libraries": {**with_bnb["libraries"], "bitsandbytes": "0.51.0"}}
+    assert environment.platform_fingerprint(newer) != environment.platform_fingerprint(with_bnb)

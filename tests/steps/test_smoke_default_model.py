@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 from conftest import run_cli, run_json
-from test_experiment import _pilot
+from test_train_step import _pilot
 
 
 @pytest.mark.slow

@@ -467,3 +467,26 @@ def test_full_fine_tuning_checkpoints_and_resumes_exactly(tiny_model_dir, exampl
         load_file(tmp_path / "a" / "adapter" / "model.safetensors"),
         load_file(tmp_path / "b" / "adapter" / "model.safetensors"),
     )
+
+
+def test_a_quantized_base_resumes_bit_for_bit(tiny_model_dir, examples, tmp_path):
+    """QLoRA (4-bit NF4, fp32 compute): a run stopped at a limit and resumed ends with the
+    same losses and adapter as an uninterrupted one; the 4-bit base is not moved or cast."""
+    from lorapilot.spec import QuantizationSpec
+
+    def q_model():
+        q = QuantizationSpec(bits=4, compute_dtype="fp32")
+        model, _ = load_model(resolve_base(str(tiny_model_dir)), "float32", False, q)
+        model, _ = build_adapter(model, AdapterSpec(r=8, alpha=16, dropout=0.1), seed=0)
+        return model
+
+    def q_run(out, **kw):
+        return train(q_model(), examples, examples[:4], RESUME_CFG, out, pad_id=2,
+                     progress=False, log=lambda m: None, **kw)  # fmt: skip
+
+    q_run(tmp_path / "ref")
+    with pytest.raises(StoppedByLimit):
+        q_run(tmp_path / "run", cost_check=lambda s: "cost cap" if s["step"] == 5 else None)
+    result = q_run(tmp_path / "run", resume=True)
+    assert result.resumed_from == 5 and result.steps == 8
+    assert_matches_reference(tmp_path / "run", tmp_path / "ref")
