@@ -490,3 +490,20 @@ def test_a_quantized_base_resumes_bit_for_bit(tiny_model_dir, examples, tmp_path
     result = q_run(tmp_path / "run", resume=True)
     assert result.resumed_from == 5 and result.steps == 8
     assert_matches_reference(tmp_path / "run", tmp_path / "ref")
+
+
+def test_a_16_bit_run_on_a_cpu_without_fast_bf16_says_so(tiny_model_dir, examples, tmp_path,
+                                                          monkeypatch):  # fmt: skip
+    import lorapilot.train.loop as loop
+
+    cfg = TrainSpec(max_steps=1, micro_batch=4, precision="bf16", eval_every=None)
+    lines: list[str] = []
+    monkeypatch.setattr(loop, "cpu_has_fast_bf16", lambda: False)
+    train(lora_model(tiny_model_dir), examples[:4], [], cfg, tmp_path / "a", pad_id=2,
+          progress=False, log=lines.append)  # fmt: skip
+    assert any("no AMX or AVX512-BF16" in line for line in lines)
+    monkeypatch.setattr(loop, "cpu_has_fast_bf16", lambda: True)
+    lines.clear()
+    train(lora_model(tiny_model_dir), examples[:4], [], cfg, tmp_path / "b", pad_id=2,
+          progress=False, log=lines.append)  # fmt: skip
+    assert not any("AMX" in line for line in lines)

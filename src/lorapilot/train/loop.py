@@ -46,6 +46,7 @@ import numpy as np
 import torch
 
 from lorapilot.data.format import Encoded
+from lorapilot.environment import cpu_has_fast_bf16
 from lorapilot.errors import UsageError
 from lorapilot.fsutil import append_jsonl, read_jsonl
 from lorapilot.memmeter import PeakMemory
@@ -202,6 +203,12 @@ def _setup(
         log(
             f"train.distributed is {cfg.distributed} but one process was launched: "
             "training on one device"
+        )
+    if device.type == "cpu" and cfg.precision != "fp32" and not cpu_has_fast_bf16():
+        log(
+            f"warning: train.precision is {cfg.precision} but this CPU has no AMX or "
+            "AVX512-BF16: 16-bit matmuls are emulated, often 10-100x slower than fp32; "
+            "set train.precision: fp32 (and eval.precision) on this machine"
         )
     seed_everything(cfg.seed)
     if not use_fsdp and not is_quantized(model):  # a quantized base was loaded on its device
