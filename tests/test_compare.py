@@ -234,3 +234,83 @@ def test_bootstrap_none_without_common_examples_and_refuses_other_gold():
     with pytest.raises(ValueError, match="labels"):
         bootstrap_for("classification", "macro_f1", cls_rows(["billing"], ["billing"]),
                       cls_rows(["billing"], ["billing"]), None)  # fmt: skip
+
+
+# --------------------------------------------------------------------------- gates
+
+
+def _go():
+    return {"decision": "GO", "reasons": ["macro_f1 gains +0.500"]}
+
+
+def test_no_go_without_verify_and_final_test():
+    from lorapilot.compare import gate
+
+    ok_verify = {"id": "verify-1", "status": "completed", "ok": True}
+    test = {"id": "eval-1", "metrics": {}}
+    assert gate(_go(), ok_verify, test)["decision"] == "GO"
+    no_verify = gate(_go(), None, test)
+    assert no_verify["decision"] == "INCONCLUSIVE"
+    assert "lorapilot verify" in no_verify["reasons"][-1]
+    assert no_verify["gates"] == {"verify": "not run", "final_test": "done"}
+    no_test = gate(_go(), ok_verify, None)
+    assert (
+        no_test["decision"] == "INCONCLUSIVE" and "--split test --final" in no_test["reasons"][-1]
+    )
+    failed = {"id": "verify-2", "status": "failed", "ok": False, "problems": ["3 differ"]}
+    bad = gate(_go(), failed, test)
+    assert bad["decision"] == "NO-GO" and "verify failed (verify-2)" in bad["reasons"][-1]
+    nogo = {"decision": "NO-GO", "reasons": ["guard failed"]}
+    assert gate(nogo, None, None)["decision"] == "NO-GO"  # a NO-GO needs no gate to stand
+    assert gate(_go(), None, None)["reasons"][0] == "macro_f1 gains +0.500"  # kept, not replaced
+
+
+def test_report_decision_waits_for_verify_then_the_final_test(tmp_path):
+    """A pilot whose train run clearly beats the baseline: INCONCLUSIVE naming verify until
+    a verify run of the chosen adapter completes, then naming the test, then GO."""
+    import json
+    import shutil
+
+    from conftest import EXAMPLES
+
+    from lorapilot import registry
+    from lorapilot.report.collect import collect
+    from lorapilot.spec import load_pilot
+
+    pilot_dir = tmp_path / "tt"
+    shutil.copytree(EXAMPLES / "ticket-triage", pilot_dir,
+                    ignore=shutil.ignore_patterns("runs", "report", "deliverable"))  # fmt: skip
+    pilot = load_pilot(pilot_dir)
+    labels = pilot.spec.task.labels
+    gold = [labels[i % len(labels)] for i in range(60)]
+    protocol = {"mode": "score", "eval_protocol": "ep-1"}
+
+    def record(kind, predicted, parent=None, **extra):
+        with registry.open_run(pilot_dir, kind, parent=parent, config={"name": "t"}) as run:
+            rows = [
+                {"id": f"e{i}", "gold": g, "parsed": p, "correct": g == p, "category": g}
+                for i, (g, p) in enumerate(zip(gold, predicted, strict=True))
+            ]
+            (run.dir / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+            per = {c: {"f1": 1.0 if kind != "baseline" else 0.0, "support": 10} for c in labels}
+            f1 = 1.0 if kind != "baseline" else 0.0
+            accuracy = sum(r["correct"] for r in rows) / len(rows)
+            metrics = {"accuracy": accuracy, "macro_f1": f1, "per_category": per}
+            run.update(split="val", metrics=metrics, eval_protocol="ep-1", protocol=protocol,
+                       **extra)  # fmt: skip
+            run.record.data_version = "dv"
+        return run.id
+
+    record("baseline", [labels[(i + 1) % len(labels)] for i in range(60)])
+    train_id = record("train", gold, adapter_path=str(tmp_path / "adapter"))
+    first = collect(pilot)["decision"]
+    assert first["decision"] == "INCONCLUSIVE" and "lorapilot verify" in first["reasons"][-1]
+    assert first["chosen_by"].startswith("the completed train run")
+    with registry.open_run(pilot_dir, "verify", parent=train_id, config={"name": "t"}) as run:
+        run.update(ok=True, metrics_match=True, n_mismatched_predictions=0)
+    second = collect(pilot)["decision"]
+    assert second["decision"] == "INCONCLUSIVE" and "--split test --final" in second["reasons"][-1]
+    record("eval", gold, parent=train_id)
+    with registry.open_run(pilot_dir, "eval", parent=train_id, config={"name": "t"}) as run:
+        run.update(split="test", metrics={"macro_f1": 1.0}, n=60)
+    assert collect(pilot)["decision"]["decision"] == "GO"

@@ -262,3 +262,41 @@ def decide(
         "guards": [asdict(g) for g in results],
         "bootstrap": bootstrap,
     }
+
+
+CHOSEN_BY = (
+    "the completed train run, comparable with the baseline, with the best validation value "
+    "of the success metric (ties: the earlier run)"
+)
+
+
+def gate(decision: dict, verify: dict | None, test: dict | None) -> dict:
+    """The protocol's own gates on a decision: a run that was not reloaded in a fresh process
+    (`verify`) or not evaluated once on the reserved test split is at most INCONCLUSIVE, and a
+    failed verify is NO-GO. A NO-GO stays NO-GO. -> a new decision dict, `gates` added."""
+    out = {**decision, "reasons": list(decision.get("reasons", []))}
+    verified = verify is not None and verify.get("status") == "completed" and verify.get("ok")
+    failed = verify is not None and verify.get("status") == "failed"
+    gates = {"verify": "ok" if verified else "failed" if failed else "not run",
+             "final_test": "done" if test is not None else "not run"}  # fmt: skip
+    out["gates"] = gates
+    if failed:
+        problems = "; ".join(verify.get("problems") or []) or "see the verify run"
+        out["decision"] = "NO-GO"
+        out["reasons"].append(
+            f"verify failed ({verify.get('id')}): the adapter does not reproduce its result in "
+            f"a fresh process: {problems}"
+        )
+        return out
+    missing = []
+    if not verified:
+        missing.append("not reloaded in a fresh process yet: run `lorapilot verify`")
+    if test is None:
+        missing.append(
+            "no final test evaluation of the chosen adapter yet: run "
+            "`lorapilot eval --split test --final`"
+        )
+    if missing and out["decision"] == "GO":
+        out["decision"] = "INCONCLUSIVE"
+        out["reasons"].append("GO on validation, but " + "; ".join(missing))
+    return out

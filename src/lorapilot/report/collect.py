@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from lorapilot import registry
-from lorapilot.compare import bootstrap_for, comparable, decide, flips
+from lorapilot.compare import CHOSEN_BY, bootstrap_for, comparable, decide, flips, gate
 from lorapilot.evaluate.guards import check_guards
 from lorapilot.evaluate.metrics import get_metric, per_group
 from lorapilot.fsutil import read_jsonl
@@ -183,6 +183,9 @@ def collect(pilot: Pilot) -> dict:
                 and r.status == "completed"
             ):
                 test = {"id": r.id, "metrics": r.result.get("metrics"), "n": r.result.get("n")}
+    if decision is not None:  # no GO without the protocol's gates (verify, final test)
+        decision = gate(decision, verify, test)
+        decision["chosen_by"] = CHOSEN_BY
     ledger = read_jsonl(registry.runs_dir(pilot.dir) / "test_ledger.jsonl")
     curves = {}
     for r in runs:
