@@ -459,6 +459,20 @@ class PilotSpec(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _metrics_exist(self) -> PilotSpec:
+        """The success metric and every guard name a metric this task kind produces."""
+        from lorapilot.metric_names import problem
+
+        fields = [f.name for f in self.task.fields or []]
+        named = [("success.metric", self.success.metric)] if self.success is not None else []
+        named += [(f"guards[{i}].metric", g.metric) for i, g in enumerate(self.guards)]
+        for key, name in named:
+            why = problem(name, self.task.kind, self.task.labels, fields)
+            if why:
+                raise ValueError(f"{key}: {why}")
+        return self
+
+    @model_validator(mode="after")
     def _defaults_by_task(self) -> PilotSpec:
         if self.success is None:
             metric = "macro_f1" if self.task.kind == "classification" else "field_f1"

@@ -1,0 +1,61 @@
+"""The metric names each task kind produces, so a spec's success metric and guards are
+checked before anything runs (a misspelt metric would otherwise end a pilot INCONCLUSIVE
+with no reason). Pure and import-free: the spec validates with it; tests hold it equal to
+what `evaluate.metrics` really returns."""
+
+from __future__ import annotations
+
+import difflib
+
+PER_CATEGORY_CLASSIFICATION = ("precision", "recall", "f1", "support", "predicted")
+PER_FIELD = ("accuracy", "precision", "recall", "f1", "support", "predicted")
+PER_CATEGORY_EXTRACTION = (
+    "support",
+    "json_valid_rate",
+    "exact_match",
+    "field_accuracy",
+    "field_f1",
+)
+_EXTRACTION = (
+    "json_valid_rate", "schema_valid_rate", "required_fields_rate", "exact_match",
+    "field_accuracy", "field_precision", "field_recall", "field_f1",
+)  # fmt: skip
+TOP_LEVEL = {
+    "classification": ("accuracy", "macro_f1", "invalid_rate"),
+    "extraction": _EXTRACTION,
+    "format": ("format_valid_rate", *_EXTRACTION),
+}
+PER_GROUP = {
+    "classification": {"per_category": PER_CATEGORY_CLASSIFICATION},
+    "extraction": {"per_field": PER_FIELD, "per_category": PER_CATEGORY_EXTRACTION},
+    "format": {"per_field": PER_FIELD, "per_category": PER_CATEGORY_EXTRACTION},
+}
+
+
+def known(kind: str, labels: list[str] | None, fields: list[str] | None) -> list[str]:
+    """Every valid name: top-level metrics, `per_<group>.<m>` (every entry), and for known
+    entries (labels, field names) `per_<group>.<entry>.<m>`."""
+    names = list(TOP_LEVEL[kind])
+    for group, metrics in PER_GROUP[kind].items():
+        names += [f"{group}.{m}" for m in metrics]
+        entries = labels if group == "per_category" and kind == "classification" else fields
+        if group == "per_field" or kind == "classification":
+            names += [f"{group}.{e}.{m}" for e in entries or [] for m in metrics]
+    return names
+
+
+def problem(name: str, kind: str, labels: list[str] | None, fields: list[str] | None) -> str | None:
+    """None for a metric this task kind produces, else the message, with the closest names.
+    Extraction and format categories come from the data, so any `per_category.<x>.<m>` with
+    a known <m> is accepted there."""
+    valid = known(kind, labels, fields)
+    if name in valid:
+        return None
+    head, _, rest = name.partition(".")
+    if kind != "classification" and head == "per_category" and "." in rest:
+        if rest.rsplit(".", 1)[1] in PER_GROUP[kind]["per_category"]:
+            return None
+    close = difflib.get_close_matches(name, valid, n=3, cutoff=0.6)
+    hint = f"; closest: {', '.join(close)}" if close else ""
+    shown = ", ".join(TOP_LEVEL[kind] + tuple(f"{g}.<m>" for g in PER_GROUP[kind]))
+    return f"unknown metric {name!r} for a {kind} task{hint} (known: {shown})"
