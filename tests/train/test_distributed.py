@@ -413,3 +413,27 @@ def test_open_run_follower_writes_nothing(tmp_path):
     with pytest.raises(ValueError):
         with registry.open_run(tmp_path, "train", write=False):
             pass
+
+
+def test_ddp_on_a_4bit_base_matches_one_process(pilot):
+    """QLoRA under torchrun (gloo, 2 ranks): each rank loads the base quantized to NF4 on its
+    own device; one run, audited with its quantization state, with the same losses as one
+    process over the same global batch."""
+    spec = yaml.safe_load((pilot / "pilot.yaml").read_text())
+    spec["model"]["quantization"] = {"bits": 4, "compute_dtype": "fp32"}
+    (pilot / "pilot.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    out = _one_json(_run(_torchrun("-m", "lorapilot", "train", str(pilot), "--json",
+                                   "--no-progress")).stdout)  # fmt: skip
+    assert out["status"] == "completed" and out["distributed"]["world_size"] == 2
+    assert out["update_audit"]["ok"] and out["update_audit"]["quant_state"]["tensors"] > 0
+    assert out["base_identity"]["quantization"]["bits"] == 4
+    assert [r.name for r in _train_runs(pilot)] == [out["run_id"]]
+    single = run_json("train", str(pilot), "--set", "train.grad_accum=2", "--no-progress",
+                      env=_env(), timeout=TIMEOUT)  # fmt: skip
+    ddp_steps, one_steps = (
+        _steps(pilot / "runs" / out["run_id"]),
+        _steps(pilot / "runs" / single["run_id"]),
+    )
+    for d, s in zip(ddp_steps, one_steps, strict=True):
+        assert d["target_tokens"] == s["target_tokens"]
+        assert d["loss"] == pytest.approx(s["loss"], abs=1e-5)
