@@ -197,7 +197,11 @@ class SplitSpec(_Strict):
 
 class DataFiles(_Strict):
     train: str
-    val: str
+    val: str | None = Field(
+        None,
+        description="Validation file; without it a stratified, seeded `data.split.val` "
+        "fraction of train is held out (e.g. a public set with only train and test files).",
+    )
     test: str | None = None
 
 

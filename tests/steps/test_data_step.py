@@ -137,3 +137,31 @@ def test_data_refuses_without_permission(tmp_path):
     (pilot / "pilot.yaml").write_text(yaml.safe_dump(spec))
     out = run_json("data", str(pilot), expect=2)
     assert "data.permission" in out["error"]
+
+
+def test_train_and_test_files_take_a_stratified_seeded_val_out_of_train(
+    tmp_path, default_model_dir
+):
+    """data.files {train, test} with split.val 0.2: val comes out of train (every category
+    keeps its share, the same seed gives the same ids), the given test file is kept whole."""
+    spec = yaml.safe_load((EXAMPLES / "ticket-triage" / "pilot.yaml").read_text())
+    rows = [json.loads(x) for x in (EXAMPLES / "ticket-triage" / "data" / "tickets.jsonl")
+            .read_text().splitlines()][:300]  # fmt: skip
+    train, test = rows[:240], rows[240:]
+    spec["data"] = {k: v for k, v in spec["data"].items() if k not in ("file", "split")}
+    spec["data"]["files"] = {"train": "train.jsonl", "test": "test.jsonl"}
+    spec["data"]["split"] = {"val": 0.2, "seed": 3}
+    pilot = tmp_path / "p"
+    pilot.mkdir()
+    (pilot / "pilot.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    for name, part in (("train", train), ("test", test)):
+        (pilot / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in part))
+    out = run_json("data", str(pilot))
+    assert out["splits"]["test"] == len(test)
+    assert out["splits"]["val"] + out["splits"]["train"] == len(train)
+    assert 0.15 * len(train) <= out["splits"]["val"] <= 0.25 * len(train)
+    for category, counts in out["per_category"].items():
+        if counts["train"] + counts["val"] >= 10:  # every larger category gave val its share
+            assert counts["val"] >= 1, category
+    again = run_json("data", str(pilot))
+    assert again["version"] == out["version"]

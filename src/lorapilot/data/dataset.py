@@ -92,6 +92,11 @@ def _split(pilot: Pilot, records: list[Record]) -> dict[str, list[Record]]:
     out: dict[str, list[Record]] = {s: [] for s in SPLITS}
     for r in records:
         out[r.split or "train"].append(r)
+    if data.files is not None and data.files.val is None and not out["val"]:
+        # train + (official) test files: validation comes out of train, stratified and
+        # seeded like a whole-file split; the given test split stays as it is
+        carved = split_records(out["train"], data.split.seed, data.split.val, 0.0)
+        out["train"], out["val"] = carved["train"], carved["val"]
     return out
 
 
