@@ -122,3 +122,13 @@ def test_the_cli_only_dispatches_to_steps():
     deps = import_graph()["lorapilot.cli"]
     other = {d for d in deps if not d.startswith("lorapilot.steps.")} - allowed
     assert not other, sorted(other)
+
+
+def test_run_records_are_opened_with_the_step_helpers():
+    """registry.open_run is called only by steprun (and train.distributed, which gets the
+    same record_kwargs): a step that opened its record by hand would skip the tracker hook."""
+    callers = set()
+    for path in PKG.rglob("*.py"):
+        if "registry.open_run(" in path.read_text(encoding="utf-8"):
+            callers.add(module_name(path))
+    assert callers <= {"lorapilot.steprun", "lorapilot.train.distributed"}, sorted(callers)

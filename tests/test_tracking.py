@@ -392,3 +392,14 @@ def test_live_interval_from_the_environment(monkeypatch):
         monkeypatch.setenv("LORAPILOT_TRACKING_INTERVAL", bad)
         with pytest.raises(UsageError, match="LORAPILOT_TRACKING_INTERVAL"):
             _live_interval()
+
+
+def test_every_step_run_is_mirrored_verify_included(tracked, monkeypatch):
+    """The close hook reaches the runs of every step, not only train's: a verify run of the
+    tracked pilot appears in MLflow, FINISHED. (Last in the file: it adds a run.)"""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    pilot, ok, _ = tracked
+    out = run_json("verify", str(pilot), "--run", ok["run_id"])
+    _, runs = _mlflow_runs(pilot)
+    assert runs[out["run_id"]].info.status == "FINISHED"
+    assert runs[out["run_id"]].data.tags["lorapilot.kind"] == "verify"

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from typing import Any
 
-from lorapilot import environment, registry
+from lorapilot import registry
 from lorapilot.errors import CheckFailed, LorapilotError
 from lorapilot.fsutil import read_jsonl
 from lorapilot.manifest import (
@@ -19,6 +19,7 @@ from lorapilot.manifest import (
     metrics_equal,
     read_manifest,
 )
+from lorapilot.steprun import open_run
 
 
 def run_verify(pilot, run_id: str | None = None, timeout: int = 3600) -> dict:
@@ -28,14 +29,7 @@ def run_verify(pilot, run_id: str | None = None, timeout: int = 3600) -> dict:
     train_id, adapter_dir = registry.adapter_of(pilot.dir, run_id)
     manifest = read_manifest(adapter_dir)
     train_dir = registry.runs_dir(pilot.dir) / train_id
-    with registry.open_run(
-        pilot.dir,
-        "verify",
-        parent=train_id,
-        spec_hash=pilot.spec.spec_hash(),
-        config=pilot.spec.model_dump(mode="json"),
-        environment=environment.snapshot(),
-    ) as run:
+    with open_run(pilot, "verify", parent=train_id) as run:
         proc = subprocess.run(
             [
                 sys.executable,
