@@ -11,7 +11,6 @@ bytes is here too (pure), for the memory model.
 from __future__ import annotations
 
 import importlib.metadata as md
-import math
 from typing import TYPE_CHECKING, Any
 
 from lorapilot.errors import UsageError
@@ -139,12 +138,8 @@ def weight_bytes_per_param(q: QuantizationSpec) -> float:
     return 0.5 + scales
 
 
-def compute_bytes(q: QuantizationSpec) -> int:
+def dequantized_bytes(q: QuantizationSpec) -> int:
     """Bytes of the dtype a quantized matmul dequantizes its weight to."""
     if q.bits == 8:
         return 2
     return {"bf16": 2, "fp16": 2, "fp32": 4}[q.compute_dtype]
-
-
-def quantized_weight_bytes(n_linear_params: int, q: QuantizationSpec) -> int:
-    return int(math.ceil(n_linear_params * weight_bytes_per_param(q)))

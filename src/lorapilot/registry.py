@@ -252,24 +252,13 @@ def open_run(
     # SIGTERM becomes an exception before run.json exists: a signal arriving as the record is
     # written must close it as interrupted, not kill the process with the record "running".
     with _sigterm_as_exception():
-        if not write:
-            if run_id is None:
+        if not write or run_id is None:  # a new record: followed (write=False) or created
+            if write:
+                run_id, run_dir = new_run_dir(pilot_dir, kind)
+            elif run_id is None:
                 raise ValueError("open_run(write=False) needs the run_id of the run it follows")
-            run_dir = runs_dir(pilot_dir) / check_run_id(run_id)
-            record = RunRecord(
-                id=run_id,
-                kind=kind,
-                parent=parent,
-                started_at=now_iso(),
-                pid=os.getpid(),
-                host=socket.gethostname(),
-                pilot=str(pilot_dir),
-                spec_hash=spec_hash,
-                config=config or {},
-                environment=environment or {},
-            )
-        elif run_id is None:
-            run_id, run_dir = new_run_dir(pilot_dir, kind)
+            else:
+                run_dir = runs_dir(pilot_dir) / check_run_id(run_id)
             record = RunRecord(
                 id=run_id,
                 kind=kind,

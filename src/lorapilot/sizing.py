@@ -16,7 +16,7 @@ from lorapilot.memory import (
     ModelShape,
     estimate_step_memory,
 )
-from lorapilot.quantize import compute_bytes, weight_bytes_per_param
+from lorapilot.quantize import dequantized_bytes, weight_bytes_per_param
 from lorapilot.spec import AdapterSpec, Pilot
 from lorapilot.train.step import EAGER_ATTENTION_MAX_WIDTH
 
@@ -149,7 +149,7 @@ def quantized_memory(q) -> dict:
         return {}
     return {
         "quantized_bytes_per_param": weight_bytes_per_param(q),
-        "dequantize_bytes": compute_bytes(q),
+        "dequantize_bytes": dequantized_bytes(q),
     }
 
 

@@ -9,17 +9,17 @@ from lorapilot import environment, registry, tracking
 from lorapilot.spec import Pilot
 
 
-def record_kwargs(pilot: Pilot) -> dict[str, Any]:
-    """The spec hash, the resolved spec, the environment snapshot, and the close hook that
-    mirrors the closed record to the trackers the spec names."""
+def record_kwargs(pilot: Pilot, env: dict | None = None) -> dict[str, Any]:
+    """The spec hash, the resolved spec, the environment snapshot (`env` when the step took
+    it already), and the close hook that mirrors the closed record to the spec's trackers."""
     return {
         "spec_hash": pilot.spec.spec_hash(),
         "config": pilot.spec.model_dump(mode="json"),
-        "environment": environment.snapshot(),
+        "environment": env if env is not None else environment.snapshot(),
         "on_close": tracking.mirror_on_close,
     }
 
 
-def open_run(pilot: Pilot, kind: str, **kwargs: Any):
+def open_run(pilot: Pilot, kind: str, *, env: dict | None = None, **kwargs: Any):
     """registry.open_run for a step of this pilot (see record_kwargs)."""
-    return registry.open_run(pilot.dir, kind, **{**record_kwargs(pilot), **kwargs})
+    return registry.open_run(pilot.dir, kind, **record_kwargs(pilot, env), **kwargs)

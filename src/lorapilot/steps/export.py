@@ -14,7 +14,7 @@ from lorapilot.evaluate.runner import evaluate_records, make_protocol
 from lorapilot.fsutil import atomic_write_json
 from lorapilot.manifest import MANIFEST, adapter_files, read_manifest, weights_sha256
 from lorapilot.models import attach_adapter, load_base
-from lorapilot.quantize import describe
+from lorapilot.quantize import describe, identity, identity_differences
 
 MERGE_TOLERANCE = 1e-3
 """Max |logit| difference allowed between base+adapter and the merged model in fp32: merging
@@ -46,19 +46,23 @@ def run_export(pilot, run_id: str | None, out: Path, merge: bool = True) -> dict
         raise CheckFailed(
             f"the base weights in {resolved.path} are not the ones the adapter was trained on"
         )
-    trained_q = (manifest.get("base_identity") or {}).get("quantization")
-    if trained_q != describe(pilot.spec.model.quantization):
+    # The same test as verify's: weights, quantization and bitsandbytes version.
+    trained = manifest.get("base_identity") or identity(manifest["base"]["sha256"], None)
+    now = identity(manifest["base"]["sha256"], pilot.spec.model.quantization)
+    differs = identity_differences(trained, now)
+    if differs:
         raise CheckFailed(
-            f"the adapter was trained on a base quantized as {trained_q}, the spec now loads "
-            f"{describe(pilot.spec.model.quantization)}; export with the spec it was trained with"
-        )
+            "the base is not the one the adapter was trained on: " + "; ".join(differs)
+            + "; export with the spec it was trained with"
+        )  # fmt: skip
     prepared = prepare_data(pilot, tok)
     fmt = formatter_for(pilot, tok)
     prompts = [
         fmt.encode_prompt(r.text, prepared.answer_budget) for r in prepared.splits["val"][:4]
     ]
     extra: dict = {}
-    if pilot.spec.model.quantization is None:
+    quantized = pilot.spec.model.quantization is not None
+    if not quantized:
         model = attach_adapter(base, adapter_dir).float()
         with torch.no_grad():
             before = [_last_logits(model, p) for p in prompts]
@@ -66,7 +70,9 @@ def run_export(pilot, run_id: str | None, out: Path, merge: bool = True) -> dict
             after = [_last_logits(merged, p) for p in prompts]
         tolerance = MERGE_TOLERANCE
     else:
-        merged, before, after, extra = _merge_quantized(pilot, base, tok, adapter_dir, prepared)
+        merged, before, after, extra = _merge_quantized(
+            pilot, base, tok, fmt, prompts, adapter_dir, prepared
+        )
         tolerance = None  # logits are reported; the gate is the predictions' agreement
     max_diff = max(float((a - b).abs().max()) for a, b in zip(before, after, strict=True))
     files = _write_merged(out, merged, tok, {
@@ -82,9 +88,10 @@ def run_export(pilot, run_id: str | None, out: Path, merge: bool = True) -> dict
         "merge_tolerance": tolerance,
         **extra,
     })  # fmt: skip
-    ok = (max_diff <= MERGE_TOLERANCE) if tolerance is not None else True
-    if "merge_agreement" in extra:
+    if quantized:
         ok = extra["merge_agreement"] >= MERGE_AGREEMENT_MIN
+    else:
+        ok = max_diff <= MERGE_TOLERANCE
     result = {
         "ok": ok,
         "out": str(out),
@@ -98,7 +105,7 @@ def run_export(pilot, run_id: str | None, out: Path, merge: bool = True) -> dict
         why = (
             f"the merged model agrees with the adapter on {extra['merge_agreement']:.1%} of the "
             f"validation predictions (< {MERGE_AGREEMENT_MIN:.0%})"
-            if "merge_agreement" in extra
+            if quantized
             else f"merged model differs from base+adapter by {max_diff:.2e} > {MERGE_TOLERANCE}"
         )
         raise CheckFailed(why, result)
@@ -112,7 +119,7 @@ def _last_logits(model, prompt: list[int]):
     return model(input_ids=torch.tensor([prompt], device=device)).logits[0, -1].float().cpu()
 
 
-def _merge_quantized(pilot, base, tok, adapter_dir: Path, prepared):
+def _merge_quantized(pilot, base, tok, fmt, prompts: list, adapter_dir: Path, prepared):
     """Merge an adapter trained on a quantized base onto the *dequantized* weights it was
     trained against (not the original fp16/fp32 ones), and measure how often the merged
     model predicts what the adapter on the quantized base predicts, on the validation split."""
@@ -120,9 +127,7 @@ def _merge_quantized(pilot, base, tok, adapter_dir: Path, prepared):
 
     spec = pilot.spec
     protocol = make_protocol(spec, tok, prepared)
-    fmt = formatter_for(pilot, tok)
     records = prepared.splits["val"]
-    prompts = [fmt.encode_prompt(r.text, prepared.answer_budget) for r in records[:4]]
     adapted = attach_adapter(base, adapter_dir)
     with torch.no_grad():
         before = [_last_logits(adapted, p) for p in prompts]
@@ -136,11 +141,11 @@ def _merge_quantized(pilot, base, tok, adapter_dir: Path, prepared):
         progress=False,
         label="export (adapter on the quantized base)",
     )
-    # transformers' dequantize() replaces every bitsandbytes layer by a plain Linear holding
-    # exactly the weights the 4-bit/8-bit matmul computed with, in the base's dtype.
-    del adapted
-    _, fresh, _ = load_base(pilot)
-    merged = attach_adapter(fresh.dequantize(), adapter_dir).merge_and_unload()
+    # unload() takes the LoRA layers out again, leaving the quantized base; transformers'
+    # dequantize() then replaces every bitsandbytes layer by a plain Linear holding exactly
+    # the weights the 4-bit/8-bit matmul computed with, in the base's dtype.
+    dequantized = adapted.unload().dequantize()
+    merged = attach_adapter(dequantized, adapter_dir).merge_and_unload()
     merged.eval()
     with torch.no_grad():
         after = [_last_logits(merged, p) for p in prompts]

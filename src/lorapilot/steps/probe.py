@@ -138,7 +138,7 @@ def run_probe(
             f"the probe needs at least {MIN_WARMUP} warm-up and {MIN_STEPS} measured steps"
         )
     env = environment.snapshot()
-    with open_run(pilot, "probe", environment=env) as run:
+    with open_run(pilot, "probe", env=env) as run:
         started = _environment(env)
         run.update(estimate_only=estimate_only, environment=started)
         if estimate_only:
@@ -358,14 +358,17 @@ def _load_phase(pilot: Pilot, device) -> tuple[Any, Any, Any, dict, dict]:
         quantized = is_quantized(model)
         # A quantized base packs two 4-bit weights in a byte: count its parameters from the
         # config, and its bytes from what is held (quantization state included).
-        base_params = None if quantized else sum(p.numel() for p in model.parameters())
-        held = {v.data_ptr(): v.numel() * v.element_size() for v in model.state_dict().values()}
-        weight_bytes = (
-            weight_bytes_of(pilot.spec) if quantized else next(model.parameters()).element_size()
-        )
+        if quantized:
+            base_params, weight_bytes = None, weight_bytes_of(pilot.spec)
+            held = {v.data_ptr(): v.nbytes for v in model.state_dict().values()}
+            weights_bytes = sum(held.values())  # tied tensors once
+        else:
+            base_params = sum(p.numel() for p in model.parameters())
+            weight_bytes = next(model.parameters()).element_size()
+            weights_bytes = base_params * weight_bytes
         config = model.config.to_dict()
         model, info = build_adapter(model, pilot.spec.adapter, seed=pilot.spec.train.seed)
-        if not is_quantized(model):  # a quantized base was loaded on its device
+        if not quantized:  # a quantized base was loaded on its device
             model.to(device)
         make_resident(model)  # part of loading: the weights are in memory before any step
         load_s = time.perf_counter() - t0
@@ -375,7 +378,7 @@ def _load_phase(pilot: Pilot, device) -> tuple[Any, Any, Any, dict, dict]:
         "rss_increase_bytes": load_mem.increase,
         "cuda_peak_allocated_bytes": load_mem.cuda_allocated,
         "cuda_peak_reserved_bytes": load_mem.cuda_reserved,
-        "weights_bytes": sum(held.values()) if quantized else base_params * weight_bytes,
+        "weights_bytes": weights_bytes,
         "base": str(resolved.path),
         "base_params": base_params,
         "weight_bytes": weight_bytes,
