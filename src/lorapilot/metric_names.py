@@ -35,12 +35,12 @@ PER_GROUP = {
 def known(kind: str, labels: list[str] | None, fields: list[str] | None) -> list[str]:
     """Every valid name: top-level metrics, `per_<group>.<m>` (every entry), and for known
     entries (labels, field names) `per_<group>.<entry>.<m>`."""
+    # extraction/format categories come from the data: not known here (see `problem`)
+    entries = {"per_category": labels if kind == "classification" else None, "per_field": fields}
     names = list(TOP_LEVEL[kind])
     for group, metrics in PER_GROUP[kind].items():
         names += [f"{group}.{m}" for m in metrics]
-        entries = labels if group == "per_category" and kind == "classification" else fields
-        if group == "per_field" or kind == "classification":
-            names += [f"{group}.{e}.{m}" for e in entries or [] for m in metrics]
+        names += [f"{group}.{e}.{m}" for e in entries[group] or [] for m in metrics]
     return names
 
 

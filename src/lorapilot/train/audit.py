@@ -168,7 +168,13 @@ def run_update_audit(
     # A quantized base: its packed weights and their quantization state (absmax, quant maps,
     # nested scales, 8-bit row scales) live partly outside the parameters; they must not
     # change by one bit either.
-    quant_before = {k: v.detach().clone() for k, v in quant_state(model).items()}
+    # The packed weights are parameters, already copied above: reuse those copies rather
+    # than holding a second one (on a 7B 4-bit base that would be ~3.5 GB more).
+    copied = {p.data_ptr(): before[name] for name, p in model.named_parameters()}
+    quant_before = {
+        k: copied[v.data_ptr()] if v.data_ptr() in copied else v.detach().clone()
+        for k, v in quant_state(model).items()
+    }
     was_training = model.training
     device = next(model.parameters()).device
     fork_devices = [device.index or 0] if device.type == "cuda" else []
