@@ -78,7 +78,13 @@ def test_defaults_are_qlora_and_the_variant_is_one_change_of_group_model():
     from lorapilot.spec import variant_label
 
     q = QuantizationSpec(bits=4)
-    assert (q.type, q.double_quant, q.compute_dtype) == ("nf4", True, "bf16")
+    assert (q.type, q.double_quant, q.compute_dtype) == ("nf4", True, "auto")
+    # `auto` is resolved where it is recorded: the base identity holds the real dtype
+    assert quantize.describe(q)["compute_dtype"] == quantize.compute_dtype(q)
+    assert quantize.compute_dtype(q) in ("bf16", "fp16", "fp32")
+    assert quantize.describe(QuantizationSpec(bits=4, compute_dtype="fp16"))["compute_dtype"] == (
+        "fp16"
+    )
     diff = {
         "model.quantization.bits": [None, 4],
         "model.quantization.compute_dtype": [None, "fp32"],

@@ -242,3 +242,7 @@ def test_watch_in_process_sees_the_status_flip(pilot):
     summary = watch(pilot, None, console, interval=0.25, sleep=fake_sleep)
     assert calls == [0.25, 0.25, 0.25]
     assert (summary["status"], summary["steps_done"], summary["error"]) == ("failed", 3, "OOM")
+    # not a terminal: one plain line per step as it arrived, then the table
+    text = console.file.getvalue()
+    lines = [ln for ln in text.splitlines() if ln.startswith("step ")]
+    assert [ln.split()[1] for ln in lines] == ["1", "2", "3"] and "loss" in lines[0]

@@ -32,7 +32,8 @@ def test_defaults_fill_everything_but_the_required_four():
     s = spec_from_dict(BASE)
     assert s.model.base == "smollm2-135m-instruct"
     assert s.adapter.method == "lora" and s.adapter.r > 0
-    assert s.train.precision == "bf16" and s.train.loss_on == "completion"
+    assert s.train.precision == "auto" and s.eval.precision == "auto"
+    assert s.train.loss_on == "completion"
     assert s.success.metric == "macro_f1"
     assert s.data.leakage == "fail" and s.data.on_error == "fail"
 

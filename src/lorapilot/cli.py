@@ -64,10 +64,16 @@ def log_console(as_json: bool) -> Console:
     return stderr if as_json else views.stdout
 
 
-def step_log(as_json: bool) -> Callable[[str], None]:
-    """A step's log lines, dimmed, on the log console."""
+def step_log(as_json: bool, dim: bool = True) -> Callable[[str], None]:
+    """A step's log lines (dimmed) on the log console. It says whether that console is a
+    terminal: where it is not, long phases write plain progress lines through it."""
     con = log_console(as_json)
-    return lambda m: con.print(f"[dim]{esc(m)}[/]")
+
+    def log(m: str) -> None:
+        con.print(f"[dim]{esc(m)}[/]" if dim else m, highlight=False)
+
+    log.is_terminal = con.is_terminal  # type: ignore[attr-defined]
+    return log
 
 
 def verb(fn: Callable[..., Shown]) -> Callable[..., None]:
@@ -508,10 +514,7 @@ def run_cmd(pilot: PilotArg, as_json: JsonFlag = False, no_progress: NoProgress 
     test, report. Completed phases with unchanged inputs are reused."""
     from lorapilot.steps.run import run_pipeline
 
-    con = log_console(as_json)
-    result = run_pipeline(
-        _pilot(pilot), progress=not no_progress, log=lambda m: con.print(m, highlight=False)
-    )
+    result = run_pipeline(_pilot(pilot), progress=not no_progress, log=step_log(as_json, dim=False))
     return Shown(result, views.run)
 
 

@@ -48,6 +48,13 @@ def require(q: QuantizationSpec, source: str) -> None:
         ) from None
 
 
+def compute_dtype(q: QuantizationSpec) -> str:
+    """The 4-bit compute dtype on this machine (`auto` resolved as train.precision)."""
+    from lorapilot.precision import resolve
+
+    return resolve(q.compute_dtype or "auto")
+
+
 def bnb_config(q: QuantizationSpec):
     """transformers' BitsAndBytesConfig for the spec."""
     import torch
@@ -60,7 +67,7 @@ def bnb_config(q: QuantizationSpec):
         load_in_4bit=True,
         bnb_4bit_quant_type=q.type,
         bnb_4bit_use_double_quant=bool(q.double_quant),
-        bnb_4bit_compute_dtype=dtype[q.compute_dtype],
+        bnb_4bit_compute_dtype=dtype[compute_dtype(q)],
     )
 
 
@@ -70,6 +77,7 @@ def describe(q: QuantizationSpec | None) -> dict[str, Any] | None:
         return None
     out = q.model_dump(mode="json")
     if q.bits == 4:
+        out["compute_dtype"] = compute_dtype(q)
         out["block_size"] = BLOCK_SIZE_4BIT
     return out
 
@@ -142,4 +150,4 @@ def dequantized_bytes(q: QuantizationSpec) -> int:
     """Bytes of the dtype a quantized matmul dequantizes its weight to."""
     if q.bits == 8:
         return 2
-    return {"bf16": 2, "fp16": 2, "fp32": 4}[q.compute_dtype]
+    return {"bf16": 2, "fp16": 2, "fp32": 4}[compute_dtype(q)]

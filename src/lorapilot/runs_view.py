@@ -224,6 +224,8 @@ def watch(
     if record.status != "running":
         console.print(render(summary, tail.steps, last))
         return summary
+    if not console.is_terminal:  # a file or a pipe: one plain line per new step, then the table
+        return _watch_plain(record, run_dir, tail, console, interval, last, sleep)
     with Live(
         render(summary, tail.steps, last),
         console=console,
@@ -239,4 +241,31 @@ def watch(
                 record = fresh.model_copy(update={"status": registry.effective_status(fresh)})
             summary = run_summary(record, tail.steps)
             live.update(render(summary, tail.steps, last), refresh=True)
+    return summary
+
+
+def step_line(step: dict) -> str:
+    """One step as a plain line, for a watcher whose output is not a terminal."""
+    row = dict(zip(STEP_COLUMNS, step_rows([step], last=1)[0], strict=True))
+    return "  ".join(f"{k} {v}" for k, v in row.items())
+
+
+def _watch_plain(record, run_dir: Path, tail: StepTail, console: Console, interval: float,
+                 last: int, sleep: Callable[[float], None]) -> dict[str, Any]:  # fmt: skip
+    """`runs --watch > file`: a live table would print nothing until the end; lines do."""
+    shown = 0
+    while True:
+        shown = min(shown, len(tail.steps))  # a resume trimmed the file: go on from there
+        for s in tail.steps[shown:]:
+            console.print(escape(step_line(s)))
+        shown = len(tail.steps)
+        if record.status != "running":
+            break
+        sleep(interval)
+        tail.poll()
+        fresh = registry.read_record(run_dir)
+        if fresh is not None:
+            record = fresh.model_copy(update={"status": registry.effective_status(fresh)})
+    summary = run_summary(record, tail.steps)
+    console.print(render(summary, tail.steps, last))
     return summary

@@ -35,7 +35,7 @@ data:
   split: {{seed: 0, val: 0.2, test: 0.2}}
   max_length: 128
 adapter: {{method: lora, r: 8, alpha: 16, dropout: 0.0, target_modules: all-linear}}
-train: {{seed: 0, epochs: 6, lr: 0.001, micro_batch: 8, precision: bf16}}
+train: {{seed: 0, epochs: 6, lr: 0.001, micro_batch: 8, precision: auto}}
 # GO when the adapter gains at least this much on the validation split...
 success: {{metric: macro_f1, min_gain: 0.10}}
 # ...and no guard fails.
@@ -70,7 +70,7 @@ data:
   split: {{seed: 0, val: 0.2, test: 0.2}}
   max_length: 192
 adapter: {{method: lora, r: 8, alpha: 16, dropout: 0.0, target_modules: all-linear}}
-train: {{seed: 0, epochs: 3, lr: 0.0005, micro_batch: 8, precision: bf16}}
+train: {{seed: 0, epochs: 3, lr: 0.0005, micro_batch: 8, precision: auto}}
 eval: {{mode: generate, batch_size: 16}}
 success: {{metric: field_f1, min_gain: 0.10}}
 guards:

@@ -16,6 +16,7 @@ from lorapilot.memory import (
     ModelShape,
     estimate_step_memory,
 )
+from lorapilot.precision import resolve
 from lorapilot.quantize import dequantized_bytes, weight_bytes_per_param
 from lorapilot.spec import AdapterSpec, Pilot
 from lorapilot.train.step import EAGER_ATTENTION_MAX_WIDTH
@@ -118,7 +119,7 @@ def estimate_row(
         weight_dtype_bytes=weight_bytes,
         micro_batch=micro_batch,
         seq_len=seq_len,
-        precision=spec.train.precision,
+        precision=resolve(spec.train.precision, "cpu" if on_cpu else "cuda"),
         grad_checkpointing=grad_checkpointing,
         loss_positions_per_example=loss_positions if spec.train.loss_on == "completion" else None,
         attention=attention,

@@ -134,9 +134,10 @@ class QuantizationSpec(_Strict):
         None,
         description="4-bit: quantize the block scales too (~0.4 bit/param saved; default true).",
     )
-    compute_dtype: Literal["bf16", "fp16", "fp32"] | None = Field(
+    compute_dtype: Literal["auto", "bf16", "fp16", "fp32"] | None = Field(
         None,
-        description="4-bit: dtype the weights are dequantized to for each matmul (default bf16). "
+        description="4-bit: dtype the weights are dequantized to for each matmul (default auto, "
+        "resolved as train.precision). "
         "8-bit computes in fp16 (bitsandbytes' LLM.int8).",
     )
 
@@ -147,7 +148,7 @@ class QuantizationSpec(_Strict):
                 if getattr(self, key) is not None:
                     raise ValueError(f"{key} applies to 4-bit quantization only (bits is 8)")
             return self
-        for key, default in (("type", "nf4"), ("double_quant", True), ("compute_dtype", "bf16")):
+        for key, default in (("type", "nf4"), ("double_quant", True), ("compute_dtype", "auto")):
             if getattr(self, key) is None:
                 object.__setattr__(self, key, default)
         return self
@@ -345,8 +346,10 @@ class TrainSpec(_Strict):
     micro_batch: int = Field(8, gt=0, description="Examples per forward/backward.")
     grad_accum: int = Field(1, gt=0, description="Micro-batches per optimizer step.")
     grad_checkpointing: bool = False
-    precision: Literal["fp32", "bf16", "fp16"] = Field(
-        "bf16", description="Autocast precision (bf16 also on CPUs with AMX/AVX512-BF16)."
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
+        "auto",
+        description="Autocast precision; auto: bf16 on a GPU with bf16 (else fp16) and on CPUs "
+        "with AMX/AVX512-BF16, fp32 on other CPUs (bf16 is emulated there).",
     )
     max_grad_norm: float | None = Field(1.0, gt=0)
     loss_on: Literal["completion", "all"] = Field(
@@ -368,8 +371,10 @@ class EvalSpec(_Strict):
         "score", description="Classification: score every label (no parse failures) or generate."
     )
     batch_size: int = Field(16, gt=0)
-    precision: Literal["fp32", "bf16", "fp16"] = Field(
-        "bf16", description="Autocast precision of evaluation (recorded in the eval protocol)."
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
+        "auto",
+        description="Autocast precision of evaluation, resolved as train.precision; the "
+        "resolved value is recorded in the eval protocol.",
     )
     max_new_tokens: int | None = Field(None, gt=0, description="Default: longest target + margin.")
     normalize: EvalNormalize = Field(default_factory=EvalNormalize)

@@ -4,6 +4,7 @@ result dict itself is printed). Each view takes the result dict the step returne
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,7 +19,10 @@ from lorapilot.evaluate.metrics import per_group
 from lorapilot.memory import format_gib
 from lorapilot.runs_view import STATUS_COLOUR, runs_csv
 
-stdout = Console(highlight=False, soft_wrap=True)
+# Not a terminal (a file, a pipe): rich would lay tables out at 80 columns and cut their
+# headers; a wide layout keeps every column readable in a log (COLUMNS still wins).
+_WIDTH = None if os.isatty(1) or os.environ.get("COLUMNS") else 160
+stdout = Console(highlight=False, soft_wrap=True, width=_WIDTH)
 stderr = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
@@ -196,6 +200,8 @@ def data(r: dict) -> None:
         stdout.print(f"  [yellow]skipped {len(r['skipped'])} record(s):[/]")
         for s in r["skipped"][:20]:
             stdout.print(esc(f"    {s['file']}:{s['line']}: {s['problem']}"))
+    for w in r.get("warnings", []):
+        stdout.print(f"  [yellow]warning:[/] {esc(w)}")
 
 
 def inspect(r: dict) -> None:

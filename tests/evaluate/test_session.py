@@ -10,6 +10,8 @@ import pytest
 import yaml
 from conftest import EXAMPLES, run_cli, run_json
 
+from lorapilot.environment import cpu_has_fast_bf16
+
 
 def _tiny_pilot(tmp_path, example: str, tiny_model_dir, **overrides):
     pilot = tmp_path / example
@@ -106,6 +108,9 @@ def test_protocol_is_stable_and_sensitive(tmp_path, tiny_model_dir):
     )
     assert a["eval_protocol"] == b["eval_protocol"] != c["eval_protocol"]
     assert a["metrics"] == b["metrics"]
+    # eval.precision is `auto` in the example: the protocol holds what this CPU ran
+    proto = json.loads((pilot / "runs" / a["run_id"] / "protocol.json").read_text())
+    assert proto["precision"] == ("bf16" if cpu_has_fast_bf16() else "fp32")
 
 
 def test_test_split_is_reserved_and_logged(tmp_path, tiny_model_dir):

@@ -165,3 +165,46 @@ def test_train_and_test_files_take_a_stratified_seeded_val_out_of_train(
             assert counts["val"] >= 1, category
     again = run_json("data", str(pilot))
     assert again["version"] == out["version"]
+
+
+def test_a_val_row_duplicated_in_test_fails_under_drop_from_train(tmp_path, default_model_dir):
+    """drop_from_train can only drop train rows: a val ~ test pair stays, so `data` fails with
+    exit 1 naming both ids; under `warn` it passes with a warning naming them."""
+    pilot = _presplit_pilot(tmp_path, leakage="drop_from_train")
+    val = [json.loads(x) for x in (pilot / "val.jsonl").read_text().splitlines()]
+    test = (pilot / "test.jsonl").read_text()
+    (pilot / "test.jsonl").write_text(test + json.dumps(dict(val[0], id="val-copy")) + "\n")
+    out = run_json("data", str(pilot), expect=1)
+    assert val[0]["id"] in out["error"] and "val-copy" in out["error"]
+    assert "drop_from_train cannot fix" in out["error"]
+    spec = yaml.safe_load((pilot / "pilot.yaml").read_text())
+    spec["data"]["leakage"] = "warn"
+    (pilot / "pilot.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    ok = run_json("data", str(pilot))
+    assert any("val-copy" in w and val[0]["id"] in w for w in ok["warnings"])
+
+
+def test_labels_missing_or_rare_in_train_are_warned(tmp_path, default_model_dir):
+    spec = yaml.safe_load((EXAMPLES / "ticket-triage" / "pilot.yaml").read_text())
+    labels = spec["task"]["labels"]
+    rows = [json.loads(x) for x in (EXAMPLES / "ticket-triage" / "data" / "tickets.jsonl")
+            .read_text().splitlines()]  # fmt: skip
+    train = [r for r in rows if r["label"] == labels[0]][:40]
+    train += [r for r in rows if r["label"] == labels[1]][:2]
+    taken = {r["id"] for r in train}
+    held = [r for r in rows if r["label"] != labels[0] and r["id"] not in taken][:60]
+    spec["data"] = {k: v for k, v in spec["data"].items() if k not in ("file", "split")}
+    spec["data"]["leakage"] = "warn"  # near copies across this hand-made split are not the point
+    spec["data"]["files"] = {"train": "train.jsonl", "val": "val.jsonl", "test": "test.jsonl"}
+    pilot = tmp_path / "skewed"
+    pilot.mkdir()
+    (pilot / "pilot.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    for name, part in (("train", train), ("val", held[:30]), ("test", held[30:])):
+        (pilot / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in part))
+    out = run_json("data", str(pilot))
+    missing = next(w for w in out["warnings"] if "no training example" in w)
+    assert all(lab in missing for lab in labels[2:]) and labels[0] not in missing
+    rare = next(w for w in out["warnings"] if "min_support" in w)
+    assert f"{labels[1]} (2)" in rare
+    human = run_cli("data", str(pilot))
+    assert human.returncode == 0 and "no training example" in human.stdout

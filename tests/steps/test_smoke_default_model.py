@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import pytest
 from conftest import run_cli, run_json
-from test_train_step import _pilot
 
 
 @pytest.mark.slow
@@ -17,8 +16,10 @@ def test_smoke_passes_and_catches_shifted_labels(tmp_path, default_model_dir, mo
     from lorapilot.spec import load_pilot
     from lorapilot.steps.smoke import run_smoke
 
-    pilot = _pilot(tmp_path)
-    ok = run_json("smoke", str(pilot), "--per-category", "1", "--steps", "30", "--no-progress")
+    # `init`'s pilot (3 labels, short prompts): the wiring on the real model, in little time
+    run_json("init", "q", "--dir", str(tmp_path))
+    pilot = tmp_path / "q"
+    ok = run_json("smoke", str(pilot), "--per-category", "2", "--steps", "30", "--no-progress")
     assert ok["ok"] and ok["n_correct"] == ok["n_examples"] == 6 and ok["final_loss"] < 0.1
 
     real_encode = fmt_mod.PromptFormatter.encode

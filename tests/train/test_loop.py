@@ -507,3 +507,23 @@ def test_a_16_bit_run_on_a_cpu_without_fast_bf16_says_so(tiny_model_dir, example
     train(lora_model(tiny_model_dir), examples[:4], [], cfg, tmp_path / "b", pad_id=2,
           progress=False, log=lines.append)  # fmt: skip
     assert not any("AMX" in line for line in lines)
+
+
+def test_auto_precision_is_resolved_for_the_cpu_and_recorded(tiny_model_dir, examples, tmp_path,
+                                                             monkeypatch):  # fmt: skip
+    """`auto` trains in fp32 on a CPU without fast bf16 (no warning) and in bf16 on one with it;
+    the result says which."""
+    import lorapilot.precision as precision_mod
+    import lorapilot.train.loop as loop
+
+    cfg = TrainSpec(max_steps=1, micro_batch=4, precision="auto", eval_every=None)
+    got = {}
+    for fast in (False, True):
+        monkeypatch.setattr(precision_mod, "cpu_has_fast_bf16", lambda fast=fast: fast)
+        monkeypatch.setattr(loop, "cpu_has_fast_bf16", lambda fast=fast: fast)
+        lines: list[str] = []
+        out = train(lora_model(tiny_model_dir), examples[:4], [], cfg, tmp_path / str(fast),
+                    pad_id=2, progress=False, log=lines.append)  # fmt: skip
+        assert not any("AMX" in line for line in lines)
+        got[fast] = out.precision
+    assert got == {False: "fp32", True: "bf16"}

@@ -200,20 +200,36 @@ def remaining_leaks(pilot: Pilot, prepared: PreparedData) -> list[dict]:
     return out
 
 
+def describe_leaks(leaks: list[dict], limit: int = 10) -> str:
+    """`val:a ~ test:b (near, 0.93); ...`: the pairs by name, the first `limit` of them."""
+    shown = "; ".join(
+        f"{p['a_split']}:{p['a_id']} ~ {p['b_split']}:{p['b_id']} ({p['kind']}, "
+        f"{p['similarity']:.2f})"
+        for p in leaks[:limit]
+    )
+    return shown + (f" and {len(leaks) - limit} more" if len(leaks) > limit else "")
+
+
 def check_leakage(pilot: Pilot, prepared: PreparedData) -> None:
+    """Exit 1 on a leak the policy did not remove: under `fail` any cross-split pair; under
+    `drop_from_train` a pair of two held-out rows (val ~ test), which dropping train rows
+    cannot fix. `warn` keeps them (the data report lists them as a warning)."""
     leaks = remaining_leaks(pilot, prepared)
-    if leaks and pilot.spec.data.leakage == "fail":
-        shown = "; ".join(
-            f"{p['a_split']}:{p['a_id']} ~ {p['b_split']}:{p['b_id']} ({p['kind']}, "
-            f"{p['similarity']:.2f})"
-            for p in leaks[:10]
-        )
-        more = f" and {len(leaks) - 10} more" if len(leaks) > 10 else ""
+    policy = pilot.spec.data.leakage
+    if not leaks or policy == "warn":
+        return
+    if policy == "fail":
         raise CheckFailed(
-            f"{len(leaks)} duplicate pair(s) across splits (leaks): {shown}{more}. "
+            f"{len(leaks)} duplicate pair(s) across splits (leaks): {describe_leaks(leaks)}. "
             "Fix the data, or set data.leakage: drop_from_train (or warn).",
             {"cross_split": leaks},
         )
+    raise CheckFailed(
+        f"{len(leaks)} duplicate pair(s) between held-out splits, which data.leakage: "
+        f"drop_from_train cannot fix (it drops train rows only): {describe_leaks(leaks)}. "
+        "Remove one row of each pair from the data, or set data.leakage: warn.",
+        {"cross_split": leaks},
+    )
 
 
 def formatter_for(pilot: Pilot, tokenizer: Any) -> PromptFormatter:

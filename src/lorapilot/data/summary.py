@@ -7,7 +7,13 @@ import dataclasses
 from typing import Any
 
 from lorapilot.data.audit import length_stats, mask_audit
-from lorapilot.data.dataset import PreparedData, encode_records, formatter_for, remaining_leaks
+from lorapilot.data.dataset import (
+    PreparedData,
+    describe_leaks,
+    encode_records,
+    formatter_for,
+    remaining_leaks,
+)
 from lorapilot.errors import UsageError
 from lorapilot.spec import Pilot
 
@@ -26,6 +32,12 @@ def data_report(pilot: Pilot, prepared: PreparedData, tokenizer: Any) -> dict[st
         for cat, n in cats.items():
             per_category.setdefault(cat, {s: 0 for s in counts})[split] = n
     leaks = remaining_leaks(pilot, prepared)
+    warnings = _label_support_warnings(pilot, counts.get("train", {}))
+    if leaks and spec.data.leakage == "warn":
+        warnings.append(
+            f"{len(leaks)} duplicate pair(s) across splits kept (data.leakage: warn): "
+            + describe_leaks(leaks)
+        )
     dups = prepared.duplicates.to_dict()
     dups["cross_split"] = leaks
     dups["n_cross_split"] = len(leaks)
@@ -45,7 +57,29 @@ def data_report(pilot: Pilot, prepared: PreparedData, tokenizer: Any) -> dict[st
         "target_excluded": prepared.target_excluded,
         "answer_budget_tokens": prepared.answer_budget,
         "mask_audit": mask_audit(fmt, prepared.splits, encoded, prepared.answer_budget),
+        "warnings": warnings,
     }
+
+
+def _label_support_warnings(pilot: Pilot, train_counts: dict[str, int]) -> list[str]:
+    """Labels the adapter cannot learn (no training example) or will hardly learn (fewer than
+    eval.min_support): a train split with all its rows in one label passes every other check."""
+    labels = pilot.spec.task.labels if pilot.spec.task.kind == "classification" else None
+    if not labels:
+        return []
+    out = []
+    missing = [lab for lab in labels if train_counts.get(lab, 0) == 0]
+    if missing:
+        out.append(
+            f"{len(missing)} of {len(labels)} labels have no training example: "
+            + ", ".join(missing)
+        )
+    floor = pilot.spec.eval.min_support
+    few = [f"{lab} ({n})" for lab in labels if 0 < (n := train_counts.get(lab, 0)) < floor]
+    if few:
+        out.append(f"labels with fewer than eval.min_support={floor} training examples: "
+                   + ", ".join(few))  # fmt: skip
+    return out
 
 
 def require_permission(pilot: Pilot) -> None:

@@ -6,6 +6,7 @@ whose hash decides whether two results may be compared.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,6 +17,8 @@ from lorapilot.evaluate import predict
 from lorapilot.evaluate.metrics import classification_metrics, extraction_metrics, format_metrics
 from lorapilot.fsutil import sha256_json
 from lorapilot.models import pad_id_of
+from lorapilot.precision import resolve
+from lorapilot.progress import Phase
 from lorapilot.spec import PilotSpec
 
 GENERATION_MARGIN = 16  # tokens beyond the longest target: room for a slightly longer answer
@@ -36,7 +39,7 @@ def make_protocol(spec: PilotSpec, tokenizer: Any, prepared: PreparedData) -> di
         "shared_prefix_cache": True,
         "max_new_tokens": None if mode == "score" else max_new,
         "batch_size": ev.batch_size,
-        "precision": ev.precision,
+        "precision": resolve(ev.precision),  # `auto` as this machine runs it
         "normalize": ev.normalize.model_dump(),
         "template_hash": template_hash(tokenizer, task),
         "answer_budget": prepared.answer_budget,
@@ -83,28 +86,6 @@ class EvalResult:
     device: str = "cpu"
 
 
-def _progress(total: int, label: str, enabled: bool):
-    from rich.console import Console
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeRemainingColumn,
-    )
-
-    return Progress(
-        TextColumn(f"[bold]{label}[/]"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[rate]}"),
-        TimeRemainingColumn(),
-        console=Console(stderr=True),
-        disable=not enabled,
-        transient=True,
-    )
-
-
 def evaluate_records(
     model: Any,
     tokenizer: Any,
@@ -115,6 +96,7 @@ def evaluate_records(
     *,
     progress: bool = True,
     label: str = "eval",
+    log: Callable[[str], None] | None = None,
 ) -> EvalResult:
     """Predict every record with the protocol's procedure and compute the task's metrics."""
     task = spec.task
@@ -124,14 +106,17 @@ def evaluate_records(
     prompts = [fmt.encode_prompt(r.text, budget) for r in records]
     pad_id = pad_id_of(tokenizer)
     t0 = time.perf_counter()
-    done = [0]
-    with _progress(len(records), label, progress) as bar:
-        task_id = bar.add_task(label, total=len(records), rate="")
+    with Phase(
+        label,
+        len(records),
+        bar=progress,
+        log=log if progress else None,
+        field_names=("rate",),
+    ) as phase:
 
         def tick(n: int) -> None:
-            done[0] += n
-            rate = done[0] / max(time.perf_counter() - t0, 1e-9)
-            bar.update(task_id, advance=n, rate=f"{rate:.1f} ex/s")
+            rate = (phase.done + n) / max(time.perf_counter() - t0, 1e-9)
+            phase.advance(n=n, rate=f"{rate:.1f} ex/s")
 
         if protocol["mode"] == "score":
             encs = [fmt.encode("x", lab, budget) for lab in task.labels]

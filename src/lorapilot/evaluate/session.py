@@ -9,6 +9,7 @@ only `eval --split test --final` touches it, and every access is appended to
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from lorapilot.data.dataset import formatter_for, prepare_data
@@ -38,6 +39,7 @@ def evaluate_split(
     limit: int | None = None,
     progress: bool = True,
     final: bool = False,
+    log: Callable[[str], None] | None = None,
 ) -> dict:
     """Evaluate the base (or base + adapter) on a split inside a run of `kind`."""
     spec = pilot.spec
@@ -63,7 +65,15 @@ def evaluate_split(
             earlier = record_test_access(pilot.dir, run.id, parent, adapter_dir)
         fmt = formatter_for(pilot, tok)
         result = evaluate_records(
-            model, tok, fmt, spec, records, protocol, progress=progress, label=f"{kind} ({split})"
+            model,
+            tok,
+            fmt,
+            spec,
+            records,
+            protocol,
+            progress=progress,
+            label=f"{kind} ({split})",
+            log=log,
         )
         write_eval_files(run.dir, result)
         out = {

@@ -7,6 +7,8 @@ from lorapilot.evaluate.session import evaluate_split
 from lorapilot.spec import Pilot
 
 
-def run_baseline(pilot: Pilot, *, limit: int | None = None, progress: bool = True) -> dict:
+def run_baseline(
+    pilot: Pilot, *, limit: int | None = None, progress: bool = True, log=None
+) -> dict:
     """Evaluate the base model on val inside a `baseline` run."""
-    return evaluate_split(pilot, "baseline", split="val", limit=limit, progress=progress)
+    return evaluate_split(pilot, "baseline", split="val", limit=limit, progress=progress, log=log)

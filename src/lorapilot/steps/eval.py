@@ -17,6 +17,7 @@ def run_eval(
     final: bool = False,
     limit: int | None = None,
     progress: bool = True,
+    log=None,
 ) -> dict:
     """Evaluate train run `run_id`'s adapter (default: the latest completed one), or the
     base model with `base=True`, inside an `eval` run."""
@@ -30,4 +31,5 @@ def run_eval(
         limit=limit,
         progress=progress,
         final=final,
+        log=log,
     )

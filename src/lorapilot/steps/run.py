@@ -137,7 +137,7 @@ def run_pipeline(
     phase(
         "baseline",
         "baseline",
-        lambda: run_baseline(pilot, progress=progress),
+        lambda: run_baseline(pilot, progress=progress, log=log),
     )
     sm = phase(
         "smoke",
@@ -177,7 +177,9 @@ def run_pipeline(
     test = phase(
         "test",
         "eval",
-        lambda: run_eval(pilot, run_id=train_id, split="test", final=True, progress=progress),
+        lambda: run_eval(
+            pilot, run_id=train_id, split="test", final=True, progress=progress, log=log
+        ),
         where=lambda r: r.parent == train_id and r.result.get("split") == "test",
     )
     rep = phase("report", None, lambda: run_report(pilot))

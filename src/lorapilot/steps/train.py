@@ -179,6 +179,7 @@ def run_train(
             protocol,
             progress=progress,
             label="eval (val)",
+            log=log,
         )
         write_eval_files(run.dir, ev)
         run.update(

@@ -50,6 +50,8 @@ from lorapilot.environment import cpu_has_fast_bf16
 from lorapilot.errors import UsageError
 from lorapilot.fsutil import append_jsonl, read_jsonl
 from lorapilot.memmeter import PeakMemory
+from lorapilot.precision import resolve
+from lorapilot.progress import Phase
 from lorapilot.quantize import is_quantized
 from lorapilot.registry import StoppedByLimit
 from lorapilot.spec import TrainSpec
@@ -97,6 +99,7 @@ class TrainResult:
     padding_efficiency: float
     train_tokens_per_s: float | None  # this call's steps only
     world_size: int
+    precision: str  # train.precision as resolved for the device (`auto` never stays)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -160,35 +163,6 @@ def _data_hash(examples: Sequence[Encoded]) -> str:
     return h.hexdigest()
 
 
-def _progress_bar(enabled: bool, total: int, start: int):
-    if not enabled:
-        return None
-    from rich.console import Console
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-
-    bar = Progress(
-        TextColumn("train"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("loss {task.fields[loss]}"),
-        TextColumn("{task.fields[tps]} tok/s"),
-        TimeElapsedColumn(),
-        TextColumn("ETA"),
-        TimeRemainingColumn(),
-        console=Console(stderr=True),
-    )
-    bar.start()
-    bar.add_task("train", total=total, completed=start, loss="-", tps="-")
-    return bar
-
-
 def _setup(
     model, train_examples: Sequence[Encoded], cfg: TrainSpec, out_dir: Path, log: Log
 ) -> _Loop:
@@ -204,12 +178,14 @@ def _setup(
             f"train.distributed is {cfg.distributed} but one process was launched: "
             "training on one device"
         )
-    if device.type == "cpu" and cfg.precision != "fp32" and not cpu_has_fast_bf16():
+    if device.type == "cpu" and cfg.precision not in ("fp32", "auto") and not cpu_has_fast_bf16():
         log(
             f"warning: train.precision is {cfg.precision} but this CPU has no AMX or "
             "AVX512-BF16: 16-bit matmuls are emulated, often 10-100x slower than fp32; "
-            "set train.precision: fp32 (and eval.precision) on this machine"
+            "set train.precision: auto or fp32 (and eval.precision) on this machine"
         )
+    # `auto` becomes this device's precision; the checkpoints and the record hold it.
+    cfg = cfg.model_copy(update={"precision": resolve(cfg.precision, device.type)})
     seed_everything(cfg.seed)
     if not use_fsdp and not is_quantized(model):  # a quantized base was loaded on its device
         model.to(device)  # FSDP moves each shard to the device as it shards (below)
@@ -389,6 +365,7 @@ def train(
     if not train_examples:
         raise UsageError("no training examples")
     lp = _setup(model, train_examples, cfg, out_dir, log)
+    cfg = lp.cfg  # precision resolved for the device
     if lp.sharded is not None and eval_fn is not None:
         raise UsageError("train(eval_fn=...) is not supported with train.distributed: fsdp")
     if not resume and (lp.ckpt_root.exists() or lp.steps_path.exists()):
@@ -407,7 +384,14 @@ def train(
     last_ckpt = lp.ckpt_root / f"step-{resumed_from}" if resumed_from else None
     last_record = (read_jsonl(lp.steps_path) or [None])[-1] if resumed_from else None
     meter = PeakMemory(lp.acc.device, reset_cuda=True)
-    bar = _progress_bar(progress and lp.main, lp.total_steps, step)
+    phase = Phase(
+        "train",
+        lp.total_steps,
+        start=step,
+        bar=progress and lp.main,
+        log=log if progress and lp.main else None,
+        field_names=("loss", "tps"),
+    )
     call_tokens, call_train_s = 0, 0.0
     rank, world = lp.acc.process_index, lp.world
 
@@ -456,13 +440,11 @@ def train(
             }
             if lp.main:
                 append_jsonl(lp.steps_path, last_record)
-            if bar is not None:
-                bar.update(
-                    bar.task_ids[0],
-                    completed=step,
-                    loss=f"{out['loss']:.4f}",
-                    tps=f"{call_tokens / max(call_train_s, 1e-9):,.0f}",
-                )
+            phase.advance(
+                step,
+                loss=f"loss {out['loss']:.4f}",
+                tps=f"{call_tokens / max(call_train_s, 1e-9):,.0f} tok/s",
+            )
             if cfg.eval_every and step % cfg.eval_every == 0 and step < lp.total_steps:
                 val_records.append(validate(step))
             if cfg.save_every and step % cfg.save_every == 0 and step < lp.total_steps:
@@ -479,8 +461,7 @@ def train(
                 err.checkpoint, err.step = last_ckpt, step
                 raise err
     finally:
-        if bar is not None:
-            bar.stop()
+        phase.close()
 
     # -- the end: validation, checkpoint, final adapter ---------------------------------
     if not any(r["step"] == step for r in val_records):
@@ -509,4 +490,5 @@ def train(
         padding_efficiency=lp.totals["tokens"] / max(lp.totals["padded_tokens"], 1),
         train_tokens_per_s=call_tokens / call_train_s if call_train_s else None,
         world_size=world,
+        precision=cfg.precision,
     )
