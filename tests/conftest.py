@@ -22,6 +22,10 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[_var] = "1"
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    # The two workers share the cores on purpose: a probe's load check would (rightly) mark
+    # every measurement disturbed and `run` would never reuse one. The check's own tests
+    # turn it back on.
+    os.environ["LORAPILOT_LOAD_CHECK"] = "off"
 
 
 @pytest.fixture(scope="session")

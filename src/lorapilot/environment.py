@@ -106,6 +106,27 @@ def git_commit() -> str | None:
     return None
 
 
+def default_threads() -> int:
+    """The cores this process may use (its CPU affinity), or OMP_NUM_THREADS when set."""
+    env = os.environ.get("OMP_NUM_THREADS", "")
+    if env.isdigit() and int(env) > 0:
+        return int(env)
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
+
+
+def apply_threads(threads: int | None) -> int:
+    """Set torch's intra-op threads (`train.threads`, default: default_threads()); the
+    snapshot taken after it records the number."""
+    import torch
+
+    n = threads or default_threads()
+    if torch.get_num_threads() != n:
+        torch.set_num_threads(n)
+    return n
+
+
 def snapshot() -> dict:
     """Python, libraries, accelerator stack and devices. Imports torch (slow the first time)."""
     import torch

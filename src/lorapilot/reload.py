@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from lorapilot import environment
 from lorapilot.compare import protocol_differences
 from lorapilot.data.dataset import formatter_for, prepare_data
 from lorapilot.data.format import template_hash, tokenizer_hash
@@ -39,6 +40,7 @@ def verify_child(pilot_dir: Path, adapter_dir: Path, out_dir: Path) -> dict:
             )
     spec = PilotSpec.model_validate(manifest["spec"])
     pilot = Pilot(Path(pilot_dir), Path(pilot_dir) / "pilot.yaml", spec, {})
+    environment.apply_threads(spec.train.threads)
     m = spec.model
     resolved = resolve_base(m.base, m.revision, root=pilot.dir, allow_pickle=m.allow_pickle)
     base_sha = weights_sha256(resolved.path, m.allow_pickle)

@@ -358,6 +358,12 @@ class TrainSpec(_Strict):
     eval_every: int | None = Field(None, gt=0, description="Validation every N steps.")
     save_every: int | None = Field(None, gt=0, description="Checkpoint every N steps.")
     distributed: Literal["none", "ddp", "fsdp"] = "none"
+    threads: int | None = Field(
+        None,
+        ge=1,
+        description="torch's intra-op CPU threads (default: the cores this process may use, "
+        "or OMP_NUM_THREADS); recorded in each run's environment.",
+    )
 
 
 class EvalNormalize(_Strict):

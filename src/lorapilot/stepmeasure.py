@@ -51,6 +51,58 @@ def is_out_of_memory(e: BaseException) -> bool:
 # --------------------------------------------------------------------------- environment
 
 
+DISTURBED_MIN_CORES = 0.5  # other processes' CPU use that marks a CPU measurement disturbed
+DISTURBED_FRACTION = 0.25  # ... or this share of the cores, on a machine with many
+LOAD_CHECK_ENV = "LORAPILOT_LOAD_CHECK"  # `off`: a machine shared on purpose (a test runner)
+
+
+def is_disturbed(other_cores: float, cores: int) -> bool:
+    """Other processes used enough CPU during a measurement to make its times unreliable:
+    the same step took 0.83 s alone and 19.7 s beside another two-thread torch job."""
+    return other_cores >= max(DISTURBED_MIN_CORES, DISTURBED_FRACTION * cores)
+
+
+class CpuLoad:
+    """The CPU time other processes used while we measured, in cores: the machine's busy
+    CPU seconds (steal included: a VM's neighbours) minus this process's and its children's,
+    per wall second. Taken around the whole measurement, not one 0.2 s sample."""
+
+    def __init__(self):
+        import psutil
+
+        self._psutil = psutil
+        self._me = psutil.Process()
+        self.t0 = time.perf_counter()
+        self.busy0, self.own0 = self._busy(), self._own()
+
+    def _busy(self) -> float:
+        t = self._psutil.cpu_times()
+        return sum(getattr(t, k, 0.0) for k in ("user", "nice", "system", "irq", "softirq",
+                                                "steal"))  # fmt: skip
+
+    def _own(self) -> float:
+        t = self._me.cpu_times()
+        return t.user + t.system + t.children_user + t.children_system
+
+    def stop(self, threads: int) -> dict:
+        wall = max(time.perf_counter() - self.t0, 1e-9)
+        other = max(0.0, (self._busy() - self.busy0) - (self._own() - self.own0)) / wall
+        cores = (
+            len(os.sched_getaffinity(0))
+            if hasattr(os, "sched_getaffinity")
+            else (os.cpu_count() or 1)
+        )
+        checked = os.environ.get(LOAD_CHECK_ENV, "on").lower() != "off"
+        return {
+            "other_cores": round(other, 2),
+            "cores": cores,
+            "threads": threads,
+            "seconds": round(wall, 2),
+            "checked": checked,
+            "disturbed": checked and is_disturbed(other, cores),
+        }
+
+
 def other_processes(accelerator: str, device_index: int = 0, top: int = 5) -> dict:
     """Who else uses the device. GPUs: the driver's process list. CPU: the load average
     and the busiest processes (pid, name, cpu %, RSS; never command lines)."""

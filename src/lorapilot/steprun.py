@@ -9,13 +9,19 @@ from lorapilot import environment, registry, tracking
 from lorapilot.spec import Pilot
 
 
+def snapshot(pilot: Pilot) -> dict:
+    """The environment of a step of this pilot, after its `train.threads` is applied."""
+    environment.apply_threads(pilot.spec.train.threads)
+    return environment.snapshot()
+
+
 def record_kwargs(pilot: Pilot, env: dict | None = None) -> dict[str, Any]:
     """The spec hash, the resolved spec, the environment snapshot (`env` when the step took
     it already), and the close hook that mirrors the closed record to the spec's trackers."""
     return {
         "spec_hash": pilot.spec.spec_hash(),
         "config": pilot.spec.model_dump(mode="json"),
-        "environment": env if env is not None else environment.snapshot(),
+        "environment": env if env is not None else snapshot(pilot),
         "on_close": tracking.mirror_on_close,
     }
 

@@ -219,3 +219,41 @@ def test_estimate_only_loads_no_weights_and_honours_set(tmp_path, tiny_model_dir
     )
     rec = json.loads((pilot / "runs" / out["run_id"] / "run.json").read_text())
     assert rec["kind"] == "probe" and rec["result"]["estimate_only"] is True
+
+
+# --------------------------------------------------------------------------- load
+
+
+def test_disturbed_means_half_a_core_or_a_quarter_of_the_cores_used_by_others():
+    from lorapilot.stepmeasure import is_disturbed
+
+    assert not is_disturbed(0.1, 2) and is_disturbed(0.5, 2) and is_disturbed(1.9, 2)
+    assert not is_disturbed(3.0, 16) and is_disturbed(4.0, 16)
+
+
+def test_cpu_load_sees_a_busy_neighbour(monkeypatch):
+    """A process spinning one core beside the measurement: about one core of other use."""
+    import subprocess
+    import sys
+    import time
+
+    from lorapilot.stepmeasure import CpuLoad
+
+    monkeypatch.setenv("LORAPILOT_LOAD_CHECK", "on")
+    meter = CpuLoad()
+    spin = subprocess.Popen([sys.executable, "-c", "import time\nt=time.time()\n"
+                             "while time.time() - t < 1.5: pass"])  # fmt: skip
+    time.sleep(1.5)  # the spinner runs, we wait: its CPU is someone else's until reaped
+    out = meter.stop(threads=1)
+    spin.wait(timeout=30)
+    assert out["other_cores"] >= 0.6 and out["disturbed"]
+    assert out["threads"] == 1 and out["cores"] >= 1 and out["checked"] is True
+    monkeypatch.setenv("LORAPILOT_LOAD_CHECK", "off")
+    assert CpuLoad().stop(threads=1)["disturbed"] is False
+
+
+def test_probe_records_its_load_check(probed):
+    _, out, _ = probed
+    lc = out["load_check"]
+    assert set(lc) >= {"other_cores", "cores", "threads", "seconds", "checked", "disturbed"}
+    assert lc["threads"] >= 1 and lc["seconds"] > 0 and out["disturbed"] == lc["disturbed"]

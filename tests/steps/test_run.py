@@ -110,3 +110,25 @@ def test_run_whole_pilot_then_rerun_reuses_every_phase(tmp_path, default_model_d
     ledger = (pilot / "runs" / "test_ledger.jsonl").read_text().splitlines()
     assert len(ledger) == 1, "a rerun must not touch the test split again"
     assert json.loads(ledger[0])["evaluated"] == first["train_run"]
+
+
+def test_run_does_not_reuse_a_disturbed_probe(tmp_path):
+    """A probe measured beside other jobs is measured again; a quiet one is reused."""
+    from lorapilot import registry
+    from lorapilot.steps.run import probe_reusable
+
+    pilot = tmp_path
+    for disturbed in (False, True):
+        with registry.open_run(pilot, "probe") as run:
+            run.update(inputs_key="in-k", disturbed=disturbed)
+    quiet, noisy = registry.list_runs(pilot, "probe")
+    assert probe_reusable(quiet) and not probe_reusable(noisy)
+
+
+def test_train_threads_sets_torchs_threads_and_is_recorded(tmp_path, tiny_model_dir):
+    pilot = _tiny_init(tmp_path, tiny_model_dir)
+    for n in (1, 2):
+        out = run_json("baseline", str(pilot), "--limit", "2", "--no-progress",
+                       "--set", f"train.threads={n}")  # fmt: skip
+        rec = json.loads((pilot / "runs" / out["run_id"] / "run.json").read_text())
+        assert rec["environment"]["torch_num_threads"] == n

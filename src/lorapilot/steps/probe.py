@@ -57,7 +57,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from lorapilot import environment
 from lorapilot.adapter import build_adapter
 from lorapilot.data.dataset import encode_records, formatter_for, prepare_data
 from lorapilot.errors import UsageError
@@ -78,8 +77,14 @@ from lorapilot.sizing import (
     weight_bytes_of,
 )
 from lorapilot.spec import Pilot
-from lorapilot.stepmeasure import make_resident, measure, other_processes, set_checkpointing
-from lorapilot.steprun import open_run
+from lorapilot.stepmeasure import (
+    CpuLoad,
+    make_resident,
+    measure,
+    other_processes,
+    set_checkpointing,
+)
+from lorapilot.steprun import open_run, snapshot
 from lorapilot.train.batches import collate, count_target_tokens, example_target_tokens
 from lorapilot.train.checkpoint import save_checkpoint
 from lorapilot.train.loop import seed_everything
@@ -137,7 +142,7 @@ def run_probe(
         raise UsageError(
             f"the probe needs at least {MIN_WARMUP} warm-up and {MIN_STEPS} measured steps"
         )
-    env = environment.snapshot()
+    env = snapshot(pilot)
     with open_run(pilot, "probe", env=env) as run:
         started = _environment(env)
         run.update(estimate_only=estimate_only, environment=started)
@@ -453,10 +458,19 @@ def _measured(
         log=log,
     )
     model.train()
+    meter = CpuLoad() if pr.on_cpu else None  # GPUs: other_processes lists their users
     for name in ("typical", "long"):
         for ckpt in (False, True):
             _measure_config(pr, name, tcfg.micro_batch, ckpt)
     search = _search(pr, started) if search_batch else None
+    load_check = meter.stop(torch.get_num_threads()) if meter is not None else None
+    if load_check is not None and load_check["disturbed"]:
+        log(
+            f"warning: other processes used {load_check['other_cores']:.1f} of "
+            f"{load_check['cores']} cores while the probe measured: its step times are "
+            "disturbed (load_check.disturbed; `run` measures again instead of reusing it). "
+            "Measure on a quiet machine."
+        )
     set_checkpointing(model, False)
     checkpoint_s = _checkpoint_seconds(pr)
     log(f"probe: checkpoint saved in {checkpoint_s:.3f} s")
@@ -484,6 +498,8 @@ def _measured(
         "eval_examples_per_s": eval_eps,
         "eval_examples": eval_n,
         "step_definition": "one micro-batch forward + backward and one optimizer update",
+        "load_check": load_check,
+        "disturbed": bool(load_check and load_check["disturbed"]),
     }
 
 

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from lorapilot import __version__, environment, registry
+from lorapilot import __version__, environment, registry, steprun
 from lorapilot.budget import exceeded
 from lorapilot.data.dataset import source_hashes
 from lorapilot.errors import CheckFailed
@@ -85,11 +85,16 @@ def _tag(pilot: Pilot, run_id: str, key: str) -> None:
     handle.update(inputs_key=key)
 
 
+def probe_reusable(rec: registry.RunRecord) -> bool:
+    """A probe whose measurement other processes disturbed is measured again."""
+    return not rec.result.get("disturbed")
+
+
 def run_pipeline(
     pilot: Pilot, *, progress: bool = True, log: Callable[[str], None] = print
 ) -> dict[str, Any]:
 
-    env = environment.snapshot()
+    env = steprun.snapshot(pilot)
     key = inputs_key(pilot, env)
     phases: list[dict] = []
     t_all = time.time()
@@ -150,7 +155,13 @@ def run_pipeline(
             f"(final loss {sm.get('final_loss')}); check the loss mask and labels",
             {"phases": phases},
         )
-    phase("probe", "probe", lambda: run_probe(pilot, progress=progress, log=log))
+    # A probe measured beside other jobs is not reused: its times would plan the rental.
+    phase(
+        "probe",
+        "probe",
+        lambda: run_probe(pilot, progress=progress, log=log),
+        where=probe_reusable,
+    )
     bud = phase("budget", None, lambda: run_budget(pilot))
     over = exceeded(bud.get("limits") or {})
     if over:
