@@ -57,8 +57,8 @@ LOAD_CHECK_ENV = "LORAPILOT_LOAD_CHECK"  # `off`: a machine shared on purpose (a
 
 
 def is_disturbed(other_cores: float, cores: int) -> bool:
-    """Other processes used enough CPU during a measurement to make its times unreliable:
-    the same step took 0.83 s alone and 19.7 s beside another two-thread torch job."""
+    """Other processes used enough CPU during a measurement to make its times unreliable
+    (threads competing for the same cores slow every step several times over)."""
     return other_cores >= max(DISTURBED_MIN_CORES, DISTURBED_FRACTION * cores)
 
 
