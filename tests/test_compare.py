@@ -128,6 +128,7 @@ def test_flips_by_id():
     base = rows({"a": False, "b": True, "c": False, "d": True, "only_base": False})
     cand = rows({"d": False, "c": True, "b": True, "a": False, "only_cand": True})
     out = flips(base, cand)
+    examples = out.pop("examples")
     assert out == {
         "fixed": ["c"],
         "broken": ["d"],
@@ -135,6 +136,23 @@ def test_flips_by_id():
         "only_base": 1,
         "only_candidate": 1,
     }
+    assert examples == {
+        "fixed": [{"id": "c", "text": None, "gold": "a", "baseline": None, "adapted": None}],
+        "broken": [{"id": "d", "text": None, "gold": "a", "baseline": None, "adapted": None}],
+    }
+
+
+def test_flip_examples_carry_the_text_and_both_predictions_first_five():
+    base = [{"id": f"x{i}", "text": "word " * 100, "gold": "refund", "parsed": "shipping",
+             "correct": False} for i in range(7)]  # fmt: skip
+    cand = [dict(r, parsed="refund", correct=True) for r in base]
+    ex = flips(base, cand)["examples"]
+    assert len(ex["fixed"]) == 5 and ex["broken"] == []
+    first = ex["fixed"][0]
+    assert (first["id"], first["gold"], first["baseline"], first["adapted"]) == (
+        "x0", "refund", "shipping", "refund"
+    )  # fmt: skip
+    assert len(first["text"]) == 300 and first["text"].endswith("...")
 
 
 def test_flips_refuses_rows_without_ids_or_with_repeats():

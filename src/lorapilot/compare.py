@@ -99,14 +99,36 @@ def flips(base_rows: list[dict], cand_rows: list[dict]) -> dict:
     only_base, only_candidate (counts of unpaired rows)}; ids in the baseline's order.
     """
     pairs = _pairs(base_rows, cand_rows)
-    fixed = [b["id"] for b, c in pairs if not b.get("correct") and c.get("correct")]
-    broken = [b["id"] for b, c in pairs if b.get("correct") and not c.get("correct")]
+    fixed = [(b, c) for b, c in pairs if not b.get("correct") and c.get("correct")]
+    broken = [(b, c) for b, c in pairs if b.get("correct") and not c.get("correct")]
     return {
-        "fixed": fixed,
-        "broken": broken,
+        "fixed": [b["id"] for b, _ in fixed],
+        "broken": [b["id"] for b, _ in broken],
         "n_common": len(pairs),
         "only_base": len(base_rows) - len(pairs),
         "only_candidate": len(cand_rows) - len(pairs),
+        # what a reader checks by eye: the input, the gold answer and both predictions
+        "examples": {
+            "fixed": [_flip_example(b, c) for b, c in fixed[:FLIP_EXAMPLES]],
+            "broken": [_flip_example(b, c) for b, c in broken[:FLIP_EXAMPLES]],
+        },
+    }
+
+
+FLIP_EXAMPLES = 5  # per direction, in the report
+FLIP_TEXT_CHARS = 300
+
+
+def _flip_example(base: dict, cand: dict) -> dict:
+    text = base.get("text")
+    if isinstance(text, str) and len(text) > FLIP_TEXT_CHARS:
+        text = text[: FLIP_TEXT_CHARS - 3] + "..."
+    return {
+        "id": base["id"],
+        "text": text,
+        "gold": base.get("gold"),
+        "baseline": base.get("parsed"),
+        "adapted": cand.get("parsed"),
     }
 
 

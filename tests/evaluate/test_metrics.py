@@ -381,3 +381,18 @@ def test_bootstrap_metric_identical():
     labels, gold, base, _ = _classification_case(n=30)
     r = paired_bootstrap_macro_f1(gold, base, base, labels, n_boot=200)
     assert r["delta"] == 0.0 and r["ci_low"] == 0.0 == r["ci_high"]
+
+
+def test_most_confused_lists_off_diagonal_cells_largest_first_with_their_share():
+    from lorapilot.evaluate.metrics import most_confused
+
+    labels = ["a", "b", "c"]
+    matrix = [[5, 3, 0], [1, 4, 1], [0, 3, 0]]  # rows gold, columns predicted
+    got = most_confused(matrix, labels, top=3)
+    assert [(c["gold"], c["predicted"], c["count"]) for c in got] == [
+        ("a", "b", 3),
+        ("c", "b", 3),
+        ("b", "a", 1),
+    ]
+    assert got[0]["share"] == 3 / 8 and got[1]["share"] == 1.0
+    assert most_confused([[2, 0], [0, 2]], ["x", "y"]) == []

@@ -316,3 +316,84 @@ def test_chromium_renders_the_page(page, tmp_path):
     data = shot.read_bytes()
     assert data.startswith(PNG_MAGIC)
     assert len(data) > 50_000  # a blank page compresses to a few kB
+
+
+def test_many_labels_show_the_most_confused_pairs_instead_of_the_matrix(state):
+    """77 labels: no unreadable heatmap; the top off-diagonal cells, largest first."""
+    import copy
+
+    labels = [f"intent_{i:02d}" for i in range(20)]
+    matrix = [[10 if i == j else 0 for j in range(20)] for i in range(20)]
+    matrix[3][7], matrix[5][1], matrix[9][2] = 6, 4, 1
+    s = copy.deepcopy(state)
+    s["chosen"]["metrics"]["confusion"] = {"labels": labels, "matrix": matrix}
+    md = render_markdown(s)
+    res = md_section(md, "Results: baseline vs adapted")
+    assert "Most confused pairs: adapted" in res and "Confusion matrix: adapted" not in res
+    rows = [ln for ln in res.splitlines() if ln.startswith("| intent_")]
+    assert rows[0].startswith("| intent_03 | intent_07 | 6 | 38%")  # 6 of 16
+    assert rows[1].startswith("| intent_05 | intent_01 | 4 | 29%")
+    assert "deliverable/confusion_adapted.csv" in res
+    assert "Confusion matrix: baseline" in res  # the fixture's small matrix stays a heatmap
+
+
+def test_flipped_examples_show_text_gold_and_both_predictions(state):
+    import copy
+
+    s = copy.deepcopy(state)
+    s["chosen"]["flips"]["examples"] = {
+        "fixed": [
+            {
+                "id": "v7",
+                "text": "refund my order please",
+                "gold": "refund",
+                "baseline": "shipping",
+                "adapted": "refund",
+            }
+        ],  # fmt: skip
+        "broken": [],
+    }
+    res = md_section(render_markdown(s), "Results: baseline vs adapted")
+    assert "Fixed examples (first 1)" in res and "Broken examples" not in res
+    assert "| v7 | refund my order please | refund | shipping | refund |" in res
+
+
+def test_the_final_test_section_has_per_category_metrics_and_guards(state):
+    import copy
+
+    s = copy.deepcopy(state)
+    s["test"]["metrics"]["per_category"] = {
+        "billing": {"f1": 0.9, "support": 30},
+        "shipping": {"f1": 0.7, "support": 25},
+    }
+    s["test"]["guards"] = [
+        {"kind": "min", "metric": "invalid_rate", "status": "pass", "detail": "invalid_rate ok"}
+    ]
+    md = render_markdown(s)
+    test = next(v for k, v in re.findall(r"^## (.*?)\n(.*?)(?=^## |\Z)", md, re.S | re.M)
+                if "test" in k.lower())  # fmt: skip
+    assert "Per category on test" in test and "| billing | 30 |" in test
+    assert "Guards on test" in test and "invalid_rate ok" in test
+    assert "1 relative guard(s)" in test  # per_category.f1 max_drop: checked on validation
+
+
+def test_the_base_section_states_the_quantization_the_adapter_is_bound_to(state):
+    import copy
+
+    s = copy.deepcopy(state)
+    base_md = md_section(render_markdown(s), "Base model and revision")
+    assert "none (the base in its stored dtype)" in base_md
+    s["chosen_record"]["result"]["base_identity"] = {
+        "weights_sha256": "ab" * 32,
+        "quantization": {
+            "bits": 4,
+            "type": "nf4",
+            "double_quant": True,
+            "compute_dtype": "bf16",
+            "block_size": 64,
+        },  # fmt: skip
+        "bitsandbytes": "0.50.2",
+    }
+    base_md = md_section(render_markdown(s), "Base model and revision")
+    assert "4-bit nf4, double quantization True, compute bf16, block 64" in base_md
+    assert "0.50.2" in base_md

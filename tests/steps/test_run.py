@@ -76,6 +76,13 @@ def test_compare_lists_failed_and_interrupted_runs_with_reasons(tmp_path, tiny_m
     assert "interrupted" in html and "http://" not in html and "https://" not in html
     assert (pilot / "deliverable" / "adapter" / "adapter_model.safetensors").is_file()
     assert (pilot / "deliverable" / "report.md").is_file()
+    # the confusion matrices travel as CSV (gold rows, predicted columns, counts = support)
+    labels = spec["task"]["labels"]
+    for who in ("baseline", "adapted"):
+        lines = (pilot / "deliverable" / f"confusion_{who}.csv").read_text().splitlines()
+        assert lines[0].split(",")[1:] == labels and len(lines) == 1 + len(labels)
+    counts = [int(x) for ln in lines[1:] for x in ln.split(",")[1:]]
+    assert sum(counts) == trained["metrics"]["n"]
 
 
 @pytest.mark.slow

@@ -153,3 +153,11 @@ def check_guards(
                 _check(kind, metric, threshold, baseline, candidate, support, min_support)
             )
     return results
+
+
+def check_absolute_guards(
+    guards: list[GuardSpec], metrics: dict, min_support: int
+) -> list[RuleResult]:
+    """The guards that need no baseline (`min`), on one evaluation: the final test, where
+    the baseline is not evaluated (the test split is used once, for the chosen adapter)."""
+    return check_guards([g for g in guards if g.min is not None], metrics, metrics, min_support)

@@ -516,3 +516,23 @@ def per_group(metrics: Any) -> tuple[str, dict]:
         return "per_field", metrics["per_field"]
     per = metrics.get("per_category")
     return "per_category", per if isinstance(per, dict) else {}
+
+
+def most_confused(matrix: list[list[int]], labels: list[str], top: int = 15) -> list[dict]:
+    """The off-diagonal cells of a confusion matrix (rows gold, columns predicted), largest
+    first: what a 77 x 77 heatmap hides. `share` is the cell over its gold label's support."""
+    cells = []
+    for i, row in enumerate(matrix):
+        support = sum(row)
+        for j, n in enumerate(row):
+            if i != j and n > 0:
+                cells.append(
+                    {
+                        "gold": labels[i],
+                        "predicted": labels[j],
+                        "count": n,
+                        "share": n / support if support else 0.0,
+                    }  # fmt: skip
+                )
+    cells.sort(key=lambda c: (-c["count"], c["gold"], c["predicted"]))
+    return cells[:top]

@@ -168,6 +168,7 @@ def evaluate_records(
             row = {
                 "id": r.id,
                 "category": r.category,
+                "text": r.text,
                 "prompt": tokenizer.decode(prompts[i]),
                 "raw_output": outputs[i] if outputs is not None else preds[i],
                 "parsed": preds[i],
@@ -194,6 +195,7 @@ def evaluate_records(
                 {
                     "id": r.id,
                     "category": r.category,
+                    "text": r.text,
                     "prompt": tokenizer.decode(prompts[i]),
                     "raw_output": outputs[i],
                     "parsed": parsed[i],

@@ -12,7 +12,7 @@ from typing import Any
 
 from lorapilot import registry
 from lorapilot.compare import CHOSEN_BY, bootstrap_for, comparable, decide, flips, gate
-from lorapilot.evaluate.guards import check_guards
+from lorapilot.evaluate.guards import check_absolute_guards, check_guards
 from lorapilot.evaluate.metrics import get_metric, per_group
 from lorapilot.fsutil import read_jsonl
 from lorapilot.spec import Pilot
@@ -182,7 +182,17 @@ def collect(pilot: Pilot) -> dict:
                 and test is None
                 and r.status == "completed"
             ):
-                test = {"id": r.id, "metrics": r.result.get("metrics"), "n": r.result.get("n")}
+                test = {
+                    "id": r.id,
+                    "metrics": r.result.get("metrics"),
+                    "n": r.result.get("n"),
+                    "guards": [
+                        g.__dict__
+                        for g in check_absolute_guards(
+                            spec.guards, r.result.get("metrics") or {}, spec.eval.min_support
+                        )
+                    ],
+                }
     if decision is not None:  # no GO without the protocol's gates (verify, final test)
         decision = gate(decision, verify, test)
         decision["chosen_by"] = CHOSEN_BY

@@ -3,10 +3,12 @@ report, baseline and final predictions, environment record, decision)."""
 
 from __future__ import annotations
 
+import csv
+import io
 import shutil
 from pathlib import Path
 
-from lorapilot.fsutil import atomic_write_json
+from lorapilot.fsutil import atomic_write_json, atomic_write_text
 from lorapilot.spec import Pilot
 
 
@@ -16,6 +18,16 @@ def _copy_tree(src: Path, dst: Path) -> None:
     shutil.copytree(src, tmp)
     shutil.rmtree(dst, ignore_errors=True)
     tmp.rename(dst)
+
+
+def confusion_csv(conf: dict) -> str:
+    """The confusion matrix as CSV: a header of predicted labels, one row per gold label."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["gold \\ predicted", *conf["labels"]])
+    for label, row in zip(conf["labels"], conf["matrix"], strict=True):
+        w.writerow([label, *row])
+    return buf.getvalue()
 
 
 def fill_deliverable(pilot: Pilot, state: dict, report_dir: Path) -> Path:
@@ -41,6 +53,10 @@ def fill_deliverable(pilot: Pilot, state: dict, report_dir: Path) -> Path:
         if src.is_file():
             shutil.copy2(src, d / "final_val_predictions.jsonl")
         atomic_write_json(d / "environment.json", rec.get("environment", {}))
+    for who, summary in (("baseline", state.get("baseline")), ("adapted", state.get("chosen"))):
+        conf = ((summary or {}).get("metrics") or {}).get("confusion")
+        if isinstance(conf, dict) and conf.get("matrix") and conf.get("labels"):
+            atomic_write_text(d / f"confusion_{who}.csv", confusion_csv(conf))
     if state.get("test"):
         src = runs / state["test"]["id"] / "predictions.jsonl"
         if src.is_file():

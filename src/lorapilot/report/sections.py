@@ -7,10 +7,11 @@ builder that fails on odd data costs only its own section (`build_sections` says
 
 from __future__ import annotations
 
+import json
 from functools import partial
 from typing import Any
 
-from lorapilot.evaluate.metrics import per_group
+from lorapilot.evaluate.metrics import most_confused, per_group
 from lorapilot.report import plots
 from lorapilot.report.blocks import (
     KV,
@@ -356,8 +357,27 @@ def _base_model(s: dict) -> list:
                 ("weights sha256", base.get("sha256")),
                 ("source", base.get("source")),
                 *spec_rows[2:],
+                *_quantization_rows(_get(_record(s), "result", "base_identity")),
             ]
         )
+    ]
+
+
+def _quantization_rows(identity: Any) -> list[tuple[str, Any]]:
+    """The exact base an adapter on a quantized base is bound to (verify checks all of it)."""
+    q = identity.get("quantization") if isinstance(identity, dict) else None
+    if not isinstance(q, dict):
+        return [("quantization", "none (the base in its stored dtype)")]
+    what = f"{q.get('bits')}-bit"
+    if q.get("bits") == 4:
+        what += (
+            f" {q.get('type')}, double quantization {q.get('double_quant')}, compute "
+            f"{q.get('compute_dtype')}, block {q.get('block_size')}"
+        )
+    return [
+        ("quantization", what),
+        ("bitsandbytes", identity.get("bitsandbytes")),
+        ("adapter bound to", "these weights quantized this way: a reload must match all of it"),
     ]
 
 
@@ -730,6 +750,9 @@ def _results(s: dict) -> list:
         conf = _get(m, "confusion")
         if isinstance(conf, dict) and conf.get("matrix") and conf.get("labels"):
             labels = [str(x) for x in conf["labels"]]
+            if len(labels) > CONFUSION_MAX_LABELS:  # a heatmap this size is unreadable
+                out += _confused_pairs(who, conf["matrix"], labels)
+                continue
             out += [
                 Sub(f"Confusion matrix: {who}"),
                 Image(
@@ -768,7 +791,51 @@ def _results(s: dict) -> list:
                 ]
             ),
         ]
+        for direction in ("fixed", "broken"):
+            shown = [e for e in _list(_dict(f, "examples"), direction) if isinstance(e, dict)]
+            if shown:
+                out += [
+                    Sub(f"{direction.capitalize()} examples (first {len(shown)})"),
+                    Table(
+                        ["id", "text", "gold", "baseline", "adapted"],
+                        [
+                            [
+                                e.get("id"),
+                                e.get("text"),
+                                _short(e.get("gold")),
+                                _short(e.get("baseline")),
+                                _short(e.get("adapted")),
+                            ]  # fmt: skip
+                            for e in shown
+                        ],
+                    ),
+                ]
     return out
+
+
+CONFUSION_MAX_LABELS = 12  # above: the most confused pairs, the full matrix as a CSV
+
+
+def _short(v: Any, n: int = 120) -> str:
+    text = v if isinstance(v, str) else json.dumps(v, default=str, ensure_ascii=False)
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
+def _confused_pairs(who: str, matrix: list, labels: list[str]) -> list:
+    pairs = most_confused(matrix, labels)
+    return [
+        Sub(f"Most confused pairs: {who}"),
+        Table(
+            ["gold", "predicted", "count", "share of gold"],
+            [[p["gold"], p["predicted"], p["count"], f"{p['share']:.0%}"] for p in pairs],
+        )
+        if pairs
+        else Para("no confusion: every prediction is its gold label"),
+        Para(
+            f"{len(labels)} labels: the full matrix is in deliverable/confusion_{who}.csv "
+            "(rows gold, columns predicted)."
+        ),
+    ]
 
 
 def _runs(s: dict) -> list:
@@ -949,11 +1016,58 @@ def _test(s: dict) -> list:
         )
         return out
     m = t["metrics"]
+    val_m = _get(s, "chosen", "metrics") or {}
     out += [
         Sub("Final test metrics"),
         KV([("eval run", t.get("id")), ("examples", t.get("n"))]),
-        Table(["metric", "adapted on test"], [[k, fmt(m[k])] for k in _numeric_keys(m)]),
+        Table(
+            ["metric", "adapted on val", "adapted on test"],
+            [[k, fmt(_metric(val_m, k)), fmt(m[k])] for k in _numeric_keys(m)],
+        ),
     ]
+    group, per = per_group(m)
+    if per:
+        _, val_per = per_group(val_m)
+        entries = [v for v in per.values() if isinstance(v, dict)]
+        ms = [x for x in ("f1", "accuracy", "precision", "recall") if any(x in v for v in entries)]
+        out += [
+            Sub("Per " + ("field" if group == "per_field" else "category") + " on test"),
+            Table(
+                [group.replace("per_", ""), "support", *(f"{x} val -> test" for x in ms)],
+                [
+                    [
+                        n,
+                        fmt(_get(per, n, "support")),
+                        *(_pair(_get(val_per, n, x), _get(per, n, x)) for x in ms),
+                    ]  # fmt: skip
+                    for n in per
+                ],
+            ),
+        ]
+    guards = [g for g in _list(t, "guards") if isinstance(g, dict)]
+    relative = [g for g in _list(s, "guards") if isinstance(g, dict) and "min" not in g]
+    if guards:
+        out += [
+            Sub("Guards on test"),
+            Table(
+                ["guard", "status", "detail"],
+                [
+                    [
+                        g.get("metric"),
+                        Mark(str(g.get("status")), g.get("status") == "pass"),
+                        g.get("detail"),
+                    ]
+                    for g in guards
+                ],  # fmt: skip
+            ),
+        ]
+    if relative:
+        out.append(
+            Para(
+                f"{len(relative)} relative guard(s) (max_drop / min_gain) compare with the "
+                "baseline, which is evaluated on validation only: they are checked there."
+            )
+        )
     return out
 
 
