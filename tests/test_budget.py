@@ -154,3 +154,13 @@ def test_compare_estimate_errors():
     assert out["train_s"] == {"estimate": 100.0, "actual": 125.0, "error": 25.0, "rel_error": 0.2}
     assert out["eval_s"]["error"] == -40.0 and out["eval_s"]["rel_error"] is None
     assert out["steps"]["error"] == 0 and out["steps"]["rel_error"] == 0
+
+
+def test_the_memory_limit_takes_the_larger_of_the_training_and_evaluation_peaks():
+    fig = dict(later_step_s=1.0, eval_examples_per_s=1.0, checkpoint_save_s=0, model_load_s=0)
+    assert ProbeFigures(**fig, peak_memory_bytes=3, eval_peak_memory_bytes=5)\
+        .pilot_peak_memory_bytes == 5  # fmt: skip
+    assert ProbeFigures(**fig, peak_memory_bytes=7, eval_peak_memory_bytes=5)\
+        .pilot_peak_memory_bytes == 7  # fmt: skip
+    assert ProbeFigures(**fig, peak_memory_bytes=7).pilot_peak_memory_bytes == 7
+    assert ProbeFigures(**fig).pilot_peak_memory_bytes is None

@@ -36,6 +36,14 @@ class ProbeFigures:
     """Seconds to load the base model and attach the adapter."""
     peak_memory_bytes: int | None = None
     """Peak device memory of a training step; None where it could not be measured."""
+    eval_peak_memory_bytes: int | None = None
+    """Peak memory of the probe's evaluation (the pilot's protocol and eval batch size)."""
+
+    @property
+    def pilot_peak_memory_bytes(self) -> int | None:
+        """What a memory limit is checked against: the larger of training and evaluation."""
+        peaks = [p for p in (self.peak_memory_bytes, self.eval_peak_memory_bytes) if p]
+        return max(peaks) if peaks else None
 
     def __post_init__(self) -> None:
         if not self.later_step_s > 0:

@@ -97,6 +97,7 @@ def probe_figures(probe: dict, train_cfg: dict, run_id: str) -> ProbeFigures:
         checkpoint_save_s=probe.get("checkpoint_save_s") or 0.0,
         model_load_s=(probe.get("load") or {}).get("seconds") or 0.0,
         peak_memory_bytes=max(peaks) if peaks else None,
+        eval_peak_memory_bytes=probe.get("eval_peak_memory_bytes"),
     )
 
 
@@ -198,7 +199,8 @@ def budget_of(pilot: Pilot) -> dict[str, Any]:
     out: dict[str, Any] = {
         "estimate": estimate,
         "window": spec.limits.window,
-        "limits": check_limits(estimate, figures.peak_memory_bytes, spec.limits),
+        "limits": check_limits(estimate, figures.pilot_peak_memory_bytes, spec.limits),
+        "pilot": pilot_time(pilot, figures, estimate, sizes, probe),
         "rental": plans(estimate),
         "rental_days": spec.limits.rental_days,
         "probe_run": probe.id,
@@ -210,6 +212,10 @@ def budget_of(pilot: Pilot) -> dict[str, Any]:
             "peak_memory_bytes": figures.peak_memory_bytes,
             "peak_memory_source": "the largest peak_total_bytes of the probe at the spec's "
             "settings",
+            "eval_peak_memory_bytes": figures.eval_peak_memory_bytes,
+            "eval_peak_memory_source": "the probe's evaluation of up to 32 validation examples "
+            "with the pilot's protocol",
+            "limit_checked_against": "the larger of the training and evaluation peaks",
             "accelerator": (probe.result.get("environment") or {}).get("accelerator"),
         },
         "data": sizes,
@@ -220,6 +226,26 @@ def budget_of(pilot: Pilot) -> dict[str, Any]:
     if rec is not None:
         out.update(compare_with_run(rec, pilot, probe, sizes))
     return out
+
+
+SMOKE_STEPS = 30  # what `run` gives the smoke phase
+
+
+def pilot_time(pilot: Pilot, figures, estimate: dict, sizes: dict, probe) -> dict:
+    """The whole pilot, phase by phase, not only one train run: the baseline and the final
+    test at the probe's evaluation throughput (each with a model load), the smoke phase's
+    steps at the probe's step time, the probe as it took, the train run's estimate (its
+    final evaluation and verify's included). Seconds; a margin as the train estimate's."""
+    load = figures.model_load_s
+    phases = {
+        "baseline_s": load + sizes.get("val", 0) / figures.eval_examples_per_s,
+        "smoke_s": load + SMOKE_STEPS * figures.later_step_s,
+        "probe_s": probe.duration_s or 0.0,
+        "train_s": estimate["total_s"],
+        "test_s": load + sizes.get("test", 0) / figures.eval_examples_per_s,
+    }
+    total = sum(phases.values())
+    return {**phases, "total_s": total, "cost_usd": total / 3600 * estimate["usd_per_hour"]}
 
 
 def refuse_over_limits(pilot: Pilot, log=print) -> None:

@@ -115,6 +115,7 @@ def verify_child(pilot_dir: Path, adapter_dir: Path, out_dir: Path) -> dict:
         data_version=prepared.version,
         seconds=round(ev.seconds, 3),
         device=ev.device,
+        eval_peak_memory_bytes=ev.peak_memory_bytes,  # the fresh process: load + evaluation
     )
     return result
 

@@ -341,6 +341,17 @@ def budget(r: dict) -> None:
     )
     for k in ("train_s", "eval_s", "checkpoint_s", "setup_s", "margin_s"):
         stdout.print(f"  {k[:-2]:<11} {e[k]:>9.1f} s")
+    p = r.get("pilot")
+    if p:
+        parts = ", ".join(f"{k[:-2]} {p[k] / 60:.1f}" for k in p if k.endswith("_s") and
+                          k != "total_s")  # fmt: skip
+        stdout.print(f"[bold]whole pilot[/]: {p['total_s'] / 60:.1f} min ({parts} min)")
+    f = r.get("figures") or {}
+    if f.get("eval_peak_memory_bytes"):
+        stdout.print(
+            f"  peak memory: training {format_gib(f.get('peak_memory_bytes') or 0)}, "
+            f"evaluation {format_gib(f['eval_peak_memory_bytes'])} (the limit takes the larger)"
+        )
     for name, lim in (r.get("limits") or {}).items():
         if isinstance(lim, dict):
             stdout.print(

@@ -111,6 +111,7 @@ def test_protocol_is_stable_and_sensitive(tmp_path, tiny_model_dir):
     # eval.precision is `auto` in the example: the protocol holds what this CPU ran
     proto = json.loads((pilot / "runs" / a["run_id"] / "protocol.json").read_text())
     assert proto["precision"] == ("bf16" if cpu_has_fast_bf16() else "fp32")
+    assert a["peak_memory_bytes"] > 0  # evaluation's own peak (RSS on a CPU), for the limits
 
 
 def test_test_split_is_reserved_and_logged(tmp_path, tiny_model_dir):

@@ -84,6 +84,22 @@ def test_budget_from_the_probe(pilot, probe_out):
     assert out["actual"] is None and out["errors"] is None
     json.loads(json.dumps(out))  # the --json output is plain JSON
 
+    # evaluation has a measured peak too, and the memory limit takes the larger of the two
+    eval_peak = probe_out["eval_peak_memory_bytes"]
+    assert eval_peak > 0 and out["figures"]["eval_peak_memory_bytes"] == eval_peak
+    larger = max(out["figures"]["peak_memory_bytes"], eval_peak)
+    assert math.isclose(out["limits"]["memory_gb"]["value"], larger / 2**30)
+    # the whole pilot, phase by phase: baseline and test at the eval rate, smoke, probe, train
+    pt = out["pilot"]
+    eps, load = probe_out["eval_examples_per_s"], probe_out["load"]["seconds"]
+    assert math.isclose(pt["baseline_s"], load + out["data"]["val"] / eps)
+    assert math.isclose(pt["test_s"], load + out["data"]["test"] / eps)
+    assert math.isclose(pt["smoke_s"], load + 30 * typical["later_step_s"])
+    assert pt["train_s"] == est["total_s"] and pt["probe_s"] > 0
+    assert math.isclose(
+        pt["total_s"], sum(pt[k] for k in ("baseline_s", "smoke_s", "probe_s", "train_s", "test_s"))
+    )
+
     accum = run_budget(load_pilot(pilot, ["train.grad_accum=2"]))["estimate"]
     assert math.isclose(accum["train_s"], accum["steps"] * 2 * typical["later_step_s"])
     with pytest.raises(UsageError, match="probe PILOT"):  # a setting the probe did not measure

@@ -44,6 +44,8 @@ def test_train_tiny_records_identity_and_variant(tmp_path, tiny_model_dir):
     rec = json.loads((adapter.parent / "run.json").read_text())
     assert rec["variant"]["label"] == "one_change" and rec["data_version"] == out["data_version"]
     assert rec["result"]["metrics"]["accuracy"] == out["metrics"]["accuracy"]
+    assert rec["result"]["eval_peak_memory_bytes"] > 0
+    assert rec["result"]["train"]["precision"] == "fp32"  # as given; `auto` is resolved
     steps = [
         json.loads(x)["step"] for x in (adapter.parent / "steps.jsonl").read_text().splitlines()
     ]

@@ -37,6 +37,7 @@ def test_verify_fresh_process_matches(trained):
     assert out["base_sha256"] == out["expected_base_sha256"]
     assert out["metrics"]["accuracy"] == train["metrics"]["accuracy"]
     assert out["device"] == "cpu"  # where the fresh process evaluated (no accelerator here)
+    assert out["eval_peak_memory_bytes"] > 0  # its own peak: load + evaluation
     rec = json.loads((pilot / "runs" / out["run_id"] / "run.json").read_text())
     assert (
         rec["kind"] == "verify"

@@ -16,6 +16,7 @@ from lorapilot.data.rows import Record
 from lorapilot.evaluate import predict
 from lorapilot.evaluate.metrics import classification_metrics, extraction_metrics, format_metrics
 from lorapilot.fsutil import sha256_json
+from lorapilot.memmeter import PeakMemory
 from lorapilot.models import pad_id_of
 from lorapilot.precision import resolve
 from lorapilot.progress import Phase
@@ -84,6 +85,7 @@ class EvalResult:
     examples_per_s: float
     protocol: dict = field(default_factory=dict)
     device: str = "cpu"
+    peak_memory_bytes: int | None = None  # CPU: peak RSS; CUDA: max reserved (memmeter)
 
 
 def evaluate_records(
@@ -106,13 +108,15 @@ def evaluate_records(
     prompts = [fmt.encode_prompt(r.text, budget) for r in records]
     pad_id = pad_id_of(tokenizer)
     t0 = time.perf_counter()
-    with Phase(
-        label,
-        len(records),
-        bar=progress,
-        log=log if progress else None,
-        field_names=("rate",),
-    ) as phase:
+    # Evaluation has its own peak (KV caches of a batch, the label tree, generation): a
+    # memory limit covers it too, not only the training step's.
+    meter = PeakMemory(next(model.parameters()).device)
+    with (
+        meter,
+        Phase(
+            label, len(records), bar=progress, log=log if progress else None, field_names=("rate",)
+        ) as phase,
+    ):
 
         def tick(n: int) -> None:
             rate = (phase.done + n) / max(time.perf_counter() - t0, 1e-9)
@@ -207,4 +211,6 @@ def evaluate_records(
             )
     metrics["n"] = len(records)
     device = str(next(model.parameters()).device)
-    return EvalResult(metrics, rows, seconds, len(records) / max(seconds, 1e-9), protocol, device)
+    return EvalResult(
+        metrics, rows, seconds, len(records) / max(seconds, 1e-9), protocol, device, meter.total
+    )

@@ -81,6 +81,7 @@ def evaluate_split(
             "n": len(records),
             "metrics": result.metrics,
             "eval_protocol": protocol["eval_protocol"],
+            "peak_memory_bytes": result.peak_memory_bytes,
             "protocol": protocol,
             "data_version": prepared.version,
             "base": {

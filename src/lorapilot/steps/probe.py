@@ -476,7 +476,7 @@ def _measured(
     log(f"probe: checkpoint saved in {checkpoint_s:.3f} s")
 
     # -- evaluation throughput with the pilot's protocol (casts the model: done last) ------
-    eval_eps, eval_n = None, 0
+    eval_eps, eval_n, eval_peak = None, 0, None
     records = prepared.splits.get("val", [])[:EVAL_EXAMPLES]
     if records:
         model.eval()
@@ -484,7 +484,7 @@ def _measured(
         ev = evaluate_records(
             model, tok, fmt, spec, records, protocol, progress=progress, label="probe eval"
         )
-        eval_eps, eval_n = ev.examples_per_s, len(records)
+        eval_eps, eval_n, eval_peak = ev.examples_per_s, len(records), ev.peak_memory_bytes
         log(f"probe: evaluation {eval_eps:.2f} examples/s ({eval_n} validation examples)")
     return {
         "measurements": pr.rows,
@@ -497,6 +497,7 @@ def _measured(
         "checkpoint_save_s": checkpoint_s,
         "eval_examples_per_s": eval_eps,
         "eval_examples": eval_n,
+        "eval_peak_memory_bytes": eval_peak,
         "step_definition": "one micro-batch forward + backward and one optimizer update",
         "load_check": load_check,
         "disturbed": bool(load_check and load_check["disturbed"]),

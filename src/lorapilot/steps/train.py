@@ -187,6 +187,7 @@ def run_train(
             eval_protocol=protocol["eval_protocol"],
             protocol=protocol,
             eval_seconds=round(ev.seconds, 3),
+            eval_peak_memory_bytes=ev.peak_memory_bytes,
             eval_device=ev.device,
         )
         write_adapter_manifest(

@@ -58,6 +58,7 @@ def run_verify(pilot, run_id: str | None = None, timeout: int = 3600) -> dict:
             "expected_base_sha256": child.get("expected_base_sha256", manifest["base"]["sha256"]),
             "fresh_process_pid_differs": True,
             "device": child.get("device"),
+            "eval_peak_memory_bytes": child.get("eval_peak_memory_bytes"),
             "problems": child.get("problems", []),
         }
         if child.get("refused"):
