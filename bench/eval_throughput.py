@@ -115,7 +115,7 @@ def main() -> None:
         "pilot": pilot.spec.name,
         "n_examples": n,
         "batch_size": batch,
-        "precision": pilot.spec.eval.precision,
+        "precision": gen_proto["precision"],  # as resolved for this machine
         "device": str(next(eval_model.parameters()).device),
         "mean_prompt_tokens": round(sum(len(p) for p in prompts) / n, 1),
         "shared_prefix_tokens": shared_prefix_len(prompts),

@@ -42,7 +42,9 @@ def main() -> None:
     model, _ = build_adapter(model, pilot.spec.adapter, seed=0)
     prepared = prepare_data(pilot, tok)
     records = prepared.splits["train"][: args.micro_batch]
-    enc = encode_records(formatter_for(pilot, tok), pilot.spec.task, records, prepared.answer_budget)
+    enc = encode_records(
+        formatter_for(pilot, tok), pilot.spec.task, records, prepared.answer_budget
+    )
     batch = collate(enc, pad_id_of(tok))
     targets = count_target_tokens(batch)
     model.train()

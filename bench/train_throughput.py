@@ -466,6 +466,7 @@ def main() -> None:
     from lorapilot.adapter import build_adapter
     from lorapilot.data.dataset import encode_records, formatter_for, prepare_data
     from lorapilot.models import load_base, pad_id_of
+    from lorapilot.precision import resolve
     from lorapilot.spec import load_pilot
 
     def log(msg: str) -> None:
@@ -473,7 +474,14 @@ def main() -> None:
 
     pilot = load_pilot(args.pilot, args.set)
     spec = pilot.spec
-    cfg = spec.train.model_copy(update={"max_steps": steps, "eval_every": None, "save_every": None})
+    cfg = spec.train.model_copy(
+        update={
+            "max_steps": steps,
+            "eval_every": None,
+            "save_every": None,
+            "precision": resolve(spec.train.precision),  # `auto` as this machine runs it
+        }
+    )
     warmup_sched = round(cfg.warmup_ratio * steps)  # as lorapilot.train.loop.train computes it
 
     load_start = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
