@@ -213,8 +213,8 @@ def budget_of(pilot: Pilot) -> dict[str, Any]:
             "peak_memory_source": "the largest peak_total_bytes of the probe at the spec's "
             "settings",
             "eval_peak_memory_bytes": figures.eval_peak_memory_bytes,
-            "eval_peak_memory_source": "the probe's evaluation of up to 32 validation examples "
-            "with the pilot's protocol",
+            "eval_peak_memory_source": "the probe's evaluations with the pilot's protocol: up "
+            "to 32 validation examples, and one batch of the longest validation prompts",
             "limit_checked_against": "the larger of the training and evaluation peaks",
             "accelerator": (probe.result.get("environment") or {}).get("accelerator"),
         },

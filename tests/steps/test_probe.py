@@ -117,6 +117,7 @@ def test_probe_measures_two_lengths_with_checkpointing_off_and_on(probed):
     assert rec["kind"] == "probe" and rec["status"] == "completed"
     assert rec["result"]["measurements"] == json.loads(json.dumps(rows))
     assert any("ckpt on" in line for line in lines) and any("evaluation" in line for line in lines)
+    assert out["eval_peak_memory_bytes"] > 0 and any("longest prompts" in ln for ln in lines)
 
 
 def test_search_batch_records_an_injected_oom_and_goes_on(tmp_path, tiny_model_dir, monkeypatch):

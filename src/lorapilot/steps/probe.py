@@ -484,8 +484,20 @@ def _measured(
         ev = evaluate_records(
             model, tok, fmt, spec, records, protocol, progress=progress, label="probe eval"
         )
-        eval_eps, eval_n, eval_peak = ev.examples_per_s, len(records), ev.peak_memory_bytes
-        log(f"probe: evaluation {eval_eps:.2f} examples/s ({eval_n} validation examples)")
+        eval_eps, eval_n = ev.examples_per_s, len(records)
+        # The evaluation peak at its widest: one batch of the longest validation prompts
+        # (the throughput above is the typical one, which the time estimates need).
+        val = prepared.splits["val"]
+        widths = [len(fmt.encode_prompt(r.text, prepared.answer_budget)) for r in val]
+        order = sorted(range(len(val)), key=lambda i: -widths[i])[: spec.eval.batch_size]
+        wide = evaluate_records(
+            model, tok, fmt, spec, [val[i] for i in order], protocol, progress=False
+        )
+        eval_peak = max(ev.peak_memory_bytes or 0, wide.peak_memory_bytes or 0) or None
+        log(
+            f"probe: evaluation {eval_eps:.2f} examples/s ({eval_n} validation examples), "
+            f"peak {format_gib(eval_peak or 0)} with the {len(order)} longest prompts"
+        )
     return {
         "measurements": pr.rows,
         "lengths": pr.targets,
