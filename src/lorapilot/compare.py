@@ -64,14 +64,15 @@ def protocol_differences(a: dict, b: dict, limit: int = 6) -> list[str]:
             continue
         va, vb = a.get(key, missing), b.get(key, missing)
         if va != vb:
-            out.append(f"{key} ({_short(va)} vs {_short(vb)})")
+            out.append(f"{key} ({short_text(va)} vs {short_text(vb)})")
     if len(out) > limit:
         out = out[:limit] + [f"{len(out) - limit} more"]
     return out
 
 
-def _short(v: Any, n: int = 40) -> str:
-    text = v if isinstance(v, str) else json.dumps(v, default=str)
+def short_text(v: Any, n: int = 40) -> str:
+    """A value as at most `n` characters of text (JSON for non-strings), cut with `...`."""
+    text = v if isinstance(v, str) else json.dumps(v, default=str, ensure_ascii=False)
     return text if len(text) <= n else text[: n - 3] + "..."
 
 
@@ -121,11 +122,9 @@ FLIP_TEXT_CHARS = 300
 
 def _flip_example(base: dict, cand: dict) -> dict:
     text = base.get("text")
-    if isinstance(text, str) and len(text) > FLIP_TEXT_CHARS:
-        text = text[: FLIP_TEXT_CHARS - 3] + "..."
     return {
         "id": base["id"],
-        "text": text,
+        "text": short_text(text, FLIP_TEXT_CHARS) if isinstance(text, str) else text,
         "gold": base.get("gold"),
         "baseline": base.get("parsed"),
         "adapted": cand.get("parsed"),

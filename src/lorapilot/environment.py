@@ -106,14 +106,19 @@ def git_commit() -> str | None:
     return None
 
 
-def default_threads() -> int:
-    """The cores this process may use (its CPU affinity), or OMP_NUM_THREADS when set."""
-    env = os.environ.get("OMP_NUM_THREADS", "")
-    if env.isdigit() and int(env) > 0:
-        return int(env)
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity, where the OS has one)."""
     if hasattr(os, "sched_getaffinity"):
         return max(1, len(os.sched_getaffinity(0)))
     return os.cpu_count() or 1
+
+
+def default_threads() -> int:
+    """The cores this process may use, or OMP_NUM_THREADS when set."""
+    env = os.environ.get("OMP_NUM_THREADS", "")
+    if env.isdigit() and int(env) > 0:
+        return int(env)
+    return usable_cores()
 
 
 def apply_threads(threads: int | None) -> int:

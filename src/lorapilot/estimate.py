@@ -200,7 +200,7 @@ def budget_of(pilot: Pilot) -> dict[str, Any]:
         "estimate": estimate,
         "window": spec.limits.window,
         "limits": check_limits(estimate, figures.pilot_peak_memory_bytes, spec.limits),
-        "pilot": pilot_time(pilot, figures, estimate, sizes, probe),
+        "pilot": pilot_time(figures, estimate, sizes, probe),
         "rental": plans(estimate),
         "rental_days": spec.limits.rental_days,
         "probe_run": probe.id,
@@ -231,11 +231,11 @@ def budget_of(pilot: Pilot) -> dict[str, Any]:
 SMOKE_STEPS = 30  # what `run` gives the smoke phase
 
 
-def pilot_time(pilot: Pilot, figures, estimate: dict, sizes: dict, probe) -> dict:
+def pilot_time(figures, estimate: dict, sizes: dict, probe) -> dict:
     """The whole pilot, phase by phase, not only one train run: the baseline and the final
     test at the probe's evaluation throughput (each with a model load), the smoke phase's
     steps at the probe's step time, the probe as it took, the train run's estimate (its
-    final evaluation and verify's included). Seconds; a margin as the train estimate's."""
+    final evaluation, verify's and its margin included). Seconds; no margin on the others."""
     load = figures.model_load_s
     phases = {
         "baseline_s": load + sizes.get("val", 0) / figures.eval_examples_per_s,

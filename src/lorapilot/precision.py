@@ -15,8 +15,6 @@ import torch
 
 from lorapilot.environment import cpu_has_fast_bf16
 
-CHOICES = ("auto", "fp32", "bf16", "fp16")
-
 
 def default_device_type() -> str:
     """The device a step computes on: the GPU when there is one (CUDA or ROCm), else the CPU."""

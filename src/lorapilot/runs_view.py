@@ -235,10 +235,7 @@ def watch(
     ) as live:
         while record.status == "running":
             sleep(interval)
-            tail.poll()
-            fresh = registry.read_record(run_dir)  # None only if unreadable: keep the last one
-            if fresh is not None:
-                record = fresh.model_copy(update={"status": registry.effective_status(fresh)})
+            record = _refresh(record, run_dir, tail)
             summary = run_summary(record, tail.steps)
             live.update(render(summary, tail.steps, last), refresh=True)
     return summary
@@ -250,8 +247,24 @@ def step_line(step: dict) -> str:
     return "  ".join(f"{k} {v}" for k, v in row.items())
 
 
-def _watch_plain(record, run_dir: Path, tail: StepTail, console: Console, interval: float,
-                 last: int, sleep: Callable[[float], None]) -> dict[str, Any]:  # fmt: skip
+def _refresh(record: registry.RunRecord, run_dir: Path, tail: StepTail) -> registry.RunRecord:
+    """New steps read, and the record as it is now (the last one if it cannot be read)."""
+    tail.poll()
+    fresh = registry.read_record(run_dir)  # None only if unreadable: keep the last one
+    if fresh is None:
+        return record
+    return fresh.model_copy(update={"status": registry.effective_status(fresh)})
+
+
+def _watch_plain(
+    record: registry.RunRecord,
+    run_dir: Path,
+    tail: StepTail,
+    console: Console,
+    interval: float,
+    last: int,
+    sleep: Callable[[float], None],
+) -> dict[str, Any]:
     """`runs --watch > file`: a live table would print nothing until the end; lines do."""
     shown = 0
     while True:
@@ -262,10 +275,7 @@ def _watch_plain(record, run_dir: Path, tail: StepTail, console: Console, interv
         if record.status != "running":
             break
         sleep(interval)
-        tail.poll()
-        fresh = registry.read_record(run_dir)
-        if fresh is not None:
-            record = fresh.model_copy(update={"status": registry.effective_status(fresh)})
+        record = _refresh(record, run_dir, tail)
     summary = run_summary(record, tail.steps)
     console.print(render(summary, tail.steps, last))
     return summary

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from lorapilot.environment import usable_cores
 from lorapilot.memmeter import PeakMemory
 from lorapilot.train.batches import count_target_tokens
 from lorapilot.train.step import train_step
@@ -62,6 +63,9 @@ def is_disturbed(other_cores: float, cores: int) -> bool:
     return other_cores >= max(DISTURBED_MIN_CORES, DISTURBED_FRACTION * cores)
 
 
+_BUSY_FIELDS = ("user", "nice", "system", "irq", "softirq", "steal")  # psutil.cpu_times()
+
+
 class CpuLoad:
     """The CPU time other processes used while we measured, in cores: the machine's busy
     CPU seconds (steal included: a VM's neighbours) minus this process's and its children's,
@@ -77,8 +81,7 @@ class CpuLoad:
 
     def _busy(self) -> float:
         t = self._psutil.cpu_times()
-        return sum(getattr(t, k, 0.0) for k in ("user", "nice", "system", "irq", "softirq",
-                                                "steal"))  # fmt: skip
+        return sum(getattr(t, k, 0.0) for k in _BUSY_FIELDS)
 
     def _own(self) -> float:
         t = self._me.cpu_times()
@@ -87,11 +90,7 @@ class CpuLoad:
     def stop(self, threads: int) -> dict:
         wall = max(time.perf_counter() - self.t0, 1e-9)
         other = max(0.0, (self._busy() - self.busy0) - (self._own() - self.own0)) / wall
-        cores = (
-            len(os.sched_getaffinity(0))
-            if hasattr(os, "sched_getaffinity")
-            else (os.cpu_count() or 1)
-        )
+        cores = usable_cores()
         checked = os.environ.get(LOAD_CHECK_ENV, "on").lower() != "off"
         return {
             "other_cores": round(other, 2),

@@ -343,8 +343,8 @@ def budget(r: dict) -> None:
         stdout.print(f"  {k[:-2]:<11} {e[k]:>9.1f} s")
     p = r.get("pilot")
     if p:
-        parts = ", ".join(f"{k[:-2]} {p[k] / 60:.1f}" for k in p if k.endswith("_s") and
-                          k != "total_s")  # fmt: skip
+        phases = [k for k in p if k.endswith("_s") and k != "total_s"]
+        parts = ", ".join(f"{k[:-2]} {p[k] / 60:.1f}" for k in phases)
         stdout.print(f"[bold]whole pilot[/]: {p['total_s'] / 60:.1f} min ({parts} min)")
     f = r.get("figures") or {}
     if f.get("eval_peak_memory_bytes"):

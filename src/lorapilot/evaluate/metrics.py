@@ -532,7 +532,7 @@ def most_confused(matrix: list[list[int]], labels: list[str], top: int = 15) -> 
                         "predicted": labels[j],
                         "count": n,
                         "share": n / support if support else 0.0,
-                    }  # fmt: skip
+                    }
                 )
     cells.sort(key=lambda c: (-c["count"], c["gold"], c["predicted"]))
     return cells[:top]

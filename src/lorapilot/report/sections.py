@@ -7,10 +7,10 @@ builder that fails on odd data costs only its own section (`build_sections` says
 
 from __future__ import annotations
 
-import json
 from functools import partial
 from typing import Any
 
+from lorapilot.compare import short_text
 from lorapilot.evaluate.metrics import most_confused, per_group
 from lorapilot.report import plots
 from lorapilot.report.blocks import (
@@ -802,10 +802,10 @@ def _results(s: dict) -> list:
                             [
                                 e.get("id"),
                                 e.get("text"),
-                                _short(e.get("gold")),
-                                _short(e.get("baseline")),
-                                _short(e.get("adapted")),
-                            ]  # fmt: skip
+                                short_text(e.get("gold"), 120),
+                                short_text(e.get("baseline"), 120),
+                                short_text(e.get("adapted"), 120),
+                            ]
                             for e in shown
                         ],
                     ),
@@ -814,11 +814,6 @@ def _results(s: dict) -> list:
 
 
 CONFUSION_MAX_LABELS = 12  # above: the most confused pairs, the full matrix as a CSV
-
-
-def _short(v: Any, n: int = 120) -> str:
-    text = v if isinstance(v, str) else json.dumps(v, default=str, ensure_ascii=False)
-    return text if len(text) <= n else text[: n - 3] + "..."
 
 
 def _confused_pairs(who: str, matrix: list, labels: list[str]) -> list:
@@ -1039,7 +1034,7 @@ def _test(s: dict) -> list:
                         n,
                         fmt(_get(per, n, "support")),
                         *(_pair(_get(val_per, n, x), _get(per, n, x)) for x in ms),
-                    ]  # fmt: skip
+                    ]
                     for n in per
                 ],
             ),
@@ -1058,7 +1053,7 @@ def _test(s: dict) -> list:
                         g.get("detail"),
                     ]
                     for g in guards
-                ],  # fmt: skip
+                ],
             ),
         ]
     if relative:
