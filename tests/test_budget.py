@@ -36,12 +36,14 @@ def test_epochs_give_the_steps_and_every_part():
     assert est["train_s"] == 250.0
     # no eval_every: final + verify = 2 evaluations of 200 examples at 10/s
     assert est["n_evals"] == 2 and est["eval_s"] == 40.0
-    assert est["n_checkpoints"] == 1 and est["checkpoint_s"] == 5.0
+    # no save_every: the default interval, floor(10% of 125) = 12 steps (saving 5 s every
+    # 12 x 2 s = 21% of the time: the loss bound wins over the 5% time share) -> 10 + final
+    assert est["n_checkpoints"] == 11 and est["checkpoint_s"] == 55.0
     assert est["setup_s"] == 30.0
-    # margin 20% of 250 + 40 + 5 + 30 = 325
-    assert est["margin_s"] == pytest.approx(65.0)
-    assert est["total_s"] == pytest.approx(390.0)
-    assert est["cost_usd"] == pytest.approx(390 / 3600 * 3.0)
+    # margin 20% of 250 + 40 + 55 + 30 = 375
+    assert est["margin_s"] == pytest.approx(75.0)
+    assert est["total_s"] == pytest.approx(450.0)
+    assert est["cost_usd"] == pytest.approx(450 / 3600 * 3.0)
     assert est["usd_per_hour"] == 3.0
 
 
@@ -63,7 +65,7 @@ def test_world_size_divides_steps_and_fractional_epochs_round_up():
 def test_zero_margin_and_free_machine():
     est = run(margin=0.0, usd_per_hour=0.0)
     assert est["margin_s"] == 0
-    assert est["total_s"] == 250 + 40 + 5 + 30
+    assert est["total_s"] == 250 + 40 + 55 + 30  # 11 checkpoints by the default interval
     assert est["cost_usd"] == 0
 
 
@@ -86,7 +88,7 @@ def test_limits_within():
     out = check_limits(est, 20 * GIB, LimitsSpec(memory_gb=24, time_hours=1, cost_cap_usd=5))
     assert out["ok"] is True
     assert out["memory_gb"] == {"limit": 24, "value": 20.0, "ok": True, "detail": "20 <= 24"}
-    assert out["time_hours"]["value"] == pytest.approx(390 / 3600)
+    assert out["time_hours"]["value"] == pytest.approx(450 / 3600)
     assert out["cost_cap_usd"]["ok"] is True
 
 
@@ -113,7 +115,9 @@ def test_only_limits_that_are_set_and_unmeasured_memory_fails():
 
 
 def test_rental_plan_phases_by_hand():
-    est = run(max_steps=1800)  # 3600 s train; total = 1.2 x (3600 + 40 + 5 + 30) = 4410 s
+    est = run(
+        max_steps=1800, save_every=10**6
+    )  # one checkpoint (the adapter); 3600 s train; total = 1.2 x (3600 + 40 + 5 + 30) = 4410 s
     plan = rental_plan(est, 3, setup_hours=1.0)
     ph = plan["phases"]
     assert plan["rental_hours"] == 72
@@ -164,3 +168,35 @@ def test_the_memory_limit_takes_the_larger_of_the_training_and_evaluation_peaks(
         .pilot_peak_memory_bytes == 7  # fmt: skip
     assert ProbeFigures(**fig, peak_memory_bytes=7).pilot_peak_memory_bytes == 7
     assert ProbeFigures(**fig).pilot_peak_memory_bytes is None
+
+
+def test_default_checkpoint_interval_bounds_lost_work_then_saving_time():
+    from lorapilot.budget import checkpoint_interval
+
+    # 1000 steps of 1 s, 2 s to save: 5% of the time -> every 40 steps; 10% loss -> 100
+    c = checkpoint_interval(1000, 1.0, 2.0)
+    assert c["save_every"] == 40 and c["save_share"] == pytest.approx(0.05)
+    assert c["max_lost_share"] == pytest.approx(0.04) and c["basis"] == "probe"
+    # saving is slow: the 10% loss bound wins (every 100 steps, 20% of the time saving)
+    slow = checkpoint_interval(1000, 1.0, 20.0)
+    assert slow["save_every"] == 100 and slow["save_share"] == pytest.approx(0.2)
+    # short runs save every step; no probe: the loss bound alone
+    assert checkpoint_interval(5, 1.0, 0.01)["save_every"] == 1
+    assert checkpoint_interval(50, None, None) == {
+        "save_every": 5, "steps": 50, "save_share": None, "max_lost_share": 0.1,
+        "basis": "no probe: the 10% loss bound alone",
+    }  # fmt: skip
+
+
+def test_plan_fits_counts_the_variants_that_fit_in_order():
+    from lorapilot.budget import plan_fits
+
+    # 3 days = 72 h: available 72 - 1 (setup) - 10.8 (15%) - 0.5 (export) = 59.7 h
+    out = plan_fits(3600.0, [20 * 3600.0, 30 * 3600.0, 20 * 3600.0], 3)
+    assert out["available_hours"] == pytest.approx(59.7)
+    assert out["plan_hours"] == pytest.approx(71.0) and not out["fits"]
+    assert out["variants_fit"] == 2  # 1 + 20 + 30 = 51 h fit, the third does not
+    week = plan_fits(3600.0, [20 * 3600.0, 30 * 3600.0, 20 * 3600.0], 7)
+    assert week["fits"] and week["variants_fit"] == 3
+    unknown = plan_fits(0.0, [3600.0, None, 3600.0], 30)
+    assert unknown["plan_hours"] is None and not unknown["fits"] and unknown["variants_fit"] == 1

@@ -265,12 +265,14 @@ def test_no_go_without_verify_and_final_test():
     from lorapilot.compare import gate
 
     ok_verify = {"id": "verify-1", "status": "completed", "ok": True}
-    test = {"id": "eval-1", "metrics": {}}
+    gain = {"metric": "macro_f1", "baseline": 0.2, "adapted": 0.7, "gain": 0.5,
+            "bootstrap": {"ci_low": 0.3, "ci_high": 0.6, "ci": 0.95}}  # fmt: skip
+    test = {"id": "eval-1", "metrics": {}, "gain": gain}
     assert gate(_go(), ok_verify, test)["decision"] == "GO"
     no_verify = gate(_go(), None, test)
     assert no_verify["decision"] == "INCONCLUSIVE"
     assert "lorapilot verify" in no_verify["reasons"][-1]
-    assert no_verify["gates"] == {"verify": "not run", "final_test": "done"}
+    assert no_verify["gates"] == {"verify": "not run", "final_test": "done", "test_confirms": True}
     no_test = gate(_go(), ok_verify, None)
     assert (
         no_test["decision"] == "INCONCLUSIVE" and "--split test --final" in no_test["reasons"][-1]
@@ -281,6 +283,26 @@ def test_no_go_without_verify_and_final_test():
     nogo = {"decision": "NO-GO", "reasons": ["guard failed"]}
     assert gate(nogo, None, None)["decision"] == "NO-GO"  # a NO-GO needs no gate to stand
     assert gate(_go(), None, None)["reasons"][0] == "macro_f1 gains +0.500"  # kept, not replaced
+
+
+def test_go_needs_the_final_test_to_confirm_the_validation_gain():
+    """The test gain's CI must lie above 0: a test gain within noise, or a final test with no
+    base evaluated on it, is INCONCLUSIVE with the test numbers in the reasons."""
+    from lorapilot.compare import gate
+
+    ok_verify = {"id": "verify-1", "status": "completed", "ok": True}
+    noisy = {"metric": "macro_f1", "baseline": 0.50, "adapted": 0.52, "gain": 0.02,
+             "bootstrap": {"ci_low": -0.04, "ci_high": 0.08, "ci": 0.95}}  # fmt: skip
+    out = gate(_go(), ok_verify, {"id": "eval-1", "gain": noisy})
+    assert out["decision"] == "INCONCLUSIVE" and out["gates"]["test_confirms"] is False
+    assert any("+0.020 over the base on test" in r and "includes 0" in r for r in out["reasons"])
+    assert "does not confirm" in out["reasons"][-1]
+    old = gate(_go(), ok_verify, {"id": "eval-1", "gain": None})
+    assert old["decision"] == "INCONCLUSIVE"
+    assert any("no test gain" in r for r in old["reasons"])
+    clear = {**noisy, "gain": 0.3, "adapted": 0.8,
+             "bootstrap": {"ci_low": 0.1, "ci_high": 0.5, "ci": 0.95}}  # fmt: skip
+    assert gate(_go(), ok_verify, {"id": "eval-1", "gain": clear})["decision"] == "GO"
 
 
 def test_report_decision_waits_for_verify_then_the_final_test(tmp_path):
@@ -323,12 +345,28 @@ def test_report_decision_waits_for_verify_then_the_final_test(tmp_path):
     train_id = record("train", gold, adapter_path=str(tmp_path / "adapter"))
     first = collect(pilot)["decision"]
     assert first["decision"] == "INCONCLUSIVE" and "lorapilot verify" in first["reasons"][-1]
-    assert first["chosen_by"].startswith("the completed train run")
+    assert first["chosen_by"].startswith("the plan's variant")
     with registry.open_run(pilot_dir, "verify", parent=train_id, config={"name": "t"}) as run:
         run.update(ok=True, metrics_match=True, n_mismatched_predictions=0)
     second = collect(pilot)["decision"]
     assert second["decision"] == "INCONCLUSIVE" and "--split test --final" in second["reasons"][-1]
     record("eval", gold, parent=train_id)
     with registry.open_run(pilot_dir, "eval", parent=train_id, config={"name": "t"}) as run:
+        rows = [{"id": f"e{i}", "gold": g, "parsed": g, "correct": True, "category": g}
+                for i, g in enumerate(gold)]  # fmt: skip
+        (run.dir / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         run.update(split="test", metrics={"macro_f1": 1.0}, n=60)
-    assert collect(pilot)["decision"]["decision"] == "GO"
+    third = collect(pilot)["decision"]  # the base was not evaluated on test: no test gain
+    assert third["decision"] == "INCONCLUSIVE" and third["gates"]["test_confirms"] is False
+    with registry.open_run(pilot_dir, "eval", parent=train_id, config={"name": "t"}) as run:
+        (run.dir / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        wrong = [{**r, "parsed": labels[(i + 1) % len(labels)], "correct": False}
+                 for i, r in enumerate(rows)]  # fmt: skip
+        (run.dir / "baseline_predictions.jsonl").write_text(
+            "".join(json.dumps(r) + "\n" for r in wrong)
+        )
+        run.update(split="test", metrics={"macro_f1": 1.0}, n=60,
+                   baseline_metrics={"macro_f1": 0.0})  # fmt: skip
+    final = collect(pilot)
+    assert final["decision"]["decision"] == "GO", final["decision"]["reasons"]
+    assert final["test"]["gain"]["gain"] == 1.0 and final["test"]["gain"]["bootstrap"]["ci_low"] > 0

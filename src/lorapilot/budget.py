@@ -91,11 +91,11 @@ def estimate_run(
         raise ValueError("micro_batch, grad_accum and world_size must be positive")
     if margin < 0 or usd_per_hour < 0:
         raise ValueError("margin and usd_per_hour must be >= 0")
-    if max_steps:
-        steps = int(max_steps)
-    else:
-        per_step = micro_batch * grad_accum * world_size
-        steps = max(1, math.ceil(epochs * n_train / per_step))
+    steps = steps_of(n_train, epochs, max_steps, micro_batch, grad_accum, world_size)
+    if save_every is None:
+        save_every = checkpoint_interval(steps, figures.later_step_s, figures.checkpoint_save_s)[
+            "save_every"
+        ]
     n_evals = (steps // eval_every if eval_every else 0) + 2  # + final + verify
     n_checkpoints = (steps // save_every if save_every else 0) + 1  # + the final adapter
     out: dict = {
@@ -112,6 +112,75 @@ def estimate_run(
     out["n_evals"] = n_evals
     out["n_checkpoints"] = n_checkpoints
     return out
+
+
+def steps_of(
+    n_train: int,
+    epochs: float,
+    max_steps: int | None,
+    micro_batch: int,
+    grad_accum: int,
+    world_size: int = 1,
+) -> int:
+    """Optimizer steps of a run, as the training loop counts them."""
+    if max_steps:
+        return int(max_steps)
+    return max(1, math.ceil(epochs * n_train / (micro_batch * grad_accum * world_size)))
+
+
+CHECKPOINT_TIME_SHARE = 0.05  # at most this share of the run spent saving checkpoints...
+CHECKPOINT_LOSS_SHARE = 0.10  # ...unless that would lose more than this share of the steps
+
+
+def checkpoint_interval(steps: int, step_s: float | None, save_s: float | None) -> dict:
+    """The default `save_every` when the spec sets none: a killed run must not lose more than
+    10% of its steps, and (within that) saving should take at most 5% of the run's time.
+
+    every_for_time = ceil(save_s / (0.05 x step_s)) keeps saving under 5%; every_for_loss =
+    max(1, floor(0.1 x steps)) bounds the loss; save_every = the smaller (the loss bound wins
+    when the two disagree). Unmeasured times (no probe): the loss bound alone.
+    -> {save_every, steps, save_share (of the run's step time, None unmeasured),
+    max_lost_share, basis}.
+    """
+    for_loss = max(1, math.floor(CHECKPOINT_LOSS_SHARE * steps))
+    measured = bool(step_s and step_s > 0 and save_s is not None and save_s >= 0)
+    every = for_loss
+    if measured:
+        for_time = max(1, math.ceil(save_s / (CHECKPOINT_TIME_SHARE * step_s)))
+        every = min(for_loss, for_time)
+    return {
+        "save_every": every,
+        "steps": steps,
+        "save_share": save_s / (every * step_s) if measured else None,
+        "max_lost_share": min(1.0, every / steps) if steps else None,
+        "basis": "probe" if measured else "no probe: the 10% loss bound alone",
+    }
+
+
+def plan_fits(
+    fixed_s: float, variant_s: list[float | None], days: int, setup_hours: float = 1.0
+) -> dict:
+    """Does the whole plan fit a rental of `days`: the fixed phases (baseline, smoke, probes,
+    final test), then the variants in order, inside what is left after the setup, the 15%
+    resumption margin and the export. -> {days, available_hours, plan_hours, fits,
+    variants_fit (how many variants, in order, fit)}; an unestimated variant fits nowhere."""
+    rental_h = days * HOURS_PER_DAY
+    available = rental_h - setup_hours - RESUMPTION_SHARE * rental_h - EXPORT_HOURS
+    used = fixed_s / 3600
+    n_fit = 0
+    for s in variant_s:
+        if s is None or used + s / 3600 > available:
+            break
+        used += s / 3600
+        n_fit += 1
+    total = None if any(s is None for s in variant_s) else (fixed_s + sum(variant_s)) / 3600
+    return {
+        "days": days,
+        "available_hours": available,
+        "plan_hours": total,
+        "fits": total is not None and total <= available,
+        "variants_fit": n_fit,
+    }
 
 
 def _limit(limit: float, value: float | None, what: str) -> dict:

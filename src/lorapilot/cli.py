@@ -48,6 +48,13 @@ SetOpt = Annotated[
     ),
 ]
 NoProgress = Annotated[bool, typer.Option("--no-progress", help="Hide progress bars.")]
+VariantOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--variant",
+        help="Run one of the spec's pre-registered variants (`base`: the spec as written).",
+    ),
+]
 RunOpt = Annotated[
     str | None, typer.Option("--run", help="Train run (default: the latest completed one).")
 ]
@@ -146,10 +153,10 @@ def _fail(e: LorapilotError, as_json: bool, details: dict, label: str | None = N
     raise typer.Exit(e.exit_code)
 
 
-def _pilot(pilot: str, sets: list[str] | None = None):
+def _pilot(pilot: str, sets: list[str] | None = None, variant: str | None = None):
     from lorapilot.spec import load_pilot
 
-    return load_pilot(pilot, sets)
+    return load_pilot(pilot, sets, variant)
 
 
 # --------------------------------------------------------------------------- verbs
@@ -370,15 +377,17 @@ def train_cmd(
             "--resume", help="Continue this interrupted train run from its last checkpoint."
         ),
     ] = None,
+    variant: VariantOpt = None,
     no_progress: NoProgress = False,
 ) -> Shown:
     """One experiment: adapter, update audit, training, saved adapter, validation metrics.
-    `--set key=value` makes it a variant (labelled one_change or combined)."""
-    from lorapilot.steps.train import run_train
+    `--variant NAME` runs a pre-registered variant of the plan; `--set key=value` an ad-hoc
+    one (labelled one_change or combined, shown but never chosen by the plan's selection).
+    `--resume RUN` alone continues a run with its own variant and overrides."""
+    from lorapilot.steps.train import pilot_for, run_train
 
-    result = run_train(
-        _pilot(pilot, sets), resume=resume, progress=not no_progress, log=step_log(as_json)
-    )
+    p = pilot_for(pilot, sets, variant, resume)
+    result = run_train(p, resume=resume, progress=not no_progress, log=step_log(as_json))
     return Shown(result, views.train)
 
 
@@ -432,13 +441,15 @@ def probe(
     ] = 5,
     no_progress: NoProgress = False,
     sets: SetOpt = None,
+    variant: VariantOpt = None,
 ) -> Shown:
     """Size a full training step (forward, backward, update) at typical and long lengths,
-    checkpointing off and on: first/later step time and peak memory, beside an estimate."""
+    checkpointing off and on: first/later step time and peak memory, beside an estimate.
+    `--variant NAME` probes a variant whose step shape differs from the base's."""
     from lorapilot.steps.probe import run_probe
 
     result = run_probe(
-        _pilot(pilot, sets),
+        _pilot(pilot, sets, variant),
         search_batch=search_batch,
         estimate_only=estimate_only,
         steps=steps,
@@ -509,12 +520,23 @@ def report(pilot: PilotArg, as_json: JsonFlag = False) -> Shown:
 
 @app.command("run")
 @verb
-def run_cmd(pilot: PilotArg, as_json: JsonFlag = False, no_progress: NoProgress = False) -> Shown:
-    """The whole pilot: data, inspect, baseline, smoke, probe, budget, train, verify, final
-    test, report. Completed phases with unchanged inputs are reused."""
+def run_cmd(
+    pilot: PilotArg,
+    as_json: JsonFlag = False,
+    no_progress: NoProgress = False,
+    only: Annotated[
+        list[str] | None,
+        typer.Option("--only", help="Run only this variant of the plan (repeatable)."),
+    ] = None,
+) -> Shown:
+    """The whole plan: data, inspect, baseline, smoke, a probe per step shape, budget, every
+    variant, then verify and the final test of the one the selection rule picks, report.
+    Completed phases with unchanged inputs are reused; an interrupted variant is resumed."""
     from lorapilot.steps.run import run_pipeline
 
-    result = run_pipeline(_pilot(pilot), progress=not no_progress, log=step_log(as_json, dim=False))
+    result = run_pipeline(
+        _pilot(pilot), only=only, progress=not no_progress, log=step_log(as_json, dim=False)
+    )
     return Shown(result, views.run)
 
 

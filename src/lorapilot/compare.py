@@ -285,16 +285,12 @@ def decide(
     }
 
 
-CHOSEN_BY = (
-    "the completed train run, comparable with the baseline, with the best validation value "
-    "of the success metric (ties: the earlier run)"
-)
-
-
 def gate(decision: dict, verify: dict | None, test: dict | None) -> dict:
     """The protocol's own gates on a decision: a run that was not reloaded in a fresh process
-    (`verify`) or not evaluated once on the reserved test split is at most INCONCLUSIVE, and a
-    failed verify is NO-GO. A NO-GO stays NO-GO. -> a new decision dict, `gates` added."""
+    (`verify`), not evaluated once on the reserved test split, or whose test gain over the
+    base (paired bootstrap on test, `test["gain"]`) has a CI reaching 0, is at most
+    INCONCLUSIVE; a failed verify is NO-GO. A NO-GO stays NO-GO. -> a new decision dict,
+    `gates` added."""
     out = {**decision, "reasons": list(decision.get("reasons", []))}
     verified = verify is not None and verify.get("status") == "completed" and verify.get("ok")
     failed = verify is not None and verify.get("status") == "failed"
@@ -317,7 +313,29 @@ def gate(decision: dict, verify: dict | None, test: dict | None) -> dict:
             "no final test evaluation of the chosen adapter yet: run "
             "`lorapilot eval --split test --final`"
         )
+    if test is not None:
+        confirmed, line = _test_confirms(test.get("gain"))
+        gates["test_confirms"] = confirmed
+        out["reasons"].append(line)
+        if not confirmed:
+            missing.append("the final test does not confirm the validation gain")
     if missing and out["decision"] == "GO":
         out["decision"] = "INCONCLUSIVE"
         out["reasons"].append("GO on validation, but " + "; ".join(missing))
     return out
+
+
+def _test_confirms(gain: dict | None) -> tuple[bool, str]:
+    """(does the test gain's CI lie above 0, the reason line). The test split is not used to
+    choose; it must not contradict the choice made on validation."""
+    if not gain or gain.get("gain") is None:
+        return False, "final test: the base was not evaluated on the test split, no test gain"
+    boot = gain.get("bootstrap")
+    line = (
+        f"final test: {gain['metric']} {gain['gain']:+.3f} over the base on test "
+        f"({gain['baseline']:.3f} -> {gain['adapted']:.3f})"
+    )
+    if not boot:
+        return False, line + "; no bootstrap CI"
+    ok = boot["ci_low"] > 0
+    return ok, line + f"; {_ci_text(boot)}" + ("" if ok else ": includes 0")

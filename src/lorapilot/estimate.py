@@ -29,18 +29,23 @@ from typing import Any
 
 from lorapilot import registry
 from lorapilot.budget import (
+    RENTAL_DAYS,
     ProbeFigures,
     check_limits,
+    checkpoint_interval,
     compare_estimate,
     estimate_run,
     exceeded,
+    plan_fits,
     plans,
+    steps_of,
 )
 from lorapilot.data.dataset import prepare_data
 from lorapilot.errors import CheckFailed, LorapilotError, UsageError
 from lorapilot.fsutil import read_jsonl
 from lorapilot.models import load_tokenizer
-from lorapilot.spec import Pilot
+from lorapilot.plan import step_shape, variant_pilots
+from lorapilot.spec import Pilot, variant_label
 
 COMPARISON_BASIS = (
     "the estimate redone for the train run's own number of steps and train settings, without "
@@ -49,16 +54,31 @@ COMPARISON_BASIS = (
 )
 
 
+def _measured(rec: registry.RunRecord) -> bool:
+    return (
+        rec.status == "completed"
+        and not rec.result.get("estimate_only")
+        and any(m.get("ok") and m.get("measured") for m in rec.result.get("measurements", []))
+    )
+
+
 def latest_probe(pilot_dir: Path) -> registry.RunRecord | None:
     """The newest completed probe run that measured steps (not --estimate-only)."""
     for rec in reversed(registry.list_runs(pilot_dir, "probe")):
-        if (
-            rec.status == "completed"
-            and not rec.result.get("estimate_only")
-            and any(m.get("ok") and m.get("measured") for m in rec.result.get("measurements", []))
-        ):
+        if _measured(rec):
             return rec
     return None
+
+
+def probe_for(pilot: Pilot, strict: bool = False) -> registry.RunRecord | None:
+    """The newest measured probe of this pilot's step shape (`plan.step_shape`: variants that
+    only change the learning rate, duration or seed share one). Not strict: else the newest
+    measured probe of any shape (a probe from before the spec's last change)."""
+    shape = step_shape(pilot.spec.model_dump(mode="json"))
+    for rec in reversed(registry.list_runs(pilot.dir, "probe")):
+        if _measured(rec) and step_shape(rec.config or {}) == shape:
+            return rec
+    return None if strict else latest_probe(pilot.dir)
 
 
 def _at_settings(
@@ -180,10 +200,10 @@ def compare_with_run(
     }
 
 
-def budget_of(pilot: Pilot) -> dict[str, Any]:
+def budget_of(pilot: Pilot, only=None) -> dict[str, Any]:
     """Time/cost estimate of one training run, limits, 3/7/30-day plans, estimate vs actual."""
     spec = pilot.spec
-    probe = latest_probe(pilot.dir)
+    probe = probe_for(pilot)
     if probe is None:
         raise UsageError(
             f"{pilot.dir}: no completed probe run with measured steps yet; run "
@@ -225,7 +245,97 @@ def budget_of(pilot: Pilot) -> dict[str, Any]:
     rec = registry.latest_run(pilot.dir, "train")
     if rec is not None:
         out.update(compare_with_run(rec, pilot, probe, sizes))
+    out.update(plan_budget(pilot, out["pilot"], sizes, only))
     return out
+
+
+def plan_budget(pilot: Pilot, pilot_phases: dict, sizes: dict, only=None) -> dict:
+    """The whole plan: every variant's train run from the probe of its step shape, the
+    plan's total (baseline, smoke, the probes, every variant, the final test), whether it
+    fits 3/7/30 days and the spec's limits. -> {variants: [...], plan: {...}}."""
+    spec = pilot.spec
+    rows, probes = [], {}
+    for vp in variant_pilots(pilot, only):
+        probe = probe_for(vp, strict=vp.variant != "base")
+        row: dict[str, Any] = {
+            "name": vp.variant,
+            "label": "base" if vp.variant == "base" else variant_label(vp.diff),
+            "diff": vp.diff,
+            "step_shape": step_shape(vp.spec.model_dump(mode="json")),
+            "probe_run": probe and probe.id,
+            "estimate": None,
+            "total_s": None,
+            "cost_usd": None,
+            "peak_memory_bytes": None,
+        }
+        if probe is None:
+            row["note"] = (
+                f"not probed: run `lorapilot probe PILOT --variant {vp.variant}` (its step shape "
+                "differs from every probed one)"
+            )
+            rows.append(row)
+            continue
+        probes[probe.id] = probe.duration_s or 0.0
+        train = vp.spec.train.model_dump(mode="json")
+        try:
+            figures = probe_figures(probe.result, train, probe.id)
+        except UsageError as e:
+            row["note"] = str(e)
+            rows.append(row)
+            continue
+        est = _estimate(figures, train, vp.spec.limits, sizes, vp.spec.train.max_steps)
+        limits = check_limits(est, figures.pilot_peak_memory_bytes, vp.spec.limits)
+        row.update(
+            estimate=est,
+            steps=est["steps"],
+            total_s=est["total_s"],
+            cost_usd=est["cost_usd"],
+            peak_memory_bytes=figures.pilot_peak_memory_bytes,
+            limits=limits,
+            over_limits=sorted(exceeded(limits)),
+        )
+        rows.append(row)
+    fixed = (
+        pilot_phases["baseline_s"] + pilot_phases["smoke_s"] + pilot_phases["test_s"]
+        + sum(probes.values())
+    )  # fmt: skip
+    totals = [r["total_s"] for r in rows]
+    fits = {str(d): plan_fits(fixed, totals, d) for d in RENTAL_DAYS}
+    chosen = fits[str(spec.limits.rental_days)]
+    over = [r["name"] for r in rows if r.get("over_limits")]
+    beyond = [r["name"] for r in rows[chosen["variants_fit"] :]]
+    total = None if None in totals else fixed + sum(totals)
+    return {
+        "variants": rows,
+        "plan": {
+            "variants": [r["name"] for r in rows],
+            "fixed_s": fixed,
+            "total_s": total,
+            "cost_usd": None if total is None else total / 3600 * spec.limits.usd_per_hour,
+            "fits": fits,
+            "rental_days": spec.limits.rental_days,
+            "variants_fit": chosen["variants_fit"],
+            "over_limits": over,
+            "not_in_rental": beyond,
+            "ok": not over and not beyond,
+        },
+    }
+
+
+def plan_refusal(plan: dict) -> str | None:
+    """Why a plan must not start (the variants over a limit or past the rental), or None."""
+    parts = []
+    over = [r for r in plan["variants"] if r.get("over_limits")]
+    for r in over:
+        detail = ", ".join(f"{k} {r['limits'][k]['detail']}" for k in r["over_limits"])
+        parts.append(f"variant {r['name']} exceeds the spec's limits ({detail})")
+    p = plan["plan"]
+    if p["not_in_rental"]:
+        parts.append(
+            f"variants {', '.join(p['not_in_rental'])} do not fit in the {p['rental_days']}-day "
+            "rental after the phases before them"
+        )
+    return "; ".join(parts) or None
 
 
 SMOKE_STEPS = 30  # what `run` gives the smoke phase
@@ -235,17 +345,41 @@ def pilot_time(figures, estimate: dict, sizes: dict, probe) -> dict:
     """The whole pilot, phase by phase, not only one train run: the baseline and the final
     test at the probe's evaluation throughput (each with a model load), the smoke phase's
     steps at the probe's step time, the probe as it took, the train run's estimate (its
-    final evaluation, verify's and its margin included). Seconds; no margin on the others."""
+    final evaluation, verify's and its margin included), the final test (adapter and base on
+    the test split). Seconds; no margin on the others."""
     load = figures.model_load_s
     phases = {
         "baseline_s": load + sizes.get("val", 0) / figures.eval_examples_per_s,
         "smoke_s": load + SMOKE_STEPS * figures.later_step_s,
         "probe_s": probe.duration_s or 0.0,
         "train_s": estimate["total_s"],
-        "test_s": load + sizes.get("test", 0) / figures.eval_examples_per_s,
+        # the final test evaluates the adapter and the base on the same rows
+        "test_s": load + 2 * sizes.get("test", 0) / figures.eval_examples_per_s,
     }
     total = sum(phases.values())
     return {**phases, "total_s": total, "cost_usd": total / 3600 * estimate["usd_per_hour"]}
+
+
+def checkpoint_policy(pilot: Pilot, n_train: int, world_size: int = 1) -> dict:
+    """How often a train run saves: the spec's `train.save_every`, else the default interval
+    (`budget.checkpoint_interval`) from the probe's step and checkpoint times, recorded."""
+    t = pilot.spec.train
+    if t.save_every:
+        return {"save_every": t.save_every, "chosen_by": "spec"}
+    steps = steps_of(n_train, t.epochs, t.max_steps, t.micro_batch, t.grad_accum, world_size)
+    probe = probe_for(pilot)
+    step_s = save_s = None
+    if probe is not None:
+        try:
+            figures = probe_figures(probe.result, t.model_dump(mode="json"), probe.id)
+            step_s, save_s = figures.later_step_s, figures.checkpoint_save_s
+        except UsageError:
+            probe = None
+    return {
+        **checkpoint_interval(steps, step_s, save_s),
+        "chosen_by": "default",
+        "probe_run": probe and probe.id,
+    }
 
 
 def refuse_over_limits(pilot: Pilot, log=print) -> None:

@@ -422,6 +422,59 @@ class LimitsSpec(_Strict):
     window: str | None = Field(None, description="The agreed operating window, free text.")
 
 
+VARIANT_SECTIONS = ("adapter.", "train.", "model.quantization")
+"""What a variant may change: the recipe. The task, data, evaluation, criterion, guards and
+limits stay fixed, or the variants could not be compared with the baseline or each other."""
+_VARIANT_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,39}$")
+_KEY_PATH_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+
+class VariantSpec(_Strict):
+    """One pre-registered experiment: a few overrides of the base recipe."""
+
+    name: str = Field(description="Variant name (letters, digits, . _ -); `base` is reserved.")
+    set: dict[str, Any] = Field(
+        description="Overrides of the base recipe as dotted keys, e.g. {adapter.r: 8}."
+    )
+    why: str | None = Field(
+        None, description="Required when the variant changes two parameter groups (combined)."
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _vname(cls, v: str) -> str:
+        if not _VARIANT_NAME_RE.match(v):
+            raise ValueError("must be 1-40 of letters, digits, '.', '_', '-'")
+        if v == "base":
+            raise ValueError("`base` is reserved: the base recipe is always variant `base`")
+        return v
+
+    @field_validator("set")
+    @classmethod
+    def _keys(cls, v: dict[str, Any]) -> dict[str, Any]:
+        if not v:
+            raise ValueError("a variant must set at least one key")
+        for key in v:
+            if not _KEY_PATH_RE.fullmatch(key):
+                raise ValueError(f"{key!r} is not a key path like adapter.r")
+            if not any(key == s.rstrip(".") or key.startswith(s) for s in VARIANT_SECTIONS):
+                raise ValueError(
+                    f"{key!r}: a variant changes the recipe only (adapter.*, train.*, "
+                    "model.quantization.*); the task, data, evaluation, criterion and limits "
+                    "are the same for every variant"
+                )
+        return v
+
+
+class SelectionSpec(_Strict):
+    """The pre-registered rule that picks the variant the decision is about."""
+
+    metric: str | None = Field(None, description="Default: the success metric.")
+    split: Literal["val"] = Field(
+        "val", description="Always validation: the test split confirms, it does not choose."
+    )
+
+
 class PilotSpec(_Strict):
     """The whole pilot.yaml."""
 
@@ -442,6 +495,22 @@ class PilotSpec(_Strict):
         "'lorapilot[mlflow]' / 'lorapilot[tensorboard]'). The run records stay the source of "
         "truth; `lorapilot sync` mirrors existing ones.",
     )
+    variants: list[VariantSpec] = Field(
+        default_factory=list,
+        description="Pre-registered experiments besides `base` (the recipe as written), run "
+        "in order by `lorapilot run`.",
+    )
+    selection: SelectionSpec = Field(default_factory=SelectionSpec)
+
+    @field_validator("variants")
+    @classmethod
+    def _unique(cls, v: list[VariantSpec]) -> list[VariantSpec]:
+        seen: set[str] = set()
+        for i, var in enumerate(v):
+            if var.name in seen:
+                raise ValueError(f"[{i}].name {var.name!r} is given twice")
+            seen.add(var.name)
+        return v
 
     @field_validator("name")
     @classmethod
@@ -481,6 +550,8 @@ class PilotSpec(_Strict):
         fields = [f.name for f in self.task.fields or []]
         named = [("success.metric", self.success.metric)] if self.success is not None else []
         named += [(f"guards[{i}].metric", g.metric) for i, g in enumerate(self.guards)]
+        if self.selection.metric is not None:
+            named.append(("selection.metric", self.selection.metric))
         for key, name in named:
             why = problem(name, self.task.kind, self.task.labels, fields)
             if why:
@@ -493,6 +564,15 @@ class PilotSpec(_Strict):
             metric = "macro_f1" if self.task.kind == "classification" else "field_f1"
             object.__setattr__(self, "success", SuccessSpec(metric=metric, min_gain=0.05))
         return self
+
+    @property
+    def selection_metric(self) -> str:
+        assert self.success is not None
+        return self.selection.metric or self.success.metric
+
+    def variant_names(self) -> list[str]:
+        """The plan, in order: `base` first."""
+        return ["base", *(v.name for v in self.variants)]
 
     def spec_hash(self) -> str:
         """Hash of the resolved spec, `tracking` held at its default: where runs are mirrored
@@ -614,7 +694,10 @@ def load_spec_file(spec_path: Path) -> tuple[PilotSpec, dict]:
     if "\x00" in text:
         raise UsageError(f"{spec_path}: contains a NUL byte; a pilot spec is a text file")
     raw = parse_yaml(text, str(spec_path))
-    return spec_from_dict(raw, str(spec_path)), raw
+    spec = spec_from_dict(raw, str(spec_path))
+    for i in range(len(spec.variants)):  # every variant is refused now, not when it trains
+        variant_of(spec, raw, i, str(spec_path))
+    return spec, raw
 
 
 # --------------------------------------------------------------------------- variants
@@ -648,19 +731,26 @@ def _parse_value(text: str) -> Any:
         return text
 
 
-def apply_overrides(raw: dict, sets: list[str], source: str = "--set") -> tuple[dict, dict]:
-    """Apply `key.path=value` overrides to a raw spec dict -> (new raw, diff {key: [old, new]})."""
-    import copy
-
-    out = copy.deepcopy(raw)
-    diff: dict[str, list] = {}
+def parse_sets(sets: list[str], source: str = "--set") -> list[tuple[str, Any]]:
+    """`key.path=value` strings -> (key, value) pairs, the value read as YAML."""
+    pairs = []
     for item in sets:
         if "=" not in item:
             raise UsageError(f"{source} {item!r}: expected KEY=VALUE, e.g. train.lr=1e-4")
         key, _, value = item.partition("=")
         key = key.strip()
-        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", key):
+        if not _KEY_PATH_RE.fullmatch(key):
             raise UsageError(f"{source} {item!r}: {key!r} is not a key path like train.lr")
+        pairs.append((key, _parse_value(value)))
+    return pairs
+
+
+def apply_values(raw: dict, pairs: list[tuple[str, Any]], source: str = "--set") -> dict:
+    """A copy of a raw spec dict with each dotted key set to its value."""
+    import copy
+
+    out = copy.deepcopy(raw)
+    for key, new in pairs:
         parts = key.split(".")
         node = out
         for p in parts[:-1]:
@@ -668,13 +758,49 @@ def apply_overrides(raw: dict, sets: list[str], source: str = "--set") -> tuple[
             if child is None:
                 child = node[p] = {}
             if not isinstance(child, dict):
-                raise UsageError(f"{source} {item!r}: {p!r} is not a section")
+                raise UsageError(f"{source} {key}: {p!r} is not a section")
             node = child
-        old = node.get(parts[-1])
-        new = _parse_value(value)
-        node[parts[-1]] = new
-        diff[key] = [old, new]
-    return out, diff
+        node[parts[-1]] = copy.deepcopy(new)
+    return out
+
+
+def apply_overrides(raw: dict, sets: list[str], source: str = "--set") -> tuple[dict, dict]:
+    """Apply `key.path=value` overrides to a raw spec dict -> (new raw, diff {key: [old, new]})."""
+    pairs = parse_sets(sets, source)
+    diff = {key: [_dotted(raw, key), new] for key, new in pairs}
+    return apply_values(raw, pairs, source), diff
+
+
+def resolved_diff(old: PilotSpec, new: PilotSpec, keys: list[str]) -> dict:
+    """{key: [old, new]} for each key whose *resolved* value (defaults included) changed; a
+    mirror (tracking) is not a change of the recipe."""
+    old_d, new_d = old.model_dump(mode="json"), new.model_dump(mode="json")
+    diff = {}
+    for key in dict.fromkeys(keys):
+        a, b = _dotted(old_d, key), _dotted(new_d, key)
+        if a != b and key.split(".")[0] != "tracking":
+            diff[key] = [a, b]
+    return diff
+
+
+def variant_of(spec: PilotSpec, raw: dict, index: int, source: str) -> tuple[PilotSpec, dict, dict]:
+    """Variant `index` of a spec applied -> (its spec, its raw dict, its resolved diff).
+    Refused (exit 2, naming `variants[i]`) when it does not validate, changes nothing, or
+    changes two parameter groups without a `why:`."""
+    v = spec.variants[index]
+    where = f"{source}: variants[{index}] ({v.name})"
+    raw2 = apply_values(raw, list(v.set.items()), where)
+    new = spec_from_dict(raw2, where)
+    diff = resolved_diff(spec, new, list(v.set))
+    if not diff:
+        raise UsageError(f"{where}: changes nothing: every key it sets already has that value")
+    if variant_label(diff) == "combined" and not (v.why or "").strip():
+        groups = sorted({param_group(k) for k in diff})
+        raise UsageError(
+            f"{where}: changes {len(groups)} parameter groups ({', '.join(groups)}): a combined "
+            "variant must say why in `why:`, or be split into one-change variants"
+        )
+    return new, raw2, diff
 
 
 def variant_label(diff: dict) -> str:
@@ -696,13 +822,22 @@ class Pilot:
     """A loaded pilot: its folder, spec file, validated spec and the raw mapping as written."""
 
     def __init__(
-        self, dir: Path, spec_path: Path, spec: PilotSpec, raw: dict, diff: dict | None = None
+        self,
+        dir: Path,
+        spec_path: Path,
+        spec: PilotSpec,
+        raw: dict,
+        diff: dict | None = None,
+        variant: str | None = "base",
     ):
         self.dir = dir
         self.spec_path = spec_path
         self.spec = spec
         self.raw = raw
         self.diff = diff or {}
+        self.variant = variant
+        """The plan's variant this pilot runs (`base`: the spec as written), or None for
+        ad-hoc `--set` overrides, which no plan pre-registered."""
 
     @property
     def runs_dir(self) -> Path:
@@ -735,23 +870,35 @@ def _dotted(d: Any, key: str) -> Any:
     return d
 
 
-def load_pilot(path: str | Path, sets: list[str] | None = None) -> Pilot:
-    """PILOT (folder or YAML) -> validated Pilot, with `--set` overrides applied and recorded."""
+def load_pilot(
+    path: str | Path, sets: list[str] | None = None, variant: str | None = None
+) -> Pilot:
+    """PILOT (folder or YAML) -> validated Pilot, with `--set` overrides applied and recorded,
+    or one of the spec's pre-registered `variants` (`base`: the spec as written)."""
     pilot_dir, spec_path = resolve_pilot(path)
     spec, raw = load_spec_file(spec_path)
     diff: dict = {}
-    if sets:
-        raw2, diff = apply_overrides(raw, sets)
+    name: str | None = "base"
+    if variant is not None:
+        if sets:
+            raise UsageError(
+                f"--variant {variant} with --set: a pre-registered variant runs as written; "
+                "add another variant to pilot.yaml instead"
+            )
+        names = spec.variant_names()
+        if variant not in names:
+            raise UsageError(
+                f"--variant {variant!r}: {spec_path} has no such variant (plan: {', '.join(names)})"
+            )
+        if variant != "base":
+            spec, raw, diff = variant_of(spec, raw, names.index(variant) - 1, str(spec_path))
+        name = variant
+    elif sets:
+        raw2 = apply_values(raw, parse_sets(sets))
         new_spec = spec_from_dict(raw2, f"{spec_path} with --set {' '.join(sets)}")
-        # The diff shows resolved values (defaults included); an override that changes
-        # nothing is not a change.
-        old_d, new_d = spec.model_dump(mode="json"), new_spec.model_dump(mode="json")
-        diff = {}
-        for key in dict.fromkeys(k for k in _split_keys(sets)):
-            old, new = _dotted(old_d, key), _dotted(new_d, key)
-            if old != new and key.split(".")[0] != "tracking":  # a mirror is not a variant
-                diff[key] = [old, new]
+        diff = resolved_diff(spec, new_spec, _split_keys(sets))
         spec, raw = new_spec, raw2
+        name = None if diff else "base"
     if spec.model.quantization is not None:  # refused now, not after the data is prepared
         from lorapilot.quantize import require
 
@@ -760,4 +907,4 @@ def load_pilot(path: str | Path, sets: list[str] | None = None) -> Pilot:
         from lorapilot.tracking import require
 
         require(spec.tracking, str(spec_path))
-    return Pilot(pilot_dir, spec_path, spec, raw, diff)
+    return Pilot(pilot_dir, spec_path, spec, raw, diff, name)

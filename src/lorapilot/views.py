@@ -127,9 +127,32 @@ def report(r: dict) -> None:
     stdout.print(f"report: {r['html']}\n        {r['markdown']}\ndeliverable: {r['deliverable']}")
 
 
+def _variants(rows: list[dict], metric: str) -> None:
+    t = Table(title=f"variants (selected on validation {metric})")
+    for col in ("variant", "run", "status", metric, "seconds", "note"):
+        t.add_column(col)
+    for v in rows:
+        value, secs = v.get("value"), v.get("seconds")
+        mark = " [bold green]<- selected[/]" if v.get("selected") else ""
+        t.add_row(
+            esc(str(v["name"])) + mark,
+            str(v.get("run_id") or ""),
+            str(v.get("status")),
+            f"{value:.3f}" if isinstance(value, (int, float)) else "",
+            f"{secs:.0f}" if isinstance(secs, (int, float)) else "",
+            esc(str(v.get("reason") or "")[:60]),
+        )
+    stdout.print(t)
+
+
 def run(r: dict) -> None:
+    if len(r.get("variants") or []) > 1:
+        selected = r.get("selected")
+        _variants([{**v, "selected": v["name"] == selected} for v in r["variants"]],
+                  r.get("selection_metric") or "")  # fmt: skip
     stdout.print(
-        f"decision: [bold]{r['decision']}[/] (train run {r['train_run']}, {r['wall_s']:.0f} s)"
+        f"decision: [bold]{r['decision']}[/] (variant {r.get('selected')}, train run "
+        f"{r['train_run']}, {r['wall_s']:.0f} s)"
     )
     _decision(r)
     stdout.print(f"report: {r['html']}")
@@ -369,6 +392,7 @@ def budget(r: dict) -> None:
             f"${plan['cost_usd']:.0f}",
         )
     stdout.print(t)
+    _plan(r)
     if r.get("actual"):
         stdout.print("[bold]estimate vs actual[/] (train run " + str(r.get("train_run")) + ")")
         for k, v in (r.get("errors") or {}).items():
@@ -377,6 +401,43 @@ def budget(r: dict) -> None:
                 f"  {k}: estimate {v['estimate']:.1f}, actual {v['actual']:.1f}"
                 + (f" ({rel:+.0%})" if rel is not None else "")
             )
+
+
+def _plan(r: dict) -> None:
+    plan, rows = r.get("plan"), r.get("variants") or []
+    if not plan or not rows:
+        return
+    t = Table(title="the plan: every variant")
+    for col in ("variant", "change", "probe", "steps", "minutes", "cost", "peak", "limits"):
+        t.add_column(col)
+    for v in rows:
+        change = ", ".join(f"{k}={b}" for k, (_, b) in (v.get("diff") or {}).items()) or "-"
+        mins = v.get("total_s")
+        over = v.get("over_limits")
+        t.add_row(
+            esc(v["name"]),
+            esc(f"{change} ({v['label']})" if v["label"] != "base" else change),
+            str(v.get("probe_run") or "[yellow]not probed[/]"),
+            str(v.get("steps") or ""),
+            f"{mins / 60:.1f}" if mins is not None else "",
+            f"${v['cost_usd']:.2f}" if v.get("cost_usd") is not None else "",
+            format_gib(v["peak_memory_bytes"]) if v.get("peak_memory_bytes") else "",
+            ("[red]over: " + ", ".join(over) + "[/]") if over else ("ok" if mins else ""),
+        )
+    stdout.print(t)
+    fits = ", ".join(
+        f"{d} days {'yes' if f['fits'] else 'no'} ({f['variants_fit']} fit)"
+        for d, f in plan["fits"].items()
+    )
+    total = plan.get("total_s")
+    stdout.print(
+        "[bold]whole plan[/]: "
+        + (f"{total / 3600:.2f} h, ${plan['cost_usd']:.2f}; " if total is not None else "")
+        + f"fits: {fits}; chosen rental {plan['rental_days']} days"
+    )
+    for v in rows:
+        if v.get("note"):
+            stdout.print(f"  [yellow]{esc(v['name'])}[/]: {esc(v['note'])}")
 
 
 def compare(r: dict) -> None:
@@ -399,13 +460,17 @@ def compare(r: dict) -> None:
             row["id"],
             row["kind"],
             row["status"],
-            row.get("variant") or "",
+            (row.get("name") or ("ad hoc " if row["kind"] == "train" else ""))
+            + (f" ({row['variant']})" if row.get("variant") else ""),
             main,
             delta,
             fb,
             esc(note[:50]),
         )
     stdout.print(t)
+    sel = r.get("selection") or {}
+    if len(sel.get("variants") or []) > 1:
+        _variants(sel["variants"], sel.get("metric") or "")
     if r["decision"]:
         stdout.print(f"decision so far ({r['chosen']}): [bold]{r['decision']}[/]")
         _decision(r)

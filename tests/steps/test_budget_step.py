@@ -93,12 +93,20 @@ def test_budget_from_the_probe(pilot, probe_out):
     pt = out["pilot"]
     eps, load = probe_out["eval_examples_per_s"], probe_out["load"]["seconds"]
     assert math.isclose(pt["baseline_s"], load + out["data"]["val"] / eps)
-    assert math.isclose(pt["test_s"], load + out["data"]["test"] / eps)
+    # the final test evaluates the adapter and the base on the same test rows
+    assert math.isclose(pt["test_s"], load + 2 * out["data"]["test"] / eps)
     assert math.isclose(pt["smoke_s"], load + 30 * typical["later_step_s"])
     assert pt["train_s"] == est["total_s"] and pt["probe_s"] > 0
     assert math.isclose(
         pt["total_s"], sum(pt[k] for k in ("baseline_s", "smoke_s", "probe_s", "train_s", "test_s"))
     )
+
+    # the plan: base only (no variants in this spec), its total = the whole pilot's
+    assert [v["name"] for v in out["variants"]] == ["base"]
+    assert out["variants"][0]["probe_run"] == probe_out["run_id"]
+    assert out["variants"][0]["total_s"] == est["total_s"]
+    assert math.isclose(out["plan"]["total_s"], pt["total_s"])
+    assert set(out["plan"]["fits"]) == {"3", "7", "30"} and out["plan"]["ok"] is True
 
     accum = run_budget(load_pilot(pilot, ["train.grad_accum=2"]))["estimate"]
     assert math.isclose(accum["train_s"], accum["steps"] * 2 * typical["later_step_s"])

@@ -12,11 +12,16 @@ from lorapilot.fsutil import append_jsonl, atomic_write_bytes, atomic_write_json
 LEDGER = "test_ledger.jsonl"
 
 
+BASELINE_PREDICTIONS = "baseline_predictions.jsonl"
+
+
+def write_predictions(path: Path, rows: list[dict]) -> None:
+    lines = "".join(json.dumps(r, ensure_ascii=False, default=str) + "\n" for r in rows)
+    atomic_write_bytes(path, lines.encode("utf-8"))
+
+
 def write_eval_files(run_dir: Path, result: EvalResult) -> None:
-    lines = "".join(
-        json.dumps(r, ensure_ascii=False, default=str) + "\n" for r in result.predictions
-    )
-    atomic_write_bytes(run_dir / "predictions.jsonl", lines.encode("utf-8"))
+    write_predictions(run_dir / "predictions.jsonl", result.predictions)
     atomic_write_json(run_dir / "metrics.json", result.metrics)
     atomic_write_json(run_dir / "protocol.json", result.protocol)
 

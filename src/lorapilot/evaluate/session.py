@@ -4,7 +4,9 @@ final test): evaluate the base (or base + adapter) on a split and keep everythin
 Each writes, in its run folder: `predictions.jsonl` (one row per example), `metrics.json`
 and `protocol.json` (the evaluation protocol and its hash). The test split is reserved:
 only `eval --split test --final` touches it, and every access is appended to
-`runs/test_ledger.jsonl` under a lock.
+`runs/test_ledger.jsonl` under a lock. The final test of an adapter also evaluates the base
+on the same rows in the same access (`baseline_predictions.jsonl`), so the decision can be
+confirmed on test with a paired gain.
 """
 
 from __future__ import annotations
@@ -14,7 +16,12 @@ from pathlib import Path
 
 from lorapilot.data.dataset import formatter_for, prepare_data
 from lorapilot.errors import UsageError
-from lorapilot.evaluate.records import record_test_access, write_eval_files
+from lorapilot.evaluate.records import (
+    BASELINE_PREDICTIONS,
+    record_test_access,
+    write_eval_files,
+    write_predictions,
+)
 from lorapilot.evaluate.runner import evaluate_records, make_protocol
 from lorapilot.models import attach_adapter, load_base
 from lorapilot.spec import Pilot
@@ -76,6 +83,21 @@ def evaluate_split(
             log=log,
         )
         write_eval_files(run.dir, result)
+        base_out = {}
+        if split == "test" and adapter_dir is not None:
+            # The base on the same test rows, in the same access (adapter switched off, same
+            # protocol): the test gain is then paired example by example, like validation's.
+            with model.disable_adapter():
+                base_result = evaluate_records(
+                    model, tok, fmt, spec, records, protocol, progress=progress,
+                    label="baseline (test)", log=log,
+                )  # fmt: skip
+            write_predictions(run.dir / BASELINE_PREDICTIONS, base_result.predictions)
+            base_out = {
+                "baseline_metrics": base_result.metrics,
+                "baseline_seconds": round(base_result.seconds, 3),
+                "baseline_predictions": str(run.dir / BASELINE_PREDICTIONS),
+            }
         out = {
             "split": split,
             "n": len(records),
@@ -95,6 +117,7 @@ def evaluate_split(
             "examples_per_s": round(result.examples_per_s, 3),
             "device": result.device,
             "predictions": str(run.dir / "predictions.jsonl"),
+            **base_out,
         }
         if split == "test":
             out["test_accesses_before"] = earlier

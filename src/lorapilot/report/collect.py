@@ -11,10 +11,12 @@ from pathlib import Path
 from typing import Any
 
 from lorapilot import registry
-from lorapilot.compare import CHOSEN_BY, bootstrap_for, comparable, decide, flips, gate
+from lorapilot.compare import bootstrap_for, comparable, decide, flips, gate
 from lorapilot.evaluate.guards import check_absolute_guards, check_guards
 from lorapilot.evaluate.metrics import get_metric, per_group
+from lorapilot.evaluate.records import BASELINE_PREDICTIONS
 from lorapilot.fsutil import read_jsonl
+from lorapilot.plan import SELECTION_RULE, select, variant_name
 from lorapilot.spec import Pilot
 
 
@@ -81,6 +83,7 @@ def run_summary(pilot: Pilot, rec: registry.RunRecord, baseline: registry.RunRec
         "parent": rec.parent,
         "reason": rec.error,
         "variant": (rec.variant or {}).get("label"),
+        "name": variant_name(rec.variant) if rec.kind == "train" else None,
         "diff": (rec.variant or {}).get("diff"),
         "seed": (rec.config.get("train") or {}).get("seed"),
         "data_version": rec.data_version,
@@ -117,20 +120,21 @@ def run_summary(pilot: Pilot, rec: registry.RunRecord, baseline: registry.RunRec
     return row
 
 
-def choose_run(pilot: Pilot, candidates: list[dict]) -> dict | None:
-    """The train run the decision is about: the best comparable completed one on the
-    pre-registered metric (ties: the earliest)."""
-    metric = pilot.spec.success.metric
-    ok = [
-        c
-        for c in candidates
-        if c["kind"] == "train" and c["status"] == "completed" and c.get("comparable")
-    ]
-    if not ok:
-        return None
-    return max(
-        ok, key=lambda c: (_num(c["metrics"], metric) or float("-inf"), -candidates.index(c))
-    )
+def choose_run(pilot: Pilot, candidates: list[dict]) -> tuple[dict | None, dict]:
+    """The train run the decision is about, by the spec's pre-registered selection rule
+    (`plan.select`) -> (its row or None, the selection: rule, metric and every variant)."""
+    spec = pilot.spec
+    winner, table = select(candidates, spec.variant_names(), spec.selection_metric, _num)
+    ad_hoc = [c["id"] for c in candidates if c["kind"] == "train" and c.get("name") is None]
+    return winner, {
+        "metric": spec.selection_metric,
+        "split": spec.selection.split,
+        "rule": SELECTION_RULE,
+        "variants": table,
+        "selected": winner and winner.get("name"),
+        "n_tried": sum(1 for v in table if v["tries"]),
+        "ad_hoc_runs": ad_hoc,
+    }
 
 
 def collect(pilot: Pilot) -> dict:
@@ -140,7 +144,7 @@ def collect(pilot: Pilot) -> dict:
     latest = {k: registry.latest_run(pilot.dir, k) for k in ("data", "baseline", "probe", "smoke")}
     baseline = latest["baseline"]
     rows = [run_summary(pilot, r, baseline) for r in runs]
-    chosen = choose_run(pilot, rows)
+    chosen, selection = choose_run(pilot, rows)
     decision = None
     if chosen and baseline:
         base_rows = _rows(registry.runs_dir(pilot.dir) / baseline.id)
@@ -185,17 +189,14 @@ def collect(pilot: Pilot) -> dict:
                 test = {
                     "id": r.id,
                     "metrics": r.result.get("metrics"),
+                    "baseline_metrics": r.result.get("baseline_metrics"),
+                    "gain": test_gain(pilot, r),
                     "n": r.result.get("n"),
-                    "guards": [
-                        g.__dict__
-                        for g in check_absolute_guards(
-                            spec.guards, r.result.get("metrics") or {}, spec.eval.min_support
-                        )
-                    ],
+                    "guards": _test_guards(pilot, r),
                 }
     if decision is not None:  # no GO without the protocol's gates (verify, final test)
         decision = gate(decision, verify, test)
-        decision["chosen_by"] = CHOSEN_BY
+        decision["chosen_by"] = SELECTION_RULE
     ledger = read_jsonl(registry.runs_dir(pilot.dir) / "test_ledger.jsonl")
     curves = {}
     for r in runs:
@@ -219,6 +220,7 @@ def collect(pilot: Pilot) -> dict:
         "train": spec.train.model_dump(),
         "runs": rows,
         "chosen": chosen,
+        "selection": selection,
         "baseline": baseline and run_summary(pilot, baseline, None),
         "data": latest["data"] and latest["data"].result,
         "probe": latest["probe"] and latest["probe"].result,
@@ -233,6 +235,39 @@ def collect(pilot: Pilot) -> dict:
         "limitations": limitations(
             pilot, rows, chosen, ledger, latest["data"] and latest["data"].result
         ),
+    }
+
+
+def _test_guards(pilot: Pilot, rec: registry.RunRecord) -> list[dict]:
+    """Every guard on test against the base on test; absolute ones only for an older final
+    test that did not evaluate the base."""
+    spec = pilot.spec
+    m, base_m = rec.result.get("metrics") or {}, rec.result.get("baseline_metrics")
+    if base_m:
+        results = check_guards(spec.guards, base_m, m, spec.eval.min_support)
+    else:
+        results = check_absolute_guards(spec.guards, m, spec.eval.min_support)
+    return [g.__dict__ for g in results]
+
+
+def test_gain(pilot: Pilot, rec: registry.RunRecord) -> dict | None:
+    """The chosen adapter's gain over the base on the test split, paired by example, with its
+    bootstrap CI; None for a final test that did not evaluate the base (older records)."""
+    d = registry.runs_dir(pilot.dir) / rec.id
+    base_m, cand_m = rec.result.get("baseline_metrics"), rec.result.get("metrics")
+    base_rows = read_jsonl(d / BASELINE_PREDICTIONS)
+    if not base_m or not cand_m or not base_rows:
+        return None
+    spec = pilot.spec
+    metric = spec.success.metric
+    boot = bootstrap_for(spec.task.kind, metric, base_rows, _rows(d), spec.task.labels)
+    b, c = _num(base_m, metric), _num(cand_m, metric)
+    return {
+        "metric": metric,
+        "baseline": b,
+        "adapted": c,
+        "gain": None if b is None or c is None else c - b,
+        "bootstrap": boot,
     }
 
 

@@ -110,14 +110,48 @@ def _decision(s: dict) -> list:
             ),
         ]
     out: list = [Banner(str(d["decision"])), Items([str(r) for r in d.get("reasons") or []])]
+    sel = _dict(s, "selection")
     out.append(
         KV(
             [
                 ("adapted run (chosen)", _get(s, "chosen", "id")),
+                ("variant", _get(s, "chosen", "name")),
                 ("baseline run", _get(s, "baseline", "id")),
+                ("variants tried", f"{sel.get('n_tried', DASH)} of {len(_list(sel, 'variants'))}"),
+                ("chosen by", d.get("chosen_by")),
             ]
         )
     )
+    variants = [v for v in _list(sel, "variants") if isinstance(v, dict)]
+    if variants:
+        out.append(Sub(f"Variants, selected on validation {sel.get('metric')}"))
+        out.append(
+            Table(
+                ["variant", "run", "status", str(sel.get("metric")), "seconds", "tries", "note"],
+                [
+                    [
+                        Mark(f"{v.get('name')} (selected)", True)
+                        if v.get("selected")
+                        else v.get("name"),
+                        v.get("run_id") or DASH,
+                        v.get("status"),
+                        fmt(v.get("value")),
+                        fsec(v.get("seconds")),
+                        fmt(v.get("tries")),
+                        short_text(v.get("reason") or "", 80) if v.get("reason") else "",
+                    ]
+                    for v in variants
+                ],
+            )
+        )
+        ad_hoc = _list(sel, "ad_hoc_runs")
+        if ad_hoc:
+            out.append(
+                Para(
+                    f"{len(ad_hoc)} ad-hoc train run(s) (`train --set`, not in the plan) are "
+                    "listed under Runs but were not eligible for selection"
+                )
+            )
     rules = []
     if isinstance(d.get("success"), dict):
         rules.append(("success", d["success"]))
@@ -1012,6 +1046,27 @@ def _test(s: dict) -> list:
         return out
     m = t["metrics"]
     val_m = _get(s, "chosen", "metrics") or {}
+    gain = _dict(t, "gain")
+    boot = _dict(gain, "bootstrap")
+    if gain:
+        out += [
+            Sub("Test gain over the base (same test rows, paired)"),
+            KV(
+                [
+                    ("metric", gain.get("metric")),
+                    ("base on test", fmt(gain.get("baseline"))),
+                    ("adapted on test", fmt(gain.get("adapted"))),
+                    ("gain", fdelta(gain.get("gain"))),
+                    ("95% CI", f"[{fdelta(boot.get('ci_low'))}, {fdelta(boot.get('ci_high'))}]"),
+                    (
+                        "confirms the validation decision",
+                        mark(_get(s, "decision", "gates", "test_confirms")),
+                    ),
+                ]
+            ),
+        ]
+    else:
+        out.append(Para("the base was not evaluated on the test split: no test gain", "warn"))
     out += [
         Sub("Final test metrics"),
         KV([("eval run", t.get("id")), ("examples", t.get("n"))]),
@@ -1056,7 +1111,7 @@ def _test(s: dict) -> list:
                 ],
             ),
         ]
-    if relative:
+    if relative and not gain:
         out.append(
             Para(
                 f"{len(relative)} relative guard(s) (max_drop / min_gain) compare with the "

@@ -10,6 +10,7 @@ from lorapilot.estimate import budget_of
 from lorapilot.spec import Pilot
 
 
-def run_budget(pilot: Pilot) -> dict[str, Any]:
-    """Time/cost estimate of one training run, limits, 3/7/30-day plans, estimate vs actual."""
-    return budget_of(pilot)
+def run_budget(pilot: Pilot, only: list[str] | None = None) -> dict[str, Any]:
+    """Time/cost estimate of one training run and of the whole plan (every variant, `only`:
+    a subset), limits, 3/7/30-day plans, estimate vs actual."""
+    return budget_of(pilot, only)

@@ -16,6 +16,8 @@ def run_compare(pilot: Pilot) -> dict[str, Any]:
         "baseline": state["baseline"] and state["baseline"]["id"],
         "runs": state["runs"],
         "chosen": state["chosen"] and state["chosen"]["id"],
+        "selection": state["selection"],
+        "test_gain": (state["test"] or {}).get("gain"),
         "decision": (state["decision"] or {}).get("decision"),
         "reasons": (state["decision"] or {}).get("reasons", []),
     }

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from lorapilot import registry
 from lorapilot.evaluate.session import evaluate_split
+from lorapilot.plan import pilot_of_run
 from lorapilot.spec import Pilot
 
 
@@ -22,6 +23,8 @@ def run_eval(
     """Evaluate train run `run_id`'s adapter (default: the latest completed one), or the
     base model with `base=True`, inside an `eval` run."""
     parent, adapter = (None, None) if base else registry.adapter_of(pilot.dir, run_id)
+    if parent is not None:  # the base loaded as that run's variant loaded it (quantization)
+        pilot = pilot_of_run(pilot, parent)
     return evaluate_split(
         pilot,
         "eval",

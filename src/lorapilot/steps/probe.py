@@ -64,6 +64,7 @@ from lorapilot.evaluate.runner import evaluate_records, make_protocol
 from lorapilot.memmeter import PeakMemory
 from lorapilot.memory import GIB, ModelShape, format_gib
 from lorapilot.models import load_base, load_tokenizer, pad_id_of
+from lorapilot.plan import step_shape
 from lorapilot.quantize import is_quantized
 from lorapilot.sizing import (
     STEP_INCREASE,
@@ -145,7 +146,12 @@ def run_probe(
     env = snapshot(pilot)
     with open_run(pilot, "probe", env=env) as run:
         started = _environment(env)
-        run.update(estimate_only=estimate_only, environment=started)
+        run.update(
+            estimate_only=estimate_only,
+            environment=started,
+            variant=pilot.variant,
+            step_shape=step_shape(pilot.spec.model_dump(mode="json")),
+        )
         if estimate_only:
             out = _estimate_only(pilot, run, started, log)
         else:

@@ -33,5 +33,8 @@ def run_report(pilot: Pilot) -> dict[str, Any]:
         "decision": decision["decision"],
         "reasons": decision["reasons"],
         "chosen_run": state["chosen"] and state["chosen"]["id"],
+        "selection": state["selection"],
+        "test_gain": (state["test"] or {}).get("gain"),
+        "gates": decision.get("gates"),
         "limitations": state["limitations"],
     }

@@ -1,6 +1,8 @@
-"""`lorapilot run`: every protocol step in order, reusing phases that already completed.
+"""`lorapilot run`: the whole plan in protocol order, reusing phases that already completed.
 
-data -> inspect -> baseline -> smoke -> probe -> budget -> train -> verify -> final test -> report
+data -> inspect -> baseline -> smoke -> probe (one per step shape) -> budget (the whole plan
+checked against the limits and the rental before anything trains) -> train (every variant,
+in the spec's order) -> the selection rule picks one -> verify -> final test -> report
 
 A computing phase is reused when a completed run of its kind carries the same *inputs key*:
 the spec, the bytes of the data files, the lorapilot code version and the platform
@@ -19,10 +21,12 @@ from collections.abc import Callable
 from typing import Any
 
 from lorapilot import __version__, environment, registry, steprun
-from lorapilot.budget import exceeded
 from lorapilot.data.dataset import source_hashes
-from lorapilot.errors import CheckFailed
+from lorapilot.errors import CheckFailed, UsageError
+from lorapilot.estimate import plan_refusal
 from lorapilot.fsutil import sha256_json
+from lorapilot.plan import step_shape, variant_name, variant_pilots
+from lorapilot.report.collect import collect
 from lorapilot.spec import Pilot
 from lorapilot.steps.baseline import run_baseline
 from lorapilot.steps.budget import run_budget
@@ -50,13 +54,15 @@ PHASES = (
 
 
 def inputs_key(pilot: Pilot, env: dict) -> str:
-    """What a phase's result depends on; a change means the phase is redone."""
-
+    """What a phase's result depends on; a change means the phase is redone. The limits are
+    not part of it: raising a limit that refused the plan redoes nothing already measured."""
+    spec = pilot.spec.model_dump(mode="json")
+    spec["limits"] = spec["tracking"] = None
     return (
         "in-"
         + sha256_json(
             {
-                "spec": pilot.spec.spec_hash(),
+                "spec": sha256_json(spec),
                 "data_files": source_hashes(pilot),
                 "code": [__version__, environment.git_commit()],
                 "platform": environment.platform_fingerprint(env),
@@ -90,47 +96,60 @@ def probe_reusable(rec: registry.RunRecord) -> bool:
     return not rec.result.get("disturbed")
 
 
-def run_pipeline(
-    pilot: Pilot, *, progress: bool = True, log: Callable[[str], None] = print
-) -> dict[str, Any]:
+def _resumable(pilot: Pilot, vp: Pilot) -> str | None:
+    """An interrupted train run of this variant with this very spec: resumed, not redone."""
+    for rec in reversed(registry.list_runs(pilot.dir, "train")):
+        if (
+            rec.status == "interrupted"
+            and variant_name(rec.variant) == vp.variant
+            and rec.spec_hash == vp.spec.spec_hash()
+        ):
+            return rec.id
+    return None
 
+
+def run_pipeline(
+    pilot: Pilot,
+    *,
+    only: list[str] | None = None,
+    progress: bool = True,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
     env = steprun.snapshot(pilot)
     key = inputs_key(pilot, env)
+    plan = variant_pilots(pilot, only)
+    shapes: dict[str, Pilot] = {}  # one probe per distinct step shape, the first variant's
+    for vp in plan:
+        shapes.setdefault(step_shape(vp.spec.model_dump(mode="json")), vp)
+    n_phases = len(PHASES) - 2 + len(shapes) + len(plan)
     phases: list[dict] = []
     t_all = time.time()
 
-    def phase(name: str, kind: str | None, fn: Callable[[], dict], where=None) -> dict:
+    def phase(name: str, kind: str | None, fn: Callable[[], dict], where=None, variant=None):
         t0 = time.time()
+        tag = {"variant": variant} if variant else {}
+        title = f"{name} {variant}" if variant else name
         prev = _reusable(pilot, kind, key, where) if kind else None
         if prev is not None:
-            log(f"[{len(phases) + 1}/{len(PHASES)}] {name}: reused {prev.id}")
-            phases.append({"phase": name, "run_id": prev.id, "reused": True, "seconds": 0.0})
+            log(f"[{len(phases) + 1}/{n_phases}] {title}: reused {prev.id}")
+            phases.append({"phase": name, **tag, "run_id": prev.id, "reused": True,
+                           "seconds": 0.0})  # fmt: skip
             return {"run_id": prev.id, **prev.result}
-        log(f"[{len(phases) + 1}/{len(PHASES)}] {name}...")
+        log(f"[{len(phases) + 1}/{n_phases}] {title}...")
         try:
             out = fn()
-        except CheckFailed as e:
-            phases.append(
-                {
-                    "phase": name,
-                    "reused": False,
-                    "failed": True,
-                    "seconds": round(time.time() - t0, 2),
-                }
-            )
-            e.details = {**e.details, "failed_phase": name, "phases": phases}
+        except Exception as e:
+            seconds = round(time.time() - t0, 2)
+            phases.append({"phase": name, **tag, "reused": False, "failed": True,
+                           "error": str(e)[:300], "seconds": seconds})  # fmt: skip
+            if isinstance(e, CheckFailed):
+                e.details = {**e.details, "failed_phase": name, "phases": phases}
             raise
         if kind and out.get("run_id"):
             _tag(pilot, out["run_id"], key)
-        phases.append(
-            {
-                "phase": name,
-                "run_id": out.get("run_id"),
-                "reused": False,
-                "seconds": round(time.time() - t0, 2),
-            }
-        )
-        log(f"    {name} done in {time.time() - t0:.1f} s")
+        phases.append({"phase": name, **tag, "run_id": out.get("run_id"), "reused": False,
+                       "seconds": round(time.time() - t0, 2)})  # fmt: skip
+        log(f"    {title} done in {time.time() - t0:.1f} s")
         return out
 
     phase("data", "data", lambda: run_data(pilot))
@@ -139,11 +158,7 @@ def run_pipeline(
         raise CheckFailed(
             "inspect: some examples' loss tokens do not decode to their answer", {"phases": phases}
         )
-    phase(
-        "baseline",
-        "baseline",
-        lambda: run_baseline(pilot, progress=progress, log=log),
-    )
+    phase("baseline", "baseline", lambda: run_baseline(pilot, progress=progress, log=log))
     sm = phase(
         "smoke",
         "smoke",
@@ -156,34 +171,39 @@ def run_pipeline(
             {"phases": phases},
         )
     # A probe measured beside other jobs is not reused: its times would plan the rental.
-    phase(
-        "probe",
-        "probe",
-        lambda: run_probe(pilot, progress=progress, log=log),
-        where=probe_reusable,
-    )
-    bud = phase("budget", None, lambda: run_budget(pilot))
-    over = exceeded(bud.get("limits") or {})
-    if over:
+    for shape, vp in shapes.items():
+        phase(
+            "probe",
+            "probe",
+            lambda vp=vp: run_probe(vp, progress=progress, log=log),
+            where=lambda r, shape=shape: probe_reusable(r) and step_shape(r.config or {}) == shape,
+            variant=vp.variant if len(plan) > 1 else None,
+        )
+    bud = phase("budget", None, lambda: run_budget(pilot, only))
+    refusal = plan_refusal(bud)
+    if refusal:
         raise CheckFailed(
-            f"budget: the estimate exceeds the spec's limits ({', '.join(over)}); "
-            "raise the limits or shrink the run",
+            f"budget: the plan does not fit: {refusal}; raise the limits, shrink the variants "
+            "or run a subset with --only",
             {"phases": phases, "budget": bud},
         )
-    # The budget phase has just checked the limits: train does not compute the budget again.
-    tr = phase(
-        "train",
-        "train",
-        lambda: run_train(pilot, limits_checked=True, progress=progress, log=log),
-    )
-    train_id = tr["run_id"]
+    for vp in plan:
+        _train_variant(pilot, vp, phase, len(plan) > 1, progress, log)
+
+    state = collect(pilot)
+    chosen = state["chosen"]
+    if chosen is None:
+        raise CheckFailed(
+            "no variant of the plan completed a comparable train run; see `lorapilot compare`",
+            {"phases": phases, "selection": state["selection"]},
+        )
+    train_id = chosen["id"]
     phase(
         "verify",
         "verify",
         lambda: run_verify(pilot, train_id),
         where=lambda r: r.parent == train_id,
     )
-
     # The reserved test split, once per chosen adapter: never re-touched on a rerun.
     test = phase(
         "test",
@@ -201,9 +221,40 @@ def run_pipeline(
         "html": rep["html"],
         "markdown": rep["markdown"],
         "deliverable": rep["deliverable"],
+        "variants": [
+            {k: v.get(k) for k in ("name", "run_id", "status", "value", "seconds", "reason")}
+            for v in rep["selection"]["variants"]
+        ],
+        "selection_metric": rep["selection"]["metric"],
+        "selected": rep["selection"]["selected"],
         "train_run": train_id,
         "test_metrics": test.get("metrics"),
+        "test_gain": rep["test_gain"],
         "inputs_key": key,
         "phases": phases,
         "wall_s": round(time.time() - t_all, 2),
     }
+
+
+def _train_variant(pilot: Pilot, vp: Pilot, phase, named: bool, progress: bool, log) -> None:
+    """One variant's train phase: reused when completed with these inputs, resumed when
+    interrupted. A variant that fails or hits a limit stays on the record with its reason and
+    the plan goes on; a failed gate (the update audit) or bad input stops the plan."""
+    name = vp.variant
+    resume = _resumable(pilot, vp)
+    if resume:
+        log(f"    {name}: resuming interrupted run {resume}")
+    try:
+        phase(
+            "train",
+            "train",
+            lambda: run_train(vp, resume=resume, limits_checked=True, progress=progress, log=log),
+            where=lambda r: variant_name(r.variant) == name,
+            variant=name if named else None,
+        )
+    except (CheckFailed, UsageError):
+        raise
+    except registry.StoppedByLimit as e:
+        log(f"    {name}: stopped by a limit ({e}); the plan goes on")
+    except Exception as e:  # noqa: BLE001 - the record keeps the reason; the others still run
+        log(f"    {name}: failed ({type(e).__name__}: {e}); the plan goes on")

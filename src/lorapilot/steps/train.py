@@ -19,13 +19,14 @@ from lorapilot.budget import limit_checks
 from lorapilot.data.dataset import encode_records, formatter_for, prepare_data
 from lorapilot.data.format import template_hash, tokenizer_hash
 from lorapilot.errors import CheckFailed, UsageError
-from lorapilot.estimate import refuse_over_limits
+from lorapilot.estimate import checkpoint_policy, refuse_over_limits
 from lorapilot.evaluate.records import write_eval_files
 from lorapilot.evaluate.runner import evaluate_records, make_protocol
 from lorapilot.manifest import write_adapter_manifest
 from lorapilot.models import load_base, pad_id_of
+from lorapilot.plan import pilot_of_run
 from lorapilot.quantize import identity
-from lorapilot.spec import Pilot, load_spec_file, variant_label
+from lorapilot.spec import Pilot, load_pilot, load_spec_file, variant_label
 from lorapilot.steprun import record_kwargs
 from lorapilot.train import fsdp
 from lorapilot.train.audit import audit_batches, run_update_audit
@@ -38,6 +39,36 @@ from lorapilot.train.distributed import (
 )
 from lorapilot.train.loop import train
 from lorapilot.train.step import make_optimizer
+
+
+def _why(pilot: Pilot) -> str | None:
+    for v in pilot.spec.variants:
+        if v.name == pilot.variant:
+            return v.why
+    return None
+
+
+def changed_keys(old: dict, new: dict, prefix: str = "", limit: int = 8) -> list[str]:
+    """Dotted keys whose values differ between two spec dumps (tracking ignored)."""
+    out: list[str] = []
+    for key in sorted(set(old) | set(new)):
+        path = f"{prefix}{key}"
+        a, b = old.get(key), new.get(key)
+        if path == "tracking" or a == b:
+            continue
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += changed_keys(a, b, path + ".", limit)
+        else:
+            out.append(path)
+    return out[:limit]
+
+
+def pilot_for(path: str, sets: list[str] | None, variant: str | None, resume: str | None) -> Pilot:
+    """The pilot `train` runs: `--resume RUN` alone takes the run's own variant and overrides
+    from its record; otherwise the spec with `--variant` or `--set`."""
+    if resume and not sets and variant is None:
+        return pilot_of_run(path, resume)
+    return load_pilot(path, sets, variant)
 
 
 def run_train(
@@ -61,7 +92,8 @@ def run_train(
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - for the life of this rank's process
     distributed = distributed_info(state, spec.train.distributed)
     label = variant_label(pilot.diff)
-    variant = {"label": label, "diff": pilot.diff, "parent_spec_hash": None}
+    variant = {"name": pilot.variant, "label": label, "diff": pilot.diff,
+               "parent_spec_hash": None, "why": _why(pilot)}  # fmt: skip
     if resume:
         rec = registry.get_run(pilot.dir, resume)
         if rec.kind != "train":
@@ -69,10 +101,12 @@ def run_train(
         if rec.status == "completed":
             raise UsageError(f"--resume {resume}: the run is already completed")
         if rec.spec_hash != spec.spec_hash():
+            keys = changed_keys(rec.config, spec.model_dump(mode="json"))
             raise UsageError(
-                f"--resume {resume}: the spec (with --set) differs from the one the run started "
-                "with; "
-                "resume with the same pilot.yaml and the same --set values"
+                f"--resume {resume}: the spec differs from the one the run started with"
+                + (f" ({', '.join(keys)})" if keys else "")
+                + "; resume with the same pilot.yaml (a run's variant and --set values are "
+                "taken from its record)"
             )
     else:
         base_spec, _ = load_spec_file(pilot.spec_path)
@@ -129,6 +163,12 @@ def run_train(
                     "the update audit failed: " + "; ".join(audit.get("problems", [])[:5]),
                     {"run_id": run.id, "update_audit": audit},
                 )
+        # A killed run loses at most ~10% of its steps by default (checkpoint interval).
+        checkpointing = (run.record.result.get("checkpointing") if resume else None) or (
+            checkpoint_policy(pilot, len(train_ex), distributed.get("world_size") or 1)
+        )
+        run.update(checkpointing=checkpointing)
+        train_cfg = spec.train.model_copy(update={"save_every": checkpointing["save_every"]})
         deadline, cost_check = limit_checks(spec.limits, started)
         # Trackers see the curves during the run (rank 0 only); the whole run is mirrored at close.
         live = tracking.LiveMirror(
@@ -140,7 +180,7 @@ def run_train(
                     model,
                     train_ex,
                     val_ex,
-                    spec.train,
+                    train_cfg,
                     run.dir,
                     pad_id=pad_id,
                     resume=bool(resume),
@@ -208,6 +248,8 @@ def run_train(
         "run_id": run.id,
         "status": rec.status,
         "variant": (rec.variant or {}).get("label", label),
+        "variant_name": (rec.variant or {}).get("name", pilot.variant),
+        "checkpointing": rec.result.get("checkpointing"),
         "variant_diff": (rec.variant or {}).get("diff", {}),
         "update_audit": rec.result.get("update_audit"),
         "trainable_params": adapter_info["trainable_params"],
