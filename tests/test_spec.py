@@ -230,3 +230,66 @@ def test_non_finite_overrides_are_refused(tmp_path, value):
     ):
         load_pilot(tmp_path, [f"train.lr={value}"])
     assert load_pilot(tmp_path, ["train.lr=1e-4"]).spec.train.lr == 1e-4  # a finite one still works
+
+
+# --------------------------------------------------------------------------- the plan
+
+
+def _plan(tmp_path, variants, **extra):
+    import yaml
+
+    (tmp_path / "pilot.yaml").write_text(yaml.safe_dump({**BASE, "variants": variants, **extra}))
+    return tmp_path
+
+
+def test_variants_load_as_pilots_with_their_name_and_diff(tmp_path):
+    d = _plan(tmp_path, [{"name": "r8", "set": {"adapter.r": 8}},
+                         {"name": "q4", "set": {"model.quantization.bits": 4}},
+                         {"name": "both", "set": {"adapter.r": 8, "train.lr": 1e-3},
+                          "why": "a smaller rank needs a larger step"}])  # fmt: skip
+    base = load_pilot(d)
+    assert base.variant == "base" and base.spec.variant_names() == ["base", "r8", "q4", "both"]
+    r8 = load_pilot(d, variant="r8")
+    assert r8.variant == "r8" and r8.spec.adapter.r == 8 and r8.diff == {"adapter.r": [16, 8]}
+    assert variant_label(r8.diff) == "one_change"
+    assert variant_label(load_pilot(d, variant="both").diff) == "combined"
+    assert load_pilot(d, variant="base").diff == {}
+    assert load_pilot(d, ["adapter.r=4"]).variant is None  # ad hoc: not in the plan
+    assert load_pilot(d, ["tracking=[]"]).variant == "base"  # a mirror changes nothing
+    assert base.spec.selection_metric == "macro_f1"  # the success metric by default
+
+
+@pytest.mark.parametrize(
+    ("variants", "needle"),
+    [
+        ([{"name": "x", "set": {"adapter.r": 8, "train.lr": 1e-3}}],
+         "variants[0] (x): changes 2 parameter groups (learning_rate, rank)"),
+        ([{"name": "x", "set": {"adapter.r": 16}}], "variants[0] (x): changes nothing"),
+        ([{"name": "x", "set": {"adapter.r": -1}}],
+         "variants[0] (x): invalid pilot spec: adapter.r"),
+        ([{"name": "x", "set": {"eval.batch_size": 4}}], "the task, data, evaluation"),
+        ([{"name": "base", "set": {"adapter.r": 8}}], "`base` is reserved"),
+        ([{"name": "x", "set": {"adapter.r": 8}}, {"name": "x", "set": {"adapter.r": 4}}],
+         "variants: [1].name 'x' is given twice"),
+        ([{"name": "x", "set": {}}], "at least one key"),
+        ([{"name": "x", "set": {"adapter.r": 8}, "seed": 1}], "variants[0].seed: unknown key"),
+    ],
+)  # fmt: skip
+def test_bad_variants_are_refused_naming_the_entry(tmp_path, variants, needle):
+    d = _plan(tmp_path, variants)
+    with pytest.raises(UsageError) as e:
+        load_pilot(d)
+    assert needle in str(e.value) and e.value.exit_code == 2
+
+
+def test_variant_flag_errors_and_selection_metric_is_checked(tmp_path):
+    d = _plan(tmp_path, [{"name": "r8", "set": {"adapter.r": 8}}])
+    with pytest.raises(UsageError, match=r"no such variant \(plan: base, r8\)"):
+        load_pilot(d, variant="r4")
+    with pytest.raises(UsageError, match="runs as written"):
+        load_pilot(d, ["train.lr=1e-3"], variant="r8")
+    d2 = _plan(tmp_path, [], selection={"metric": "macro_f1x"})
+    with pytest.raises(UsageError, match="selection.metric.*closest: macro_f1"):
+        load_pilot(d2)
+    d3 = _plan(tmp_path, [], selection={"metric": "accuracy"})
+    assert load_pilot(d3).spec.selection_metric == "accuracy"

@@ -1,0 +1,159 @@
+"""`lorapilot run` executes the experiment plan: every variant, one probe per step shape, a
+variant killed mid-run resumed (not restarted), the selection rule, the final test with the
+base on the same rows, the plan budget and its refusal before anything trains."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import yaml
+from conftest import run_json
+
+# The tiny random model cannot overfit smoke's examples in 30 steps (smoke's wiring check is
+# tested on the default model); everything else here is the real pipeline, in a child process
+# so that it can be killed.
+DRIVER = """
+import json, sys
+import lorapilot.steps.run as R
+from lorapilot.errors import LorapilotError
+from lorapilot.spec import load_pilot
+R.run_smoke = lambda pilot, **kw: {"ok": True}
+try:
+    out = R.run_pipeline(load_pilot(sys.argv[1]), progress=False,
+                         log=lambda m: print(m, file=sys.stderr, flush=True))
+except LorapilotError as e:
+    print(json.dumps({"error": str(e), "exit_code": e.exit_code, **e.details}, default=str))
+    sys.exit(e.exit_code)
+print(json.dumps(out, default=str))
+"""
+
+
+def _pilot(tmp_path, tiny_model_dir):
+    run_json("init", "p", "--dir", str(tmp_path))
+    pilot = tmp_path / "p"
+    spec = yaml.safe_load((pilot / "pilot.yaml").read_text())
+    spec["model"] = {"base": str(tiny_model_dir)}
+    spec["train"].update(precision="fp32", max_steps=4)
+    spec["variants"] = [
+        {"name": "long", "set": {"train.max_steps": 200}},  # same step shape as base
+        {"name": "r4", "set": {"adapter.r": 4}},  # another shape: its own probe
+    ]
+    (pilot / "pilot.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    (tmp_path / "driver.py").write_text(DRIVER)
+    return pilot
+
+
+def _drive(tmp_path, pilot, expect=0) -> dict:
+    proc = subprocess.run([sys.executable, str(tmp_path / "driver.py"), str(pilot)],
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == expect, proc.stderr[-3000:]
+    return json.loads(proc.stdout)
+
+
+def _train_runs(pilot) -> dict[str, dict]:
+    out = {}
+    for p in sorted((pilot / "runs").glob("train-*/run.json")):
+        rec = json.loads(p.read_text())
+        out[rec["id"]] = rec
+    return out
+
+
+def _long_run_checkpointed(pilot):
+    """(run dir, checkpoint step) of the `long` variant once it has saved and gone on."""
+    for rid, rec in _train_runs(pilot).items():
+        if (rec.get("variant") or {}).get("name") != "long":
+            continue
+        d = pilot / "runs" / rid
+        ckpts = [int(c.name.split("-")[1]) for c in (d / "checkpoints").glob("step-*")]
+        steps = d / "steps.jsonl"
+        if ckpts and steps.is_file() and steps.read_text().count("\n") >= max(ckpts) + 5:
+            return d, max(ckpts)
+    return None
+
+
+def test_plan_killed_in_its_second_variant_resumes_it_then_selects_and_tests(
+    tmp_path, tiny_model_dir
+):
+    pilot = _pilot(tmp_path, tiny_model_dir)
+    proc = subprocess.Popen([sys.executable, str(tmp_path / "driver.py"), str(pilot)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    deadline, found = time.time() + 300, None
+    while time.time() < deadline and proc.poll() is None and found is None:
+        found = _long_run_checkpointed(pilot)
+        time.sleep(0.02)
+    assert found, "the long variant never checkpointed"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    killed_dir, ckpt_step = found
+    assert not (killed_dir / "adapter").exists()
+
+    out = _drive(tmp_path, pilot)
+    trains = [p for p in out["phases"] if p["phase"] == "train"]
+    assert [(p["variant"], p["reused"]) for p in trains] == [
+        ("base", True), ("long", False), ("r4", False),
+    ]  # fmt: skip
+    assert trains[1]["run_id"] == killed_dir.name  # resumed in place, not a new run
+    rec = json.loads((killed_dir / "run.json").read_text())
+    assert rec["status"] == "completed" and rec["result"]["train"]["resumed_from"] >= ckpt_step > 0
+    assert rec["result"]["checkpointing"]["chosen_by"] == "default"
+    # one probe per step shape: base and long share one, r4 has its own
+    probes = [p for p in out["phases"] if p["phase"] == "probe"]
+    assert [p["variant"] for p in probes] == ["base", "r4"]
+
+    assert [v["name"] for v in out["variants"]] == ["base", "long", "r4"]
+    assert all(v["status"] == "completed" and v["run_id"] for v in out["variants"])
+    assert out["selection_metric"] == "macro_f1" and out["selected"] in ("base", "long", "r4")
+    assert (
+        out["train_run"]
+        == next(v for v in out["variants"] if v["name"] == out["selected"])["run_id"]
+    )
+    assert out["decision"] in ("GO", "NO-GO", "INCONCLUSIVE")
+    gain = out["test_gain"]
+    assert gain["metric"] == "macro_f1" and gain["gain"] == gain["adapted"] - gain["baseline"]
+    assert gain["bootstrap"]["n"] == out["test_metrics"]["n"]
+    assert any(r.startswith("final test: macro_f1") for r in out["reasons"])
+    test_dir = pilot / "runs" / next(p for p in out["phases"] if p["phase"] == "test")["run_id"]
+    assert (test_dir / "baseline_predictions.jsonl").is_file()
+
+    # the rerun reuses every phase and never touches the test split again
+    again = _drive(tmp_path, pilot)
+    computing = [p for p in again["phases"] if p["phase"] not in ("inspect", "smoke", "budget",
+                                                                  "report")]  # fmt: skip
+    assert all(p["reused"] for p in computing), computing
+    assert again["train_run"] == out["train_run"] and again["decision"] == out["decision"]
+    assert len((pilot / "runs" / "test_ledger.jsonl").read_text().splitlines()) == 1
+
+    # the budget of the whole plan: every variant from the probe of its shape
+    bud = run_json("budget", str(pilot))
+    rows = {v["name"]: v for v in bud["variants"]}
+    assert rows["base"]["probe_run"] == rows["long"]["probe_run"] != rows["r4"]["probe_run"]
+    assert rows["long"]["steps"] == 200 and rows["base"]["steps"] == 4
+    assert rows["long"]["total_s"] > rows["base"]["total_s"]
+    assert set(bud["plan"]["fits"]) == {"3", "7", "30"} and bud["plan"]["ok"]
+    assert bud["plan"]["variants_fit"] == 3
+
+    # the same adapter as an uninterrupted run of that variant (CPU, fp32: bit for bit)
+    fresh = run_json("train", str(pilot), "--variant", "long", "--no-progress")
+    from safetensors.torch import load_file
+
+    a = load_file(killed_dir / "adapter" / "adapter_model.safetensors")
+    b = load_file(pilot / "runs" / fresh["run_id"] / "adapter" / "adapter_model.safetensors")
+    assert a.keys() == b.keys() and all((a[k] == b[k]).all() for k in a)
+    assert fresh["variant_name"] == "long" and fresh["variant"] == "one_change"
+
+    # a time limit too small for the plan: refused before anything trains, naming variants
+    spec = yaml.safe_load((pilot / "pilot.yaml").read_text())
+    spec["limits"]["time_hours"] = 1e-6
+    (pilot / "pilot.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    n_train = len(_train_runs(pilot))
+    refused = _drive(tmp_path, pilot, expect=1)
+    for name in ("base", "long", "r4"):
+        assert f"variant {name} exceeds the spec's limits (time_hours" in refused["error"]
+    assert len(_train_runs(pilot)) == n_train
+    # the limits are not part of the phases' inputs: nothing measured was redone
+    assert all(p["reused"] for p in refused["phases"] if p["phase"] in ("baseline", "probe"))
