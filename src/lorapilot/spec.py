@@ -254,6 +254,28 @@ class HFDataset(_Strict):
         return self
 
 
+class SampleSpec(_Strict):
+    """A seeded subset per split (counts, or fractions in (0, 1]), stratified by category:
+    a first pass sized to the machine without writing a script. Part of the data version."""
+
+    train: int | float | None = None
+    val: int | float | None = None
+    test: int | float | None = None
+
+    @field_validator("train", "val", "test")
+    @classmethod
+    def _size(cls, v: int | float | None) -> int | float | None:
+        if v is None or isinstance(v, bool):
+            if isinstance(v, bool):
+                raise ValueError("must be a count (>= 1) or a fraction in (0, 1]")
+            return v
+        if isinstance(v, int) and v < 1:
+            raise ValueError(f"must be a count >= 1 or a fraction in (0, 1] (got {v})")
+        if isinstance(v, float) and not 0 < v <= 1:
+            raise ValueError(f"a fraction must be in (0, 1] (got {v}); a count is an integer")
+        return v
+
+
 class DataSpec(_Strict):
     source: str | None = Field(None, description="Where the data comes from.")
     permission: str | None = Field(
@@ -294,6 +316,11 @@ class DataSpec(_Strict):
         "fail", description="Policy for duplicates between train and val/test."
     )
     near_dup_threshold: float = Field(0.8, gt=0, le=1, description="Jaccard threshold.")
+    sample: SampleSpec | None = Field(
+        None,
+        description="Use a seeded, stratified subset of each split, e.g. {train: 200, val: 0.5} "
+        "(after the split, before duplicates are searched).",
+    )
 
     @field_validator("cleaning")
     @classmethod
@@ -319,8 +346,9 @@ class DataSpec(_Strict):
     def _dump(self, handler: Any) -> dict[str, Any]:
         # An unused hf_dataset is left out, so specs written before it existed keep their hash.
         out = handler(self)
-        if out.get("hf_dataset", 0) is None:
-            del out["hf_dataset"]
+        for key in ("hf_dataset", "sample"):  # unset: left out, so older specs keep their hash
+            if out.get(key, 0) is None:
+                del out[key]
         return out
 
 

@@ -93,3 +93,18 @@ def test_adding_to_one_category_does_not_move_another():
 def test_bad_fractions():
     with pytest.raises(ValueError):
         split_records([], seed=0, val=0.6, test=0.5)
+
+
+def test_sample_keeps_label_proportions_and_is_seeded():
+    from lorapilot.data.split import sample_records, sample_size
+
+    records = make({"a": 60, "b": 30, "c": 10})
+    s = sample_records(records, 20, seed="0:sample:train")
+    assert category_counts({"train": s})["train"] == {"a": 12, "b": 6, "c": 2}
+    assert [r.id for r in s] == [r.id for r in sample_records(records, 20, "0:sample:train")]
+    assert [r.id for r in s] != [r.id for r in sample_records(records, 20, "1:sample:train")]
+    assert len(sample_records(records, 0.25, "x")) == 25
+    assert len(sample_records(records, 500, "x")) == 100  # a count over the split keeps all
+    # largest remainder: 7 of (60, 30, 10) -> 4.2, 2.1, 0.7 -> 4, 2, 1
+    assert category_counts({"t": sample_records(records, 7, "x")})["t"] == {"a": 4, "b": 2, "c": 1}
+    assert sample_size(3, 0.1) == 1 and sample_size(0, 0.5) == 0 and sample_size(10, 1.0) == 10

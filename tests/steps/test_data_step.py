@@ -208,3 +208,24 @@ def test_labels_missing_or_rare_in_train_are_warned(tmp_path, default_model_dir)
     assert f"{labels[1]} (2)" in rare
     human = run_cli("data", str(pilot))
     assert human.returncode == 0 and "no training example" in human.stdout
+
+
+def test_data_sample_changes_the_version_and_keeps_label_proportions(tmp_path, default_model_dir):
+    import shutil
+
+    pilot = tmp_path / "tt"
+    shutil.copytree(EXAMPLES / "ticket-triage", pilot,
+                    ignore=shutil.ignore_patterns("runs", "report", "deliverable"))  # fmt: skip
+    full = run_json("data", str(pilot))
+    out = run_json("data", str(pilot), "--set", "data.sample={train: 60, val: 0.5}")
+    assert out["version"] != full["version"]
+    assert out["splits"]["train"] == 60 and out["splits"]["test"] == full["splits"]["test"]
+    assert out["splits"]["val"] == round(full["splits"]["val"] / 2 + 0.01)
+    n_full = full["splits"]["train"]
+    for category, counts in out["per_category"].items():
+        share = full["per_category"][category]["train"] / n_full
+        assert abs(counts["train"] - 60 * share) < 1, category  # largest remainder: within 1
+    again = run_json("data", str(pilot), "--set", "data.sample={train: 60, val: 0.5}")
+    assert again["version"] == out["version"]
+    bad = run_json("data", str(pilot), "--set", "data.sample.train=0", expect=2)
+    assert "data.sample.train" in bad["error"]

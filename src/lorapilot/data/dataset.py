@@ -16,7 +16,7 @@ from lorapilot.data.format import Encoded, PromptFormatter, answer_text, templat
 from lorapilot.data.load import load_records
 from lorapilot.data.rows import Record, Skipped
 from lorapilot.data.source import file_sources
-from lorapilot.data.split import SPLITS, category_counts, split_records
+from lorapilot.data.split import SPLITS, category_counts, sample_records, split_records
 from lorapilot.errors import CheckFailed
 from lorapilot.fsutil import sha256_file, sha256_json
 from lorapilot.spec import Pilot
@@ -111,6 +111,7 @@ def data_version(pilot: Pilot, splits: dict[str, list[Record]], tmpl_hash: str) 
         "cleaning": data.cleaning,
         "max_chars": data.max_chars,
         "split": data.split.model_dump(),
+        **({"sample": data.sample.model_dump()} if data.sample is not None else {}),
         "max_length": data.max_length,
         "truncation_side": data.truncation_side,
         "template": tmpl_hash,
@@ -132,6 +133,11 @@ def prepare_data(pilot: Pilot, tokenizer: Any, *, enforce_leakage: bool = True) 
     records, skipped = load_all(pilot)
     records, dropped = clean_records(records, data.cleaning, data.max_chars)
     splits = _split(pilot, records)
+    if data.sample is not None:
+        for name, size in data.sample.model_dump().items():
+            if size is not None and splits.get(name):
+                seed = f"{data.split.seed}:sample:{name}"
+                splits[name] = sample_records(splits[name], size, seed)
 
     items = [DupItem(r.id, s, r.text) for s, recs in splits.items() for r in recs]
     dups = find_duplicates(items, threshold=data.near_dup_threshold, seed=data.split.seed)

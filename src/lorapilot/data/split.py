@@ -84,3 +84,31 @@ def category_counts(splits: dict[str, list[Record]]) -> dict[str, dict[str, int]
             c[r.category] += 1
         counts[name] = c
     return counts
+
+
+def sample_size(n: int, size: int | float) -> int:
+    """How many of `n` records a sample size keeps: a count (at most n) or a fraction
+    (rounded half up, at least 1 of a non-empty split)."""
+    if isinstance(size, float):
+        return min(n, max(1 if n else 0, _round_half_up(size * n)))
+    return min(n, size)
+
+
+def sample_records(records: list[Record], size: int | float, seed: str) -> list[Record]:
+    """A seeded subset of `size` records, stratified: each category keeps its share (largest
+    remainder, ties by category name), so the label proportions survive. Sorted by id."""
+    n = sample_size(len(records), size)
+    by_category: dict[str, list[Record]] = defaultdict(list)
+    for r in records:
+        by_category[r.category].append(r)
+    cats = sorted(by_category)
+    exact = {c: n * len(by_category[c]) / len(records) for c in cats} if records else {}
+    quota = {c: int(exact[c]) for c in cats}
+    left = n - sum(quota.values())
+    for c in sorted(cats, key=lambda c: (-(exact[c] - quota[c]), c))[:left]:
+        quota[c] += 1
+    out: list[Record] = []
+    for c in cats:
+        group = sorted(by_category[c], key=lambda r: (r.id, r.source))
+        out += random.Random(f"{seed}:{c}").sample(group, quota[c])
+    return sorted(out, key=lambda r: (r.id, r.source))
