@@ -89,3 +89,43 @@ def test_variant_name_of_records_old_and_new():
     assert variant_name({"label": "base", "diff": {}}) == "base"  # before plans existed
     assert variant_name(None) == "base"
     assert variant_name({"label": "one_change", "diff": {"train.lr": [1, 2]}}) is None
+
+
+def _interrupted_train(pilot_dir, pilot, variant):
+    """A train run record as a killed process leaves it (status interrupted)."""
+    from lorapilot import registry
+
+    run_id, run_dir = registry.new_run_dir(pilot_dir, "train")
+    rec = registry.RunRecord(
+        id=run_id, kind="train", status="interrupted", started_at=registry.now_iso(), pid=1,
+        host="h", pilot=str(pilot_dir), spec_hash=pilot.spec.spec_hash(),
+        config=pilot.spec.model_dump(mode="json"),
+        variant=variant,
+    )  # fmt: skip
+    registry.write_record(run_dir, rec)
+    return run_id
+
+
+def test_a_run_id_alone_gives_back_its_variant_and_a_changed_spec_is_refused_by_key(tmp_path):
+    import pytest
+    import yaml
+
+    from lorapilot.errors import UsageError
+    from lorapilot.plan import pilot_of_run
+    from lorapilot.spec import load_pilot
+    from lorapilot.steps.train import run_train
+
+    raw = {**BASE, "variants": [{"name": "r8", "set": {"adapter.r": 8}}]}
+    (tmp_path / "pilot.yaml").write_text(yaml.safe_dump(raw))
+    r8 = load_pilot(tmp_path, variant="r8")
+    rid = _interrupted_train(tmp_path, r8, {"name": "r8", "label": "one_change",
+                                           "diff": r8.diff})  # fmt: skip
+    again = pilot_of_run(tmp_path, rid)
+    assert again.variant == "r8" and again.spec.spec_hash() == r8.spec.spec_hash()
+    ad_hoc = load_pilot(tmp_path, ["train.lr=0.001"])
+    rid2 = _interrupted_train(tmp_path, ad_hoc, {"name": None, "label": "one_change",
+                                                 "diff": ad_hoc.diff})  # fmt: skip
+    assert pilot_of_run(tmp_path, rid2).spec.spec_hash() == ad_hoc.spec.spec_hash()
+    # resuming with other values than the run started with: refused, naming the keys
+    with pytest.raises(UsageError, match=r"differs from the one the run started with \(adapter\.r"):
+        run_train(load_pilot(tmp_path, ["adapter.r=4"]), resume=rid)

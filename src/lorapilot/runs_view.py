@@ -40,6 +40,7 @@ CSV_COLUMNS = (
     "data_version",
     "variant",
     "error",
+    "variant_name",
 )
 STEP_COLUMNS = ("step", "loss", "lr", "grad norm", "tokens/s", "step time", "peak mem")
 STATUS_COLOUR = {

@@ -80,7 +80,15 @@ def runs_table(r: dict) -> None:
         dur = f"{row['duration_s']:.1f}s" if row["duration_s"] is not None else "-"
         colour = STATUS_COLOUR.get(row["status"], "white")
         t.add_row(
-            row["id"], row["kind"], f"[{colour}]{row['status']}[/]", dur, row["variant"] or ""
+            row["id"],
+            row["kind"],
+            f"[{colour}]{row['status']}[/]",
+            dur,
+            " ".join(
+                x
+                for x in (row.get("variant_name"), row.get("variant") and f"({row['variant']})")
+                if x
+            ),
         )
     stdout.print(t)
     for row in rows:  # reasons in full, below the table, where they are readable

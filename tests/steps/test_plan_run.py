@@ -128,6 +128,19 @@ def test_plan_killed_in_its_second_variant_resumes_it_then_selects_and_tests(
     assert again["train_run"] == out["train_run"] and again["decision"] == out["decision"]
     assert len((pilot / "runs" / "test_ledger.jsonl").read_text().splitlines()) == 1
 
+    # compare, report and runs show every variant side by side, the winner marked
+    rep = run_json("report", str(pilot))
+    assert rep["selection"]["n_tried"] == 3 and rep["selection"]["selected"] == out["selected"]
+    md = (pilot / "report" / "report.md").read_text()
+    assert "Variants, selected on validation macro_f1" in md and "adapter.r: 8 -> 4" in md
+    assert f"{out['selected']} (selected)" in md
+    cmp = run_json("compare", str(pilot))
+    assert [v["name"] for v in cmp["selection"]["variants"]] == ["base", "long", "r4"]
+    assert all(v["peak_memory_bytes"] and v["cost_usd"] is not None
+               for v in cmp["selection"]["variants"])  # fmt: skip
+    names = {r["id"]: r["variant_name"] for r in run_json("runs", str(pilot))["runs"]}
+    assert names[trains[1]["run_id"]] == "long"
+
     # the budget of the whole plan: every variant from the probe of its shape
     bud = run_json("budget", str(pilot))
     rows = {v["name"]: v for v in bud["variants"]}

@@ -72,6 +72,14 @@ def _protocol(pilot: Pilot, rec: registry.RunRecord) -> dict | None:
         return None
 
 
+def _peak(pilot: Pilot, rec: registry.RunRecord) -> int | None:
+    """A train run's peak memory: the largest of its steps' and its final evaluation's."""
+    steps = read_jsonl(registry.runs_dir(pilot.dir) / rec.id / "steps.jsonl")
+    peaks = [s.get("peak_memory_bytes") for s in steps] + [rec.result.get("eval_peak_memory_bytes")]
+    peaks = [p for p in peaks if isinstance(p, int)]
+    return max(peaks) if peaks else None
+
+
 def run_summary(pilot: Pilot, rec: registry.RunRecord, baseline: registry.RunRecord | None) -> dict:
     """One row of `compare`: identity, cost, metrics, deltas, guards and flips vs the baseline."""
     res = rec.result
@@ -92,6 +100,7 @@ def run_summary(pilot: Pilot, rec: registry.RunRecord, baseline: registry.RunRec
         "cost_usd": round((rec.duration_s or 0) / 3600 * usd, 4),
         "metrics": res.get("metrics"),
         "split": res.get("split", "val" if rec.kind in ("train", "baseline", "verify") else None),
+        "peak_memory_bytes": _peak(pilot, rec) if rec.kind == "train" else None,
     }
     if baseline is None or not row["metrics"] or rec.id == baseline.id or row["split"] != "val":
         return row
@@ -125,6 +134,26 @@ def choose_run(pilot: Pilot, candidates: list[dict]) -> tuple[dict | None, dict]
     (`plan.select`) -> (its row or None, the selection: rule, metric and every variant)."""
     spec = pilot.spec
     winner, table = select(candidates, spec.variant_names(), spec.selection_metric, _num)
+    by_id = {c["id"]: c for c in candidates}
+    metric = spec.success.metric
+    for entry in table:  # side by side: what each variant cost and changed, per category too
+        row = by_id.get(entry["run_id"]) or {}
+        deltas = row.get("deltas") or {}
+        group, per = per_group(deltas)
+        worst = min(
+            ((name, d[m]) for name, d in per.items() for m in ("f1", "field_f1") if m in d),
+            key=lambda x: x[1],
+            default=None,
+        )
+        entry.update(
+            variant=row.get("variant"),
+            diff=row.get("diff"),
+            success_value=_num(row.get("metrics"), metric),
+            delta=(deltas.get("overall") or {}).get(metric),
+            worst=worst and {"group": group, "name": worst[0], "delta": worst[1]},
+            cost_usd=row.get("cost_usd"),
+            peak_memory_bytes=row.get("peak_memory_bytes"),
+        )
     ad_hoc = [c["id"] for c in candidates if c["kind"] == "train" and c.get("name") is None]
     return winner, {
         "metric": spec.selection_metric,

@@ -125,18 +125,37 @@ def _decision(s: dict) -> list:
     variants = [v for v in _list(sel, "variants") if isinstance(v, dict)]
     if variants:
         out.append(Sub(f"Variants, selected on validation {sel.get('metric')}"))
+        metric = _get(s, "success", "metric")
         out.append(
             Table(
-                ["variant", "run", "status", str(sel.get("metric")), "seconds", "tries", "note"],
+                [
+                    "variant",
+                    "change",
+                    "run",
+                    "status",
+                    str(sel.get("metric")),
+                    f"{metric} delta",
+                    "worst per-category delta",
+                    "time",
+                    "cost",
+                    "peak memory",
+                    "tries",
+                    "note",
+                ],  # fmt: skip
                 [
                     [
                         Mark(f"{v.get('name')} (selected)", True)
                         if v.get("selected")
                         else v.get("name"),
+                        _change(v.get("diff")),
                         v.get("run_id") or DASH,
                         v.get("status"),
                         fmt(v.get("value")),
+                        fdelta(v.get("delta")),
+                        _worst(v.get("worst")),
                         fsec(v.get("seconds")),
+                        fusd(v.get("cost_usd")),
+                        fbytes(v.get("peak_memory_bytes")),
                         fmt(v.get("tries")),
                         short_text(v.get("reason") or "", 80) if v.get("reason") else "",
                     ]
@@ -198,6 +217,23 @@ def _decision(s: dict) -> list:
     else:
         out.append(Para("no paired bootstrap: the gain cannot be told from noise"))
     return out
+
+
+def _change(diff: Any) -> str:
+    """{key: [old, new]} as `key: old -> new`, one per key."""
+    if not isinstance(diff, dict) or not diff:
+        return DASH
+    parts = []
+    for k, v in diff.items():
+        old, new = v if isinstance(v, list) and len(v) == 2 else (None, v)
+        parts.append(f"{k}: {short_text(old, 30)} -> {short_text(new, 30)}")
+    return "; ".join(parts)
+
+
+def _worst(w: Any) -> str:
+    if not isinstance(w, dict):
+        return DASH
+    return f"{fdelta(w.get('delta'))} ({w.get('name')})"
 
 
 def _rule_text(g: dict) -> str:

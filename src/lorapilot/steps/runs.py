@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from lorapilot import registry
+from lorapilot.plan import variant_name
 from lorapilot.runs_view import watch
 
 
@@ -23,6 +24,7 @@ def run_rows(pilot_dir: Path, kind: str | None = None) -> list[dict[str, Any]]:
             "duration_s": r.duration_s,
             "data_version": r.data_version,
             "variant": (r.variant or {}).get("label"),
+            "variant_name": variant_name(r.variant) if r.kind == "train" else None,
             "error": r.error,
         }
         for r in registry.list_runs(pilot_dir, kind)
