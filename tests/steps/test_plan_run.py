@@ -40,7 +40,7 @@ def _pilot(tmp_path, tiny_model_dir):
     spec["model"] = {"base": str(tiny_model_dir)}
     spec["train"].update(precision="fp32", max_steps=4)
     spec["variants"] = [
-        {"name": "long", "set": {"train.max_steps": 200}},  # same step shape as base
+        {"name": "long", "set": {"train.max_steps": 100}},  # same step shape as base
         {"name": "r4", "set": {"adapter.r": 4}},  # another shape: its own probe
     ]
     (pilot / "pilot.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
@@ -129,23 +129,29 @@ def test_plan_killed_in_its_second_variant_resumes_it_then_selects_and_tests(
     assert len((pilot / "runs" / "test_ledger.jsonl").read_text().splitlines()) == 1
 
     # compare, report and runs show every variant side by side, the winner marked
-    rep = run_json("report", str(pilot))
+    from lorapilot.spec import load_pilot
+    from lorapilot.steps.budget import run_budget
+    from lorapilot.steps.compare import run_compare
+    from lorapilot.steps.report import run_report
+    from lorapilot.steps.runs import run_rows
+
+    rep = run_report(load_pilot(pilot))
     assert rep["selection"]["n_tried"] == 3 and rep["selection"]["selected"] == out["selected"]
     md = (pilot / "report" / "report.md").read_text()
     assert "Variants, selected on validation macro_f1" in md and "adapter.r: 8 -> 4" in md
     assert f"{out['selected']} (selected)" in md
-    cmp = run_json("compare", str(pilot))
+    cmp = run_compare(load_pilot(pilot))
     assert [v["name"] for v in cmp["selection"]["variants"]] == ["base", "long", "r4"]
     assert all(v["peak_memory_bytes"] and v["cost_usd"] is not None
                for v in cmp["selection"]["variants"])  # fmt: skip
-    names = {r["id"]: r["variant_name"] for r in run_json("runs", str(pilot))["runs"]}
+    names = {r["id"]: r["variant_name"] for r in run_rows(pilot)}
     assert names[trains[1]["run_id"]] == "long"
 
     # the budget of the whole plan: every variant from the probe of its shape
-    bud = run_json("budget", str(pilot))
+    bud = run_budget(load_pilot(pilot))
     rows = {v["name"]: v for v in bud["variants"]}
     assert rows["base"]["probe_run"] == rows["long"]["probe_run"] != rows["r4"]["probe_run"]
-    assert rows["long"]["steps"] == 200 and rows["base"]["steps"] == 4
+    assert rows["long"]["steps"] == 100 and rows["base"]["steps"] == 4
     assert rows["long"]["total_s"] > rows["base"]["total_s"]
     assert set(bud["plan"]["fits"]) == {"3", "7", "30"} and bud["plan"]["ok"]
     assert bud["plan"]["variants_fit"] == 3
@@ -170,3 +176,36 @@ def test_plan_killed_in_its_second_variant_resumes_it_then_selects_and_tests(
     assert len(_train_runs(pilot)) == n_train
     # the limits are not part of the phases' inputs: nothing measured was redone
     assert all(p["reused"] for p in refused["phases"] if p["phase"] in ("baseline", "probe"))
+
+
+def test_a_variant_that_fails_stays_on_the_record_and_the_plan_goes_on(monkeypatch):
+    """_train_variant: an error in one variant is logged and the plan goes on; a failed gate
+    (CheckFailed, e.g. the update audit) stops the plan."""
+    import pytest
+
+    import lorapilot.steps.run as R
+    from lorapilot.errors import CheckFailed
+
+    class P:
+        variant = "r8"
+
+    calls, logged = [], []
+
+    def phase(name, kind, fn, where=None, variant=None):
+        calls.append((name, variant))
+        return fn()
+
+    def oom(*a, **k):
+        raise RuntimeError("CUDA out of memory")
+
+    def audit(*a, **k):
+        raise CheckFailed("the update audit failed: lora_A did not change")
+
+    monkeypatch.setattr(R, "_resumable", lambda pilot, vp: None)
+    monkeypatch.setattr(R, "run_train", oom)
+    R._train_variant(P(), P(), phase, True, False, logged.append)
+    assert calls == [("train", "r8")]
+    assert "r8: failed (RuntimeError: CUDA out of memory); the plan goes on" in logged[-1]
+    monkeypatch.setattr(R, "run_train", audit)
+    with pytest.raises(CheckFailed, match="update audit"):
+        R._train_variant(P(), P(), phase, True, False, logged.append)

@@ -89,11 +89,11 @@ def test_compare_lists_failed_and_interrupted_runs_with_reasons(tmp_path, tiny_m
 def test_run_whole_pilot_then_rerun_reuses_every_phase(tmp_path, default_model_dir):
     run_json("init", "q", "--dir", str(tmp_path))
     pilot = tmp_path / "q"
-    # Two epochs of micro-batches of 4 instead of the template's six of 8: the whole protocol
+    # One epoch of micro-batches of 4 instead of the template's six of 8: the whole protocol
     # on the real model within
     # the suite's time on a CPU without fast bf16 (fp32 there: `precision: auto`).
     spec = yaml.safe_load((pilot / "pilot.yaml").read_text())
-    spec["train"].update(epochs=2, micro_batch=4)
+    spec["train"].update(epochs=1, micro_batch=4)
     (pilot / "pilot.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
     first = run_json("run", str(pilot), "--no-progress", timeout=1800)
     assert first["decision"] in ("GO", "NO-GO", "INCONCLUSIVE") and first["reasons"]

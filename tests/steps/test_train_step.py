@@ -57,9 +57,8 @@ def test_combined_variant_label(tmp_path, tiny_model_dir):
     out = run_json(
         "train", str(pilot), "--set", "adapter.r=4", "--set", "train.lr=0.001", "--no-progress"
     )
-    assert out["variant"] == "combined"
-    base = run_json("train", str(pilot), "--no-progress")
-    assert base["variant"] == "base"
+    assert out["variant"] == "combined" and out["variant_name"] is None  # ad hoc, not planned
+    assert out["variant_diff"] == {"adapter.r": [16, 4], "train.lr": [0.0003, 0.001]}
 
 
 def test_bad_set_value_is_exit_2(tmp_path, tiny_model_dir):

@@ -22,7 +22,7 @@ from typing import Any
 
 from lorapilot import __version__, environment, registry, steprun
 from lorapilot.data.dataset import source_hashes
-from lorapilot.errors import CheckFailed, UsageError
+from lorapilot.errors import CheckFailed
 from lorapilot.estimate import plan_refusal
 from lorapilot.fsutil import sha256_json
 from lorapilot.plan import step_shape, variant_name, variant_pilots
@@ -238,8 +238,9 @@ def run_pipeline(
 
 def _train_variant(pilot: Pilot, vp: Pilot, phase, named: bool, progress: bool, log) -> None:
     """One variant's train phase: reused when completed with these inputs, resumed when
-    interrupted. A variant that fails or hits a limit stays on the record with its reason and
-    the plan goes on; a failed gate (the update audit) or bad input stops the plan."""
+    interrupted. A variant that fails (an error, out of memory, a module it names that the
+    model lacks) or hits a limit stays on the record with its reason and the plan goes on; a
+    failed gate (the update audit) stops the plan."""
     name = vp.variant
     resume = _resumable(pilot, vp)
     if resume:
@@ -252,7 +253,7 @@ def _train_variant(pilot: Pilot, vp: Pilot, phase, named: bool, progress: bool, 
             where=lambda r: variant_name(r.variant) == name,
             variant=name if named else None,
         )
-    except (CheckFailed, UsageError):
+    except CheckFailed:  # a failed gate (the update audit): the wiring is wrong for all
         raise
     except registry.StoppedByLimit as e:
         log(f"    {name}: stopped by a limit ({e}); the plan goes on")
