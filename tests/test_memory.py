@@ -266,3 +266,36 @@ def test_autocast_weight_casts_of_fp32_weights():
         grad_checkpointing=False,
     )
     assert est["weight_casts"] == casts
+
+
+def test_eval_memory_by_hand():
+    """One scoring batch with the label tree, then without it, then generation."""
+    from lorapilot.memory import ModelShape, estimate_eval_memory
+
+    shape = ModelShape(n_params=1000, n_layers=2, hidden=8, intermediate=16, n_heads=2,
+                       n_kv_heads=1, vocab=100, tied_embeddings=True)  # fmt: skip
+    est = estimate_eval_memory(shape, batch_size=2, prompt_len=10, dtype_bytes=4, mode="score",
+                               shared_prefix_len=4, label_tokens=[2, 3],
+                               workspace_fraction=0.5)  # fmt: skip
+    # kv: 2 layers x (k, v) x kv_dim 4 x 4 bytes = 64 per token; 2 rows x (10 + 1 + 2) tokens
+    assert est["kv_cache"] == 2 * 13 * 64
+    # logits: 3 packed label tokens x 2 rows x 100 vocab x (4 + 4 + 4) bytes
+    assert est["logits"] == 2 * 3 * 100 * 12
+    assert est["masks"] == 2 * 3 * 13
+    # one layer over the 6 own tokens of each row: (4 x 8 + 3 x 16) x 4 bytes, + scores
+    assert est["activations"] == 12 * 80 * 4 + 2 * 2 * 6 * 10 * 4
+    assert est["weights"] == 4000
+    live = 1664 + 7200 + 78 + 4800
+    assert est["workspace"] == live // 2 and est["total"] == 4000 + live + live // 2
+    # no 4D masks: the cache is repeated once per label, logits per label row
+    flat = estimate_eval_memory(shape, batch_size=2, prompt_len=10, dtype_bytes=4, mode="score",
+                                label_tokens=[2, 3], tree=False, workspace_fraction=0)  # fmt: skip
+    assert flat["kv_cache"] == 4 * 12 * 64 and flat["logits"] == 4 * 2 * 100 * 12
+    # generation: the cache grows by max_new_tokens, logits of the last position only
+    gen = estimate_eval_memory(shape, batch_size=2, prompt_len=10, dtype_bytes=2,
+                               mode="generate", max_new_tokens=5, workspace_fraction=0)  # fmt: skip
+    assert gen["kv_cache"] == 2 * 15 * 32 and gen["logits"] == 2 * 100 * (2 + 8)
+    # many labels: the tree's logits dominate (the 77-label pilot's evaluation peak)
+    many = estimate_eval_memory(shape, batch_size=2, prompt_len=10, dtype_bytes=4, mode="score",
+                                label_tokens=[4] * 77, workspace_fraction=0)  # fmt: skip
+    assert many["logits"] == 2 * 77 * 3 * 100 * 12 > many["kv_cache"]

@@ -424,6 +424,78 @@ def estimate_step_memory(
     return out
 
 
+EVAL_COMPONENTS = ("weights", "kv_cache", "logits", "activations", "masks", "workspace")
+
+
+def estimate_eval_memory(
+    shape: ModelShape,
+    *,
+    batch_size: int,
+    prompt_len: int,
+    dtype_bytes: int,
+    mode: Literal["score", "generate"],
+    shared_prefix_len: int = 0,
+    label_tokens: Sequence[int] = (1,),
+    tree: bool = True,
+    max_new_tokens: int = 0,
+    workspace_fraction: float = DEFAULT_WORKSPACE_FRACTION,
+) -> dict[str, int]:
+    """Estimated peak bytes of one evaluation batch (`evaluate.predict`), by component
+    (EVAL_COMPONENTS) and "total". No gradients: the peak is the KV cache of the batch plus
+    the largest transient of one forward pass.
+
+    - weights: the whole model in the protocol's dtype (evaluation casts it once);
+    - kv_cache: keys and values of every layer for each row's context: the prompt (the shared
+      prefix is copied into every row's cache) plus, when scoring, every label's continuation
+      packed side by side (`tree`: sum of label lengths - 1 per row) or, without 4D masks,
+      the cache repeated once per label; when generating, max_new_tokens more;
+    - logits: the head's output where it is read, in the model dtype plus its fp32 copy and
+      fp32 log-probabilities: the prompt's last position; for the label tree every packed
+      token (b x sum(len - 1) x vocab, the figure that grows with the number of labels);
+    - activations: one layer's transient while the prompt's own tokens pass (hidden states,
+      the gated MLP's three intermediate tensors, the attention scores over the context);
+    - masks: the tree's 4D attention mask (bool);
+    - workspace: a fraction of the rest (allocator, freed blocks).
+    """
+    if min(batch_size, prompt_len, dtype_bytes) <= 0 or not label_tokens:
+        raise ValueError("batch_size, prompt_len, dtype_bytes must be positive; labels given")
+    own = max(1, prompt_len - shared_prefix_len)
+    b, v = batch_size, shape.vocab
+    per_token_kv = shape.n_layers * 2 * shape.kv_dim * dtype_bytes
+    head_bytes = dtype_bytes + 4 + 4  # model-dtype logits, .float(), log_softmax
+    last_logits = b * v * head_bytes
+    masks = 0
+    if mode == "score":
+        extra = sum(max(0, n - 1) for n in label_tokens)
+        if tree:
+            kv = b * (prompt_len + extra) * per_token_kv
+            logits = max(last_logits, b * extra * v * head_bytes)
+            masks = b * extra * (prompt_len + extra)
+        else:
+            longest = max(label_tokens) - 1
+            rows = b * len(label_tokens)
+            kv = rows * (prompt_len + longest) * per_token_kv
+            logits = max(last_logits, rows * longest * v * head_bytes)
+    else:
+        kv = b * (prompt_len + max_new_tokens) * per_token_kv
+        logits = last_logits
+    tokens = b * own
+    activations = (
+        tokens * (4 * shape.hidden + 3 * shape.intermediate) * dtype_bytes
+        + b * shape.n_heads * own * prompt_len * dtype_bytes  # attention scores
+    )
+    out = {
+        "weights": shape.n_params * dtype_bytes,
+        "kv_cache": kv,
+        "logits": logits,
+        "activations": activations,
+        "masks": masks,
+    }
+    out["workspace"] = int(workspace_fraction * sum(v for k, v in out.items() if k != "weights"))
+    out["total"] = sum(out[k] for k in EVAL_COMPONENTS)
+    return out
+
+
 def to_gib(n_bytes: float) -> float:
     """Bytes -> GiB (2^30 bytes: the unit GPU memory sizes are quoted in)."""
     return n_bytes / GIB

@@ -14,6 +14,7 @@ from lorapilot.memory import (
     CPU_WORKSPACE_FRACTION_CHECKPOINTING,
     DEFAULT_WORKSPACE_FRACTION,
     ModelShape,
+    estimate_eval_memory,
     estimate_step_memory,
 )
 from lorapilot.precision import resolve
@@ -164,3 +165,43 @@ def weight_bytes_of(spec) -> int:
 
 def relative_error(estimate: float, measured: float | None) -> float | None:
     return (estimate - measured) / measured if measured else None
+
+
+EVAL_DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+
+def eval_estimate(
+    shape: ModelShape,
+    protocol: dict,
+    *,
+    batch_size: int,
+    prompt_len: int,
+    shared_prefix_len: int,
+    label_tokens: list[int],
+    tree: bool,
+    on_cpu: bool,
+) -> dict:
+    """The memory model's figure for one evaluation batch, on the basis the probe compares it
+    on: CPU the working set without the weights (against the RSS increase of the
+    evaluation; the weights are resident before it starts), CUDA the total (against max
+    allocated)."""
+    est = estimate_eval_memory(
+        shape,
+        batch_size=batch_size,
+        prompt_len=prompt_len,
+        dtype_bytes=EVAL_DTYPE_BYTES[protocol["precision"]],
+        mode=protocol["mode"],
+        shared_prefix_len=shared_prefix_len,
+        label_tokens=label_tokens,
+        tree=tree,
+        max_new_tokens=protocol.get("max_new_tokens") or 0,
+        workspace_fraction=CPU_WORKSPACE_FRACTION if on_cpu else DEFAULT_WORKSPACE_FRACTION,
+    )
+    compared = est["total"] - est["weights"] if on_cpu else est["total"]
+    return {
+        "estimated_peak_memory_bytes": compared,
+        "estimate_basis": STEP_INCREASE if on_cpu else TOTAL,
+        "estimate_components": est,
+        "batch_size": batch_size,
+        "prompt_len": prompt_len,
+    }

@@ -118,6 +118,18 @@ def test_probe_measures_two_lengths_with_checkpointing_off_and_on(probed):
     assert rec["result"]["measurements"] == json.loads(json.dumps(rows))
     assert any("ckpt on" in line for line in lines) and any("evaluation" in line for line in lines)
     assert out["eval_peak_memory_bytes"] > 0 and any("longest prompts" in ln for ln in lines)
+    # the memory model's figure for the widest evaluation batch, beside the measurement
+    ev = out["eval_estimate"]
+    assert (
+        ev["batch_size"] == 32 and ev["prompt_len"] > 0 and ev["estimate_basis"] == "step_increase"
+    )
+    comp = ev["estimate_components"]
+    assert comp["kv_cache"] > 0 and comp["logits"] > 0 and comp["weights"] > 0
+    assert ev["estimated_peak_memory_bytes"] == comp["total"] - comp["weights"]
+    if ev["measured_peak_memory_bytes"]:
+        assert ev["estimate_error"] == pytest.approx(
+            ev["estimated_peak_memory_bytes"] / ev["measured_peak_memory_bytes"] - 1
+        )
 
 
 def test_search_batch_records_an_injected_oom_and_goes_on(tmp_path, tiny_model_dir, monkeypatch):

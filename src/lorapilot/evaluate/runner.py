@@ -86,6 +86,7 @@ class EvalResult:
     protocol: dict = field(default_factory=dict)
     device: str = "cpu"
     peak_memory_bytes: int | None = None  # CPU: peak RSS; CUDA: max reserved (memmeter)
+    peak_increase_bytes: int | None = None  # CPU: the RSS increase; CUDA: max allocated
 
 
 def evaluate_records(
@@ -212,5 +213,6 @@ def evaluate_records(
     metrics["n"] = len(records)
     device = str(next(model.parameters()).device)
     return EvalResult(
-        metrics, rows, seconds, len(records) / max(seconds, 1e-9), protocol, device, meter.total
-    )
+        metrics, rows, seconds, len(records) / max(seconds, 1e-9), protocol, device,
+        meter.total, meter.peak,
+    )  # fmt: skip

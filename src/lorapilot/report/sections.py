@@ -599,6 +599,13 @@ def _probe(s: dict) -> list:
                 ("model load", fsec(load.get("seconds"))),
                 ("load peak RSS", fbytes(load.get("peak_rss_bytes"))),
                 ("evaluation throughput", f"{fmt(p.get('eval_examples_per_s'), 2)} examples/s"),
+                ("evaluation peak", fbytes(p.get("eval_peak_memory_bytes"))),
+                (
+                    "widest eval batch: measured / estimated",
+                    f"{fbytes(_get(p, 'eval_estimate', 'measured_peak_memory_bytes'))} / "
+                    f"{fbytes(_get(p, 'eval_estimate', 'estimated_peak_memory_bytes'))} "
+                    f"({fpct(_get(p, 'eval_estimate', 'estimate_error'))})",
+                ),
                 ("checkpoint save", fsec(p.get("checkpoint_save_s"))),
                 ("trainable parameters", p.get("trainable_params")),
                 ("accelerator", env.get("accelerator")),

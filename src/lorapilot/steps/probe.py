@@ -71,6 +71,7 @@ from lorapilot.sizing import (
     TOTAL,
     attention_kind,
     estimate_row,
+    eval_estimate,
     lora_trainable_params,
     pick_examples,
     relative_error,
@@ -482,7 +483,7 @@ def _measured(
     log(f"probe: checkpoint saved in {checkpoint_s:.3f} s")
 
     # -- evaluation throughput with the pilot's protocol (casts the model: done last) ------
-    eval_eps, eval_n, eval_peak = None, 0, None
+    eval_eps, eval_n, eval_peak, eval_est = None, 0, None, None
     records = prepared.splits.get("val", [])[:EVAL_EXAMPLES]
     if records:
         model.eval()
@@ -500,9 +501,13 @@ def _measured(
             model, tok, fmt, spec, [val[i] for i in order], protocol, progress=False
         )
         eval_peak = max(ev.peak_memory_bytes or 0, wide.peak_memory_bytes or 0) or None
+        eval_est = _eval_estimate(pr, model, fmt, prepared, protocol, [widths[i] for i in order],
+                                  [val[i] for i in order], wide)  # fmt: skip
         log(
             f"probe: evaluation {eval_eps:.2f} examples/s ({eval_n} validation examples), "
-            f"peak {format_gib(eval_peak or 0)} with the {len(order)} longest prompts"
+            f"peak {format_gib(eval_peak or 0)} with the {len(order)} longest prompts "
+            f"(increase {format_gib(wide.peak_increase_bytes or 0)}, estimate "
+            f"{format_gib(eval_est['estimated_peak_memory_bytes'])})"
         )
     return {
         "measurements": pr.rows,
@@ -516,10 +521,38 @@ def _measured(
         "eval_examples_per_s": eval_eps,
         "eval_examples": eval_n,
         "eval_peak_memory_bytes": eval_peak,
+        "eval_estimate": eval_est,
         "step_definition": "one micro-batch forward + backward and one optimizer update",
         "load_check": load_check,
         "disturbed": bool(load_check and load_check["disturbed"]),
     }
+
+
+def _eval_estimate(pr, model, fmt, prepared, protocol, widths, records, wide) -> dict:
+    """The memory model's figure for the widest evaluation batch, beside what it measured:
+    estimate_error = (estimate - measured) / measured on the basis of `sizing.eval_estimate`."""
+    from lorapilot.evaluate.predict import _takes_4d_masks, shared_prefix_len
+
+    budget = protocol["answer_budget"]
+    prompts = [fmt.encode_prompt(r.text, budget) for r in records]
+    labels = pr.pilot.spec.task.labels or ["x"]
+    enc = [fmt.encode("x", lab, budget) for lab in labels]
+    est = eval_estimate(
+        pr.shape,
+        protocol,
+        batch_size=len(records),
+        prompt_len=max(widths),
+        shared_prefix_len=shared_prefix_len(prompts),
+        label_tokens=[len(e.input_ids) - e.prompt_len for e in enc],
+        tree=_takes_4d_masks(model),
+        on_cpu=pr.on_cpu,
+    )
+    measured = wide.peak_increase_bytes
+    est["measured_peak_memory_bytes"] = measured
+    est["estimate_error"] = (
+        (est["estimated_peak_memory_bytes"] - measured) / measured if measured else None
+    )
+    return est
 
 
 def _search(pr: _Probe, started: dict) -> dict:

@@ -222,7 +222,11 @@ def run_pipeline(
         "markdown": rep["markdown"],
         "deliverable": rep["deliverable"],
         "variants": [
-            {k: v.get(k) for k in ("name", "run_id", "status", "value", "seconds", "reason")}
+            {
+                **{k: v.get(k) for k in ("name", "run_id", "status")},
+                "metric": rep["selection"]["metric"],
+                **{k: v.get(k) for k in ("value", "seconds", "cost_usd", "reason")},
+            }
             for v in rep["selection"]["variants"]
         ],
         "selection_metric": rep["selection"]["metric"],
