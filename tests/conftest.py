@@ -98,3 +98,16 @@ def write_pilot(folder: Path, spec: dict | str, files: dict[str, str] | None = N
         (folder / rel).parent.mkdir(parents=True, exist_ok=True)
         (folder / rel).write_text(content)
     return folder
+
+
+def init_tiny_pilot(tmp_path: Path, tiny_model_dir: Path, **train) -> Path:
+    """`lorapilot init p` in tmp_path, on the tiny model in fp32, with `train` settings."""
+    import yaml
+
+    run_json("init", "p", "--dir", str(tmp_path))
+    pilot = tmp_path / "p"
+    spec = yaml.safe_load((pilot / "pilot.yaml").read_text())
+    spec["model"] = {"base": str(tiny_model_dir)}
+    spec["train"].update(precision="fp32", **train)
+    (pilot / "pilot.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    return pilot

@@ -886,10 +886,6 @@ class Pilot:
         return full
 
 
-def _split_keys(sets: list[str]) -> list[str]:
-    return [item.partition("=")[0].strip() for item in sets]
-
-
 def _dotted(d: Any, key: str) -> Any:
     for part in key.split("."):
         if not isinstance(d, dict) or part not in d:
@@ -922,9 +918,10 @@ def load_pilot(
             spec, raw, diff = variant_of(spec, raw, names.index(variant) - 1, str(spec_path))
         name = variant
     elif sets:
-        raw2 = apply_values(raw, parse_sets(sets))
+        pairs = parse_sets(sets)
+        raw2 = apply_values(raw, pairs)
         new_spec = spec_from_dict(raw2, f"{spec_path} with --set {' '.join(sets)}")
-        diff = resolved_diff(spec, new_spec, _split_keys(sets))
+        diff = resolved_diff(spec, new_spec, [key for key, _ in pairs])
         spec, raw = new_spec, raw2
         name = None if diff else "base"
     if spec.model.quantization is not None:  # refused now, not after the data is prepared

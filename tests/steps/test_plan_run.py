@@ -12,7 +12,7 @@ import sys
 import time
 
 import yaml
-from conftest import run_json
+from conftest import init_tiny_pilot, run_json
 
 # The tiny random model cannot overfit smoke's examples in 30 steps (smoke's wiring check is
 # tested on the default model); everything else here is the real pipeline, in a child process
@@ -34,11 +34,8 @@ print(json.dumps(out, default=str))
 
 
 def _pilot(tmp_path, tiny_model_dir):
-    run_json("init", "p", "--dir", str(tmp_path))
-    pilot = tmp_path / "p"
+    pilot = init_tiny_pilot(tmp_path, tiny_model_dir, max_steps=4)
     spec = yaml.safe_load((pilot / "pilot.yaml").read_text())
-    spec["model"] = {"base": str(tiny_model_dir)}
-    spec["train"].update(precision="fp32", max_steps=4)
     spec["variants"] = [
         {"name": "long", "set": {"train.max_steps": 100}},  # same step shape as base
         {"name": "r4", "set": {"adapter.r": 4}},  # another shape: its own probe

@@ -11,17 +11,11 @@ import time
 
 import pytest
 import yaml
-from conftest import run_json
+from conftest import init_tiny_pilot, run_json
 
 
 def _tiny_init(tmp_path, tiny_model_dir):
-    run_json("init", "p", "--dir", str(tmp_path))
-    pilot = tmp_path / "p"
-    spec = yaml.safe_load((pilot / "pilot.yaml").read_text())
-    spec["model"] = {"base": str(tiny_model_dir)}
-    spec["train"].update(precision="fp32", max_steps=2)
-    (pilot / "pilot.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
-    return pilot
+    return init_tiny_pilot(tmp_path, tiny_model_dir, max_steps=2)
 
 
 def test_compare_lists_failed_and_interrupted_runs_with_reasons(tmp_path, tiny_model_dir):
