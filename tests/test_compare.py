@@ -13,7 +13,7 @@ from lorapilot.compare import (
     protocol_differences,
 )
 from lorapilot.evaluate.metrics import paired_bootstrap
-from lorapilot.spec import GuardSpec, SuccessSpec, variant_label
+from lorapilot.spec import GuardSpec, SuccessSpec, TaskSpec, variant_label
 
 SUCCESS = SuccessSpec(metric="macro_f1", min_gain=0.10)
 GUARDS = [GuardSpec(metric="per_category.f1", max_drop=0.05)]
@@ -227,7 +227,7 @@ def test_bootstrap_macro_f1_pairs_rows_by_id():
     assert out["n"] == 30 and out["delta"] > 0.5 and out["ci_low"] > 0
 
 
-def test_bootstrap_accuracy_and_proxies():
+def test_bootstrap_accuracy_is_the_mean_of_correct():
     gold = ["billing", "shipping"] * 10
     base = cls_rows(gold, ["billing"] * 20)
     cand = cls_rows(gold, gold)
@@ -236,16 +236,52 @@ def test_bootstrap_accuracy_and_proxies():
         [r["correct"] for r in base], [r["correct"] for r in cand], n_boot=200
     )
     assert acc["stat"] == "accuracy" and acc["proxy"] is False
-    assert {k: acc[k] for k in expected} == expected
-    ext = bootstrap_for("extraction", "field_f1", base, cand, None, n_boot=200)
-    assert ext["stat"] == "exact_match" and ext["proxy"] is True
-    assert "proxy for field_f1" in ext["note"]
-    assert ext["delta"] == pytest.approx(0.5)
+    assert {k: acc[k] for k in expected} == pytest.approx(expected)
+
+
+def test_bootstrap_per_category_metric_is_resampled_as_itself():
+    gold = ["billing", "shipping", "other"] * 10
+    base = cls_rows(gold, ["billing"] * 30)
+    cand = cls_rows(gold, ["billing", "shipping", "shipping"] * 10)
+    out = bootstrap_for("classification", "per_category.shipping.f1", base, cand, LABELS)
+    # base never predicts shipping (f1 0); cand: precision 10/20, recall 10/10 -> f1 2/3
+    assert out["delta"] == pytest.approx(2 / 3) and out["proxy"] is False
+    assert bootstrap_for("classification", "per_category.nope.f1", base, cand, LABELS) is None
+
+
+def _ext_rows(golds: list[dict], outputs: list[str]) -> list[dict]:
+    return [
+        {"id": f"e{i}", "gold": g, "raw_output": o, "text": "", "category": "all"}
+        for i, (g, o) in enumerate(zip(golds, outputs, strict=True))
+    ]
+
+
+def test_bootstrap_of_leaf_f1_is_not_the_exact_match_proxy():
+    """Where the two disagree: the candidate gets more slots right but never the whole answer
+    (exact match 0 -> 0, no gain), while leaf F1 rises from 0.25 to 0.75."""
+    task = TaskSpec(
+        kind="extraction",
+        fields=[{"name": "intent"}, {"name": "slots", "type": "map", "values": "string"}],
+    )
+    golds = [{"intent": "book", "slots": {"city": "oslo", "day": "mon", "n": "2"}}] * 20
+    base = _ext_rows(golds, ['{"intent": "x", "slots": {"city": "oslo"}}'] * 20)
+    cand = _ext_rows(
+        golds, ['{"intent": "x", "slots": {"city": "oslo", "day": "mon", "n": "2"}}'] * 20
+    )
+    leaf = bootstrap_for("extraction", "leaf_f1", base, cand, None, task=task, n_boot=200)
+    exact = bootstrap_for("extraction", "exact_match", base, cand, None, task=task, n_boot=200)
+    # base: 1 tp of 2 predicted leaves, 4 gold -> P 1/2, R 1/4, F1 1/3;
+    # cand: 3 tp of 4 predicted, 4 gold -> F1 3/4
+    assert leaf["delta"] == pytest.approx(3 / 4 - 1 / 3) and leaf["ci_low"] > 0.3
+    assert exact["delta"] == 0 and exact["ci_high"] == 0
+    assert leaf["stat"] == "leaf_f1" and leaf["proxy"] is False
+    with pytest.raises(ValueError, match="need the task"):
+        bootstrap_for("extraction", "leaf_f1", base, cand, None)
 
 
 def test_bootstrap_none_without_common_examples_and_refuses_other_gold():
-    assert bootstrap_for("extraction", "field_f1", cls_rows(["a"], ["a"], ["x"]),
-                         cls_rows(["a"], ["a"], ["y"]), None) is None  # fmt: skip
+    assert bootstrap_for("classification", "accuracy", cls_rows(["a"], ["a"], ["x"]),
+                         cls_rows(["a"], ["a"], ["y"]), LABELS) is None  # fmt: skip
     with pytest.raises(ValueError, match="different gold"):
         bootstrap_for("classification", "accuracy", cls_rows(["billing"], ["billing"]),
                       cls_rows(["shipping"], ["billing"]), LABELS)  # fmt: skip

@@ -20,7 +20,9 @@ TICKETS_DIR = EXAMPLES / "ticket-triage"
 INVOICES_DIR = EXAMPLES / "invoice-fields"
 TICKETS = TICKETS_DIR / "data" / "tickets.jsonl"
 INVOICES = INVOICES_DIR / "data" / "invoices.jsonl"
-INVOICE_KEYS = ["vendor", "invoice_number", "date", "total", "currency", "due_date", "po_number"]
+INVOICE_KEYS = [
+    "vendor", "invoice_number", "date", "total", "currency", "due_date", "po_number", "line_items",
+]  # fmt: skip
 ISO_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 WORD_RE = re.compile(r"[a-z0-9']+")
 NEAR_DUP_JACCARD = 0.8  # the default data.near_dup_threshold of a pilot spec
@@ -253,6 +255,21 @@ def test_invoice_task_is_solvable_from_the_text(invoices: list[dict]) -> None:
         if t["due_date"] is not None:
             assert _shows_date(text, t["due_date"]), (rid, "due_date")
         assert _shows_amount(text, t["total"]), (rid, "total")
+        for item in t["line_items"] or []:
+            assert item["description"].lower() in text.lower(), (rid, "line_items")
+            assert _shows_amount(text, item["amount"]), (rid, "line_items[].amount")
+
+
+def test_invoice_line_items_exercise_the_nesting(invoices: list[dict]) -> None:
+    from lorapilot.data.targets import validate_target
+
+    spec, _ = load_spec_file(INVOICES_DIR / "pilot.yaml")
+    with_items = [r for r in invoices if r["target"]["line_items"]]
+    assert 0.1 < len(with_items) / len(invoices) < 0.5
+    assert any(len(r["target"]["line_items"]) > 1 for r in with_items)
+    assert any(i["quantity"] is None for r in with_items for i in r["target"]["line_items"])
+    for r in invoices:
+        assert validate_target(r["target"], spec.task) == [], r["id"]
 
 
 def test_invoice_variety(invoices: list[dict]) -> None:

@@ -10,8 +10,9 @@ import yaml
 from conftest import EXAMPLES, run_cli
 
 from lorapilot import metric_names
-from lorapilot.evaluate.metrics import classification_metrics, extraction_metrics
-from lorapilot.spec import EvalNormalize, load_pilot
+from lorapilot.evaluate.metrics import classification_metrics
+from lorapilot.evaluate.structured import extraction_metrics
+from lorapilot.spec import EvalNormalize, load_pilot, load_spec_file
 
 
 @pytest.mark.parametrize(
@@ -61,3 +62,42 @@ def test_the_catalogue_is_what_the_metric_functions_return():
     assert scalars == set(metric_names.TOP_LEVEL["extraction"])
     assert set(next(iter(e["per_field"].values()))) == set(metric_names.PER_FIELD)
     assert set(next(iter(e["per_category"].values()))) == set(metric_names.PER_CATEGORY_EXTRACTION)
+
+
+def test_nested_paths_map_keys_and_grounding_are_known_names():
+    fields = ["intent", "slots", "slots.*", "line_items", "line_items[].amount"]
+    for name in ("leaf_f1", "per_field.slots.city.f1", "per_field.line_items[].amount.f1",
+                 "per_category.book.leaf_f1", "per_field.slots.f1"):  # fmt: skip
+        assert metric_names.problem(name, "extraction", None, fields) is None, name
+    assert metric_names.problem("per_field.line_items[].price.f1", "extraction", None, fields)
+    assert metric_names.problem("per_field.slots.city.bogus", "extraction", None, fields)
+    assert metric_names.problem("ungrounded_value_rate", "extraction", None, fields)
+    for name in ("ungrounded_value_rate", "per_category.x.ungrounded_value_rate"):
+        assert metric_names.problem(name, "extraction", None, fields, grounded=True) is None
+
+
+def test_the_spec_checks_nested_metric_names(tmp_path):
+    from lorapilot.errors import UsageError
+
+    spec = {
+        "name": "slots",
+        "hypothesis": "h",
+        "task": {
+            "kind": "extraction",
+            "fields": [{"name": "intent"}, {"name": "slots", "type": "map", "values": "string"}],
+        },
+        "data": {"file": "d.jsonl", "category": "target.intent"},
+        "success": {"metric": "leaf_f1", "min_gain": 0.05},
+        "guards": [{"metric": "per_field.slots.city.f1", "max_drop": 0.1}],
+    }
+    (tmp_path / "pilot.yaml").write_text(yaml.safe_dump(spec))
+    loaded, _ = load_spec_file(tmp_path / "pilot.yaml")
+    assert loaded.data.category == "target.intent"
+    for bad, where in (
+        ({"success": {"metric": "leaf_f2", "min_gain": 0.05}}, "leaf_f1"),
+        ({"data": {"file": "d.jsonl", "category": "target.slots"}}, "data.category"),
+        ({"data": {"file": "d.jsonl", "category": "target.nope"}}, "data.category"),
+    ):
+        (tmp_path / "pilot.yaml").write_text(yaml.safe_dump({**spec, **bad}))
+        with pytest.raises(UsageError, match=where.replace(".", r"\.")):
+            load_spec_file(tmp_path / "pilot.yaml")

@@ -2,8 +2,9 @@
 """Generate the synthetic invoices of the invoice-fields example.
 
 Each record is an invoice, receipt, reminder, e-mail or short note from an accountant, in one
-of 14 layouts, with the seven fields to extract: vendor, invoice_number, date, total, currency,
-due_date (optional) and po_number (optional). Dates, amounts and currencies are written in many
+of 14 layouts, with the eight fields to extract: vendor, invoice_number, date, total, currency,
+due_date (optional), po_number (optional) and line_items (optional: a list of objects with
+description, quantity and amount, for the layouts that list the items). Dates, amounts and currencies are written in many
 formats; every text also carries distractors (subtotal, tax, phone numbers, customer ids,
 order dates, the billed company) so that the task is not "copy the first number".
 
@@ -33,7 +34,8 @@ MAX_WORDS = 140
 MAX_TEXT_TOKENS = 185
 MAX_JACCARD = 0.6  # word-set similarity allowed between any two texts
 FILENAME = "invoices.jsonl"
-KEYS = ["vendor", "invoice_number", "date", "total", "currency", "due_date", "po_number"]
+KEYS = ["vendor", "invoice_number", "date", "total", "currency", "due_date", "po_number",
+        "line_items"]
 
 # --------------------------------------------------------------------------- pools
 
@@ -238,6 +240,8 @@ class Invoice:
         self.tax = round(self.net * self.tax_rate, 0 if currency == "JPY" else 2)
         self.total = round(self.net + self.tax, 2)
 
+        self.items_shown: str | None = None  # the style item_lines() rendered them in, if any
+
         money_tpl, num_style = rng.choice(MONEY_STYLES[currency])
         self.money_tpl, self.num_style = money_tpl, num_style
         self.date_style = rng.choice(DATE_STYLES)
@@ -282,9 +286,25 @@ class Invoice:
             "currency": self.currency,
             "due_date": self.due.isoformat() if self.has_due else None,
             "po_number": self.po if self.has_po else None,
+            "line_items": self._line_items(),
         }
 
+    def _line_items(self) -> list[dict] | None:
+        """The items, for layouts that list them (null otherwise); a receipt's caps lines show
+        no quantity. Shipping is a charge, not an item."""
+        if self.items_shown is None:
+            return None
+        out = []
+        for name, qty, _unit, amount in self.items:
+            out.append({
+                "description": name,
+                "quantity": None if self.items_shown == "caps" else qty,
+                "amount": int(amount) if amount == int(amount) else amount,
+            })
+        return out
+
     def item_lines(self, style: str = "plain") -> list[str]:
+        self.items_shown = style
         out = []
         for name, qty, unit, amount in self.items:
             if style == "plain":
@@ -632,7 +652,7 @@ def stats(rows: list[dict]) -> str:
     n = len(rows)
     lines = [f"invoices: {n}", "", "field presence (non-null):"]
     for key in KEYS:
-        k = sum(r["target"][key] is not None for r in rows)
+        k = sum(r["target"].get(key) is not None for r in rows)
         lines.append(f"  {key:<15} {k:>4} ({100 * k / n:.0f}%)")
     lines += ["", "currency:"]
     cur: dict[str, int] = {}

@@ -14,8 +14,15 @@ from dataclasses import asdict
 from typing import Any, Literal
 
 from lorapilot.evaluate.guards import RuleResult, check_guards, check_success
-from lorapilot.evaluate.metrics import paired_bootstrap, paired_bootstrap_macro_f1
-from lorapilot.spec import GuardSpec, SuccessSpec, variant_label
+from lorapilot.evaluate.metrics import (
+    classification_counts,
+    classification_totals,
+    get_metric,
+    paired_bootstrap_counts,
+    paired_bootstrap_macro_f1,
+)
+from lorapilot.evaluate.structured import Scorer, add, row_counts
+from lorapilot.spec import EvalNormalize, GuardSpec, SuccessSpec, TaskSpec, variant_label
 
 Decision = Literal["GO", "NO-GO", "INCONCLUSIVE"]
 N_BOOT = 1000
@@ -141,17 +148,19 @@ def bootstrap_for(
     cand_rows: list[dict],
     labels: list[str] | None,
     *,
+    task: TaskSpec | None = None,
+    norm: EvalNormalize | None = None,
     n_boot: int = N_BOOT,
     seed: int = 0,
 ) -> dict | None:
-    """Paired bootstrap CI of the candidate's gain on `metric`, rows paired by example id.
+    """Paired bootstrap CI of the candidate's gain on `metric` itself, rows paired by id.
 
-    Classification: macro_f1 is bootstrapped as itself (from gold and parsed labels),
-    accuracy as the mean of `correct`. Any other metric has no per-example paired form
-    here, so the per-example `correct` flag is bootstrapped in its place (exact match of
-    the whole answer: `exact_match` for extraction, `correct` for format tasks, `accuracy`
-    for classification) and the result says so: "stat" names what was bootstrapped and
-    "proxy" is True. None when no example is in both.
+    Each resample recomputes the pre-registered metric from the resampled examples: macro-F1
+    and per-category scores from label counts, extraction and format metrics (micro F1 over
+    fields or leaves, validity rates, per-field and per-category scores) from the summed
+    counts of `structured.Scorer` (re-scored from each row's gold, raw output and text;
+    extraction and format need the `task`). None when no example is in both, or when the
+    metric is not among those the rows give (e.g. a category the split does not hold).
     """
     pairs = _pairs(base_rows, cand_rows)
     if not pairs:
@@ -159,33 +168,53 @@ def bootstrap_for(
     for b, c in pairs:
         if b.get("gold") != c.get("gold"):
             raise ValueError(f"example {b['id']!r} has different gold answers in the two runs")
-    if task_kind == "classification" and metric == "macro_f1":
+    if task_kind == "classification":
         if not labels:
-            raise ValueError("macro_f1 needs the task's labels")
-        result = paired_bootstrap_macro_f1(
-            [b["gold"] for b, _ in pairs],
-            [b.get("parsed") for b, _ in pairs],
-            [c.get("parsed") for _, c in pairs],
-            labels,
-            n_boot=n_boot,
-            seed=seed,
-        )
-        stat = "macro_f1"
+            raise ValueError("classification metrics need the task's labels")
+        golds = [b["gold"] for b, _ in pairs]
+        base_p, cand_p = [b.get("parsed") for b, _ in pairs], [c.get("parsed") for _, c in pairs]
+        if metric == "macro_f1":  # the vectorised form of the same computation
+            result = paired_bootstrap_macro_f1(
+                golds, base_p, cand_p, labels, n_boot=n_boot, seed=seed
+            )
+            return _bootstrap(result, metric, len(pairs))
+        base_c = [classification_counts(g, p, labels) for g, p in zip(golds, base_p, strict=True)]
+        cand_c = [classification_counts(g, p, labels) for g, p in zip(golds, cand_p, strict=True)]
+
+        def value(totals: dict) -> float:
+            return get_metric(classification_totals(totals, labels), metric)
+
     else:
-        result = paired_bootstrap(
-            [float(bool(b.get("correct"))) for b, _ in pairs],
-            [float(bool(c.get("correct"))) for _, c in pairs],
-            n_boot=n_boot,
-            seed=seed,
-        )
-        stat = {"classification": "accuracy", "extraction": "exact_match"}.get(task_kind, "correct")
-    proxy = stat != metric
-    note = (
-        f"CI of the {stat} gain, a proxy for {metric}: {metric} is not bootstrapped per example"
-        if proxy
-        else None
-    )
-    return {**result, "metric": metric, "stat": stat, "proxy": proxy, "n": len(pairs), "note": note}
+        if task is None:
+            raise ValueError(f"{task_kind} metrics need the task to be re-scored")
+        scorer = Scorer(task, norm or EvalNormalize(), [b.get("gold") for b, _ in pairs])
+        base_c = [row_counts(scorer, b) for b, _ in pairs]
+        cand_c = [row_counts(scorer, c) for _, c in pairs]
+        paths = scorer.leaf_paths(add(add({}, _sum(base_c)), _sum(cand_c)))
+
+        def value(totals: dict) -> float:
+            return get_metric(scorer.metrics(totals, paths), metric)
+
+    try:
+        full = value(_sum(base_c))
+    except KeyError:
+        return None
+    if not isinstance(full, int | float) or isinstance(full, bool):
+        return None
+    result = paired_bootstrap_counts(base_c, cand_c, value, n_boot=n_boot, seed=seed)
+    return _bootstrap(result, metric, len(pairs))
+
+
+def _sum(counts: list[dict]) -> dict:
+    total: dict = {}
+    for c in counts:
+        add(total, c)
+    return total
+
+
+def _bootstrap(result: dict, metric: str, n: int) -> dict:
+    # "stat" and "proxy" stay for records written when some metrics had a proxy
+    return {**result, "metric": metric, "stat": metric, "proxy": False, "n": n, "note": None}
 
 
 # --------------------------------------------------------------------------- decision

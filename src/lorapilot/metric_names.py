@@ -6,6 +6,7 @@ what `evaluate.metrics` really returns."""
 from __future__ import annotations
 
 import difflib
+import re
 
 PER_CATEGORY_CLASSIFICATION = ("precision", "recall", "f1", "support", "predicted")
 PER_FIELD = ("accuracy", "precision", "recall", "f1", "support", "predicted")
@@ -15,11 +16,16 @@ PER_CATEGORY_EXTRACTION = (
     "exact_match",
     "field_accuracy",
     "field_f1",
+    "leaf_f1",
 )
 _EXTRACTION = (
     "json_valid_rate", "schema_valid_rate", "required_fields_rate", "exact_match",
     "field_accuracy", "field_precision", "field_recall", "field_f1",
+    "leaf_precision", "leaf_recall", "leaf_f1",
 )  # fmt: skip
+GROUNDED = (
+    "ungrounded_value_rate"  # extraction/format with task.grounded, top level and per category
+)
 TOP_LEVEL = {
     "classification": ("accuracy", "macro_f1", "invalid_rate"),
     "extraction": _EXTRACTION,
@@ -32,29 +38,51 @@ PER_GROUP = {
 }
 
 
-def known(kind: str, labels: list[str] | None, fields: list[str] | None) -> list[str]:
+def known(
+    kind: str, labels: list[str] | None, fields: list[str] | None, grounded: bool = False
+) -> list[str]:
     """Every valid name: top-level metrics, `per_<group>.<m>` (every entry), and for known
-    entries (labels, field names) `per_<group>.<entry>.<m>`."""
-    # extraction/format categories come from the data: not known here (see `problem`)
+    entries (labels, field names and leaf paths) `per_<group>.<entry>.<m>`."""
+    # extraction/format categories come from the data: not known here (see `problem`), nor
+    # the keys of a map (`slots.*`)
+    fields = [f for f in fields or [] if "*" not in f]
     entries = {"per_category": labels if kind == "classification" else None, "per_field": fields}
     names = list(TOP_LEVEL[kind])
+    if grounded and kind != "classification":
+        names.append(GROUNDED)
     for group, metrics in PER_GROUP[kind].items():
+        if grounded and group == "per_category" and kind != "classification":
+            metrics = (*metrics, GROUNDED)
         names += [f"{group}.{m}" for m in metrics]
         names += [f"{group}.{e}.{m}" for e in entries[group] or [] for m in metrics]
     return names
 
 
-def problem(name: str, kind: str, labels: list[str] | None, fields: list[str] | None) -> str | None:
+def problem(
+    name: str,
+    kind: str,
+    labels: list[str] | None,
+    fields: list[str] | None,
+    grounded: bool = False,
+) -> str | None:
     """None for a metric this task kind produces, else the message, with the closest names.
     Extraction and format categories come from the data, so any `per_category.<x>.<m>` with
-    a known <m> is accepted there."""
-    valid = known(kind, labels, fields)
+    a known <m> is accepted there; so is `per_field.<path>.<m>` for a path under a map
+    (`slots.*` accepts `per_field.slots.city.f1`)."""
+    valid = known(kind, labels, fields, grounded)
     if name in valid:
         return None
     head, _, rest = name.partition(".")
     if kind != "classification" and head == "per_category" and "." in rest:
-        if rest.rsplit(".", 1)[1] in PER_GROUP[kind]["per_category"]:
+        allowed = PER_GROUP[kind]["per_category"] + ((GROUNDED,) if grounded else ())
+        if rest.rsplit(".", 1)[1] in allowed:
             return None
+    if kind != "classification" and head == "per_field" and "." in rest:
+        path, metric = rest.rsplit(".", 1)
+        for pattern in fields or []:
+            if "*" in pattern and metric in PER_FIELD:
+                if re.fullmatch(re.escape(pattern).replace(r"\*", ".+"), path):
+                    return None
     close = difflib.get_close_matches(name, valid, n=3, cutoff=0.6)
     hint = f"; closest: {', '.join(close)}" if close else ""
     shown = ", ".join(TOP_LEVEL[kind] + tuple(f"{g}.<m>" for g in PER_GROUP[kind]))

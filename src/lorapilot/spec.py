@@ -46,15 +46,94 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
-class FieldSpec(_Strict):
-    """One field of an extraction target."""
+ValueType = Literal["string", "number", "integer", "boolean", "date", "list", "object", "map"]
+_SCALARS = ("string", "number", "integer", "boolean", "date")
+_NESTED_KEYS = ("fields", "items", "values", "ordered")
+
+
+class ValueSpec(_Strict):
+    """The type of a value in an extraction target; `object`, `list` and `map` nest.
+
+    object: named child `fields`; list: `items` of one type (a scalar or an object; none
+    given: any JSON values, compared whole); map: keys chosen by each example (slot names),
+    `values` of one type. A type may be written as its name alone: `items: string`.
+    """
+
+    type: ValueType = Field(
+        "string",
+        description="string, number, integer, boolean, date (ISO YYYY-MM-DD), list, object, map.",
+    )
+    fields: list[FieldSpec] | None = Field(None, description="An object's fields.")
+    items: ValueSpec | None = Field(None, description="A list's item type.")
+    values: ValueSpec | None = Field(None, description="A map's value type.")
+    ordered: bool = Field(
+        False, description="A list compared in order (default: as a multiset, any order)."
+    )
+    description: str = Field("", description="Shown to the model in the prompt.")
+
+    @field_validator("items", "values", mode="before")
+    @classmethod
+    def _type_name(cls, v: Any) -> Any:
+        return {"type": v} if isinstance(v, str) else v
+
+    @model_validator(mode="after")
+    def _shape(self) -> ValueSpec:
+        if self.type == "object":
+            if not self.fields:
+                raise ValueError("an object needs `fields`")
+            names = [f.name for f in self.fields]
+            if len(set(names)) != len(names):
+                raise ValueError("field names must be unique")
+        elif self.fields is not None:
+            raise ValueError(f"`fields` belongs to type object, not {self.type}")
+        if self.items is not None and self.type != "list":
+            raise ValueError(f"`items` belongs to type list, not {self.type}")
+        if self.values is not None and self.type != "map":
+            raise ValueError(f"`values` belongs to type map, not {self.type}")
+        if self.ordered and self.type != "list":
+            raise ValueError(f"`ordered` belongs to type list, not {self.type}")
+        return self
+
+    def leaf_paths(self, path: str = "") -> list[str]:
+        """Every leaf path this type names, in spec order: `slots.*` for a map's keys,
+        `items[]` for a list's scalars, `items[].amount` for its objects' fields. An untyped
+        list (no `items`) is one leaf, compared whole."""
+        if self.type == "object":
+            return [
+                p
+                for f in self.fields or []
+                for p in f.leaf_paths(f"{path}.{f.name}" if path else f.name)
+            ]
+        if self.type == "map":
+            key = f"{path}.*" if path else "*"
+            return self.values.leaf_paths(key) if self.values is not None else [key]
+        if self.type == "list" and self.items is not None:
+            return self.items.leaf_paths(path + "[]")
+        return [path]
+
+    @property
+    def nested(self) -> bool:
+        """Whether this value has structure beyond today's flat fields."""
+        return self.type in ("object", "map") or self.items is not None or self.ordered
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: Any) -> dict[str, Any]:
+        # Unused nesting keys are left out, so flat specs keep the hash they had before.
+        out = handler(self)
+        for key in _NESTED_KEYS:
+            if key in out and out[key] in (None, False):
+                del out[key]
+        return out
+
+
+class FieldSpec(ValueSpec):
+    """One named field of an extraction target (at any level of nesting)."""
 
     name: str = Field(min_length=1, description="Key in the target JSON object.")
-    type: Literal["string", "number", "integer", "boolean", "date", "list"] = Field(
-        "string", description="Value type; `date` is a string in ISO format YYYY-MM-DD."
-    )
     required: bool = Field(True, description="A required field must be present and non-null.")
-    description: str = Field("", description="Shown to the model in the prompt.")
+
+
+ValueSpec.model_rebuild()
 
 
 class TaskSpec(_Strict):
@@ -75,6 +154,11 @@ class TaskSpec(_Strict):
     )
     template: str = Field(
         "{text}", description="User turn; `{text}` is the input, `{labels}`/`{fields}` as above."
+    )
+    grounded: bool = Field(
+        False,
+        description="extraction/format: every string value must appear in the input text; "
+        "`ungrounded_value_rate` counts the values the model invented.",
     )
 
     @field_validator("labels")
@@ -120,7 +204,22 @@ class TaskSpec(_Strict):
             names = [f.name for f in self.fields]
             if len(set(names)) != len(names):
                 raise ValueError("task.fields names must be unique")
+        if self.grounded and self.kind == "classification":
+            raise ValueError("task.grounded applies to extraction and format tasks")
         return self
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: Any) -> dict[str, Any]:
+        out = handler(self)
+        if out.get("grounded") is False:  # left out unset: older specs keep their hash
+            del out["grounded"]
+        return out
+
+    @property
+    def nested(self) -> bool:
+        """Whether any field nests (object, map, list with items): the flat prompt and
+        metrics are kept byte for byte for specs without."""
+        return any(f.nested for f in self.fields or [])
 
 
 class QuantizationSpec(_Strict):
@@ -316,6 +415,12 @@ class DataSpec(_Strict):
         "fail", description="Policy for duplicates between train and val/test."
     )
     near_dup_threshold: float = Field(0.8, gt=0, le=1, description="Jaccard threshold.")
+    category: str | None = Field(
+        None,
+        description="extraction/format: the category of an example for per-category metrics, "
+        "guards, the stratified split and sampling: a column of the data (`doc_type`) or a "
+        "path in the target (`target.intent`). Default: which optional fields the target fills.",
+    )
     sample: SampleSpec | None = Field(
         None,
         description="Use a seeded, stratified subset of each split, e.g. {train: 200, val: 0.5} "
@@ -344,9 +449,9 @@ class DataSpec(_Strict):
 
     @model_serializer(mode="wrap")
     def _dump(self, handler: Any) -> dict[str, Any]:
-        # An unused hf_dataset is left out, so specs written before it existed keep their hash.
+        # Unused keys are left out, so specs written before they existed keep their hash.
         out = handler(self)
-        for key in ("hf_dataset", "sample"):  # unset: left out, so older specs keep their hash
+        for key in ("hf_dataset", "sample", "category"):
             if out.get(key, 0) is None:
                 del out[key]
         return out
@@ -422,22 +527,37 @@ class SuccessSpec(_Strict):
     min_gain: float = Field(description="Required absolute gain over the baseline.")
 
 
+GUARD_RULES = ("max_drop", "min", "min_gain", "max", "max_rise")
+
+
 class GuardSpec(_Strict):
-    """A must-not-degrade rule. Give exactly one of min_gain, max_drop, min."""
+    """A must-not-degrade rule. Give exactly one of max_drop, min, min_gain (metrics where
+    higher is better) or max, max_rise (rates where lower is better: invalid_rate,
+    ungrounded_value_rate)."""
 
     metric: str = Field(
         description="A metric name, or `per_category.<m>` / `per_field.<m>` for every one."
     )
-    max_drop: float | None = Field(None, ge=0)
-    min: float | None = None
-    min_gain: float | None = None
+    max_drop: float | None = Field(None, ge=0, description="base - candidate <= this.")
+    min: float | None = Field(None, description="candidate >= this.")
+    min_gain: float | None = Field(None, description="candidate - base >= this.")
+    max: float | None = Field(None, description="candidate <= this.")
+    max_rise: float | None = Field(None, ge=0, description="candidate - base <= this.")
 
     @model_validator(mode="after")
     def _one_rule(self) -> GuardSpec:
-        given = [k for k in ("max_drop", "min", "min_gain") if getattr(self, k) is not None]
+        given = [k for k in GUARD_RULES if getattr(self, k) is not None]
         if len(given) != 1:
-            raise ValueError("a guard needs exactly one of max_drop, min, min_gain")
+            raise ValueError("a guard needs exactly one of " + ", ".join(GUARD_RULES))
         return self
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: Any) -> dict[str, Any]:
+        out = handler(self)
+        for key in ("max", "max_rise"):  # unset: left out, so older specs keep their hash
+            if out.get(key, 0) is None:
+                del out[key]
+        return out
 
 
 class LimitsSpec(_Strict):
@@ -571,17 +691,39 @@ class PilotSpec(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _category_source(self) -> PilotSpec:
+        by = self.data.category
+        if by is None:
+            return self
+        if self.task.kind == "classification":
+            raise ValueError("data.category: a classification example's category is its label")
+        if by.startswith("target.") and self.task.fields:
+            fields: list[FieldSpec] | None = self.task.fields
+            for key in by[len("target.") :].split("."):
+                field = next((f for f in fields or [] if f.name == key), None)
+                if field is None or field.type in ("list", "map"):
+                    raise ValueError(
+                        f"data.category: {by!r} is not a field path of task.fields (an object's "
+                        "fields may be named by dots, e.g. target.intent; lists and maps not)"
+                    )
+                fields = field.fields
+            if fields is not None:
+                raise ValueError(f"data.category: {by!r} is an object, not a category value")
+        return self
+
+    @model_validator(mode="after")
     def _metrics_exist(self) -> PilotSpec:
         """The success metric and every guard name a metric this task kind produces."""
         from lorapilot.metric_names import problem
 
         fields = [f.name for f in self.task.fields or []]
+        fields += [p for f in self.task.fields or [] for p in f.leaf_paths(f.name) if p != f.name]
         named = [("success.metric", self.success.metric)] if self.success is not None else []
         named += [(f"guards[{i}].metric", g.metric) for i, g in enumerate(self.guards)]
         if self.selection.metric is not None:
             named.append(("selection.metric", self.selection.metric))
         for key, name in named:
-            why = problem(name, self.task.kind, self.task.labels, fields)
+            why = problem(name, self.task.kind, self.task.labels, fields, self.task.grounded)
             if why:
                 raise ValueError(f"{key}: {why}")
         return self

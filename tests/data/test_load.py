@@ -230,6 +230,24 @@ def test_extraction_categories_and_string_target(tmp_path):
     assert records[0].label is None
 
 
+def test_data_category_from_a_column_or_a_target_path(tmp_path):
+    slots = TaskSpec(
+        kind="extraction",
+        fields=[FieldSpec(name="intent"), FieldSpec(name="slots", type="map", values="string")],
+    )
+    content = jline(id="a", text="to oslo", doc="note", target={"intent": "book", "slots": {}})
+    content += jline(id="b", text="rain?", doc="mail", target={"intent": "weather", "slots": {}})
+    by_path, _ = load_records(write(tmp_path, content), slots, spec(category="target.intent"))
+    assert [r.category for r in by_path] == ["book", "weather"]
+    by_column, _ = load_records(write(tmp_path, content), slots, spec(category="doc"))
+    assert [r.category for r in by_column] == ["note", "mail"]
+    missing = content + jline(id="c", text="x", target={"intent": "book", "slots": {}})
+    with pytest.raises(UsageError, match=r"data.jsonl:3: missing field 'doc' \(data.category\)"):
+        load_records(write(tmp_path, missing), slots, spec(category="doc"))
+    with pytest.raises(UsageError, match="data.category 'target.slots' is object"):
+        load_records(write(tmp_path, content), slots, spec(category="target.slots"))
+
+
 def test_json_array_file_gets_a_hint(tmp_path):
     with pytest.raises(UsageError, match="JSON Lines"):
         load_records(write(tmp_path, b"[\n" + GOOD_CLF + b"]\n", "data.json"), CLF, spec())

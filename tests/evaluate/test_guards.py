@@ -55,6 +55,10 @@ def test_success_fails():
         ({"metric": "accuracy", "min": 0.90}, "fail"),
         ({"metric": "macro_f1", "min_gain": 0.01}, "pass"),
         ({"metric": "macro_f1", "min_gain": 0.20}, "fail"),
+        ({"metric": "invalid_rate", "max": 0.0}, "pass"),
+        ({"metric": "accuracy", "max": 0.5}, "fail"),
+        ({"metric": "invalid_rate", "max_rise": 0.0}, "pass"),  # 0.10 -> 0.0: fell
+        ({"metric": "macro_f1", "max_rise": 0.01}, "fail"),  # rose 0.05
     ],
 )
 def test_each_rule(kw, status):
@@ -108,6 +112,10 @@ def test_missing_metric_fails_without_raising():
 def test_min_rule_needs_no_baseline():
     [r] = check_guards([GuardSpec(metric="accuracy", min=0.5)], {}, CAND, 5)
     assert r.status == "pass" and r.baseline is None
+    [r] = check_guards([GuardSpec(metric="invalid_rate", max=0.05)], {}, CAND, 5)
+    assert r.status == "pass" and "<= max 0.05" in r.detail
+    [r] = check_guards([GuardSpec(metric="invalid_rate", max_rise=0.05)], {}, CAND, 5)
+    assert r.status == "fail" and "baseline missing" in r.detail
     [r] = check_guards([GuardSpec(metric="accuracy", max_drop=0.5)], {}, CAND, 5)
     assert r.status == "fail" and "baseline missing" in r.detail
 
@@ -120,3 +128,21 @@ def test_non_numeric_metric_fails():
 def test_guards_in_spec_order():
     specs = [GuardSpec(metric="accuracy", min=0.5), GuardSpec(metric="macro_f1", max_drop=0.0)]
     assert [r.metric for r in check_guards(specs, BASE, CAND, 5)] == ["accuracy", "macro_f1"]
+
+
+def test_a_guard_on_the_ungrounded_value_rate():
+    """The issue's acceptance: a prediction that invents a value raises the rate, and a
+    `max` guard on it fails; the grounded prediction passes."""
+    from lorapilot.evaluate.structured import extraction_metrics
+    from lorapilot.spec import EvalNormalize, TaskSpec
+
+    task = TaskSpec(kind="extraction", grounded=True, fields=[{"name": "city"}])
+    gold, text = [{"city": "Oslo"}], ["flight to Oslo"]
+    honest = extraction_metrics(gold, ['{"city": "Oslo"}'], task, EvalNormalize(), texts=text)
+    invents = extraction_metrics(gold, ['{"city": "Rome"}'], task, EvalNormalize(), texts=text)
+    assert invents["ungrounded_value_rate"] == 1.0 and honest["ungrounded_value_rate"] == 0.0
+    guard = [GuardSpec(metric="ungrounded_value_rate", max=0.02)]
+    assert check_guards(guard, honest, honest, 0)[0].status == "pass"
+    assert check_guards(guard, honest, invents, 0)[0].status == "fail"
+    rise = [GuardSpec(metric="ungrounded_value_rate", max_rise=0.0)]
+    assert check_guards(rise, honest, invents, 0)[0].status == "fail"

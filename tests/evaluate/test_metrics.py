@@ -9,16 +9,13 @@ import pytest
 
 from lorapilot.evaluate.metrics import (
     classification_metrics,
-    extraction_metrics,
-    format_metrics,
     get_metric,
-    normalize_value,
     paired_bootstrap,
     paired_bootstrap_macro_f1,
     paired_bootstrap_metric,
-    parse_first_json,
-    values_equal,
 )
+from lorapilot.evaluate.structured import extraction_metrics, format_metrics
+from lorapilot.evaluate.values import normalize_value, parse_first_json, values_equal
 from lorapilot.spec import EvalNormalize, FieldSpec, TaskSpec
 
 NORM = EvalNormalize()

@@ -25,13 +25,35 @@ from typing import Any
 
 from lorapilot.errors import UsageError
 from lorapilot.fsutil import sha256_bytes, sha256_json
-from lorapilot.spec import TaskSpec
+from lorapilot.spec import FieldSpec, TaskSpec, ValueSpec
 
 IGNORE_INDEX = -100
 
 
 def _field_list(task: TaskSpec) -> str:
-    return ", ".join(f.name for f in task.fields or [])
+    """`{fields}`: the field names, with the shape of nested ones, e.g. `intent, slots (map
+    of name to string), line_items (list of objects: description, amount)`."""
+    return ", ".join(_field_text(f) for f in task.fields or [])
+
+
+def _field_text(f: FieldSpec) -> str:
+    return f"{f.name} ({_shape_text(f)})" if f.nested else f.name
+
+
+def _shape_text(v: ValueSpec) -> str:
+    if v.type == "object":
+        return "object: " + ", ".join(_field_text(c) for c in v.fields or [])
+    if v.type == "map":
+        return "map of name to " + (_shape_text(v.values) if v.values is not None else "value")
+    if v.type == "list" and v.items is not None:
+        item = v.items
+        shape = (
+            "objects: " + ", ".join(_field_text(c) for c in item.fields or [])
+            if (item.type == "object")
+            else _shape_text(item)
+        )
+        return ("ordered " if v.ordered else "") + "list of " + shape
+    return v.type
 
 
 def _fill(text: str, task: TaskSpec) -> str:
@@ -60,11 +82,28 @@ def answer_text(task: TaskSpec, label: str | None, target: dict | None) -> str:
         raise ValueError("extraction example without a target")
     if isinstance(target, str):  # a regex-only format task: the target is the text itself
         return target
-    order = [f.name for f in task.fields or []]
-    ordered = {k: target.get(k) for k in order} if order else dict(target)
-    for k, v in target.items():
+    if task.fields:
+        target = _in_order(target, task.fields)
+    return json.dumps(target, ensure_ascii=False, separators=(", ", ": "))
+
+
+def _in_order(obj: dict, fields: list[FieldSpec]) -> dict:
+    """An object's keys in the spec's field order (absent optional fields as null), then any
+    others; nested objects (also inside lists and maps) likewise."""
+    ordered = {f.name: _value_in_order(obj.get(f.name), f) for f in fields}
+    for k, v in obj.items():
         ordered.setdefault(k, v)
-    return json.dumps(ordered, ensure_ascii=False, separators=(", ", ": "))
+    return ordered
+
+
+def _value_in_order(value: Any, spec: ValueSpec) -> Any:
+    if spec.type == "object" and isinstance(value, dict):
+        return _in_order(value, spec.fields or [])
+    if spec.type == "list" and spec.items is not None and isinstance(value, list):
+        return [_value_in_order(v, spec.items) for v in value]
+    if spec.type == "map" and spec.values is not None and isinstance(value, dict):
+        return {k: _value_in_order(v, spec.values) for k, v in value.items()}
+    return value
 
 
 def template_hash(tokenizer: Any, task: TaskSpec) -> str:
@@ -76,6 +115,12 @@ def template_hash(tokenizer: Any, task: TaskSpec) -> str:
             "template": task.template,
             "labels": task.labels,
             "fields": [f.name for f in task.fields or []],
+            # nested shapes reach the prompt too; flat specs keep the hash they had
+            **(
+                {"shapes": [f.model_dump(mode="json") for f in task.fields or []]}
+                if task.nested
+                else {}
+            ),
         }
     )
 

@@ -94,6 +94,7 @@ class RecordBuilder:
         self.task = task
         self.row_numbers = row_numbers  # Parquet records have rows, not lines
         self.fields = data.fields
+        self.category_by = data.category if task.kind != "classification" else None
         self.shown = shown
         self.stem = stem
         self.split = split
@@ -128,6 +129,10 @@ class RecordBuilder:
         else:
             target = self._target(row.get(fm.target, _MISSING))
 
+        try:
+            category = category_of(label, target, self.task, self.category_by, row)
+        except ValueError as e:
+            raise BadRow(str(e)) from None
         rid = self._id(row, line)
         source = f"{self.shown}:row {line}" if self.row_numbers else f"{self.shown}:{line}"
         first = self.seen.get(rid)
@@ -141,7 +146,7 @@ class RecordBuilder:
             target=target,
             source=source,
             split=self.split,
-            category=category_of(label, target, self.task),
+            category=category,
         )
 
     def _label(self, label: Any) -> str:

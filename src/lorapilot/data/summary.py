@@ -14,6 +14,7 @@ from lorapilot.data.dataset import (
     formatter_for,
     remaining_leaks,
 )
+from lorapilot.data.targets import grounded_in, string_values
 from lorapilot.errors import UsageError
 from lorapilot.spec import Pilot
 
@@ -33,6 +34,15 @@ def data_report(pilot: Pilot, prepared: PreparedData, tokenizer: Any) -> dict[st
             per_category.setdefault(cat, {s: 0 for s in counts})[split] = n
     leaks = remaining_leaks(pilot, prepared)
     warnings = _label_support_warnings(pilot, counts.get("train", {}))
+    grounding = gold_grounding(prepared) if spec.task.grounded else None
+    if grounding and grounding["n_ungrounded"]:
+        shown = "; ".join(
+            f"{e['id']} ({e['split']}): {e['value']!r}" for e in grounding["examples"]
+        )
+        warnings.append(
+            f"{grounding['n_ungrounded']} of {grounding['n_values']} gold string values do not "
+            f"appear in their input text (task.grounded: true; annotation problems?): {shown}"
+        )
     if leaks and spec.data.leakage == "warn":
         warnings.append(
             f"{len(leaks)} duplicate pair(s) across splits kept (data.leakage: warn): "
@@ -57,8 +67,23 @@ def data_report(pilot: Pilot, prepared: PreparedData, tokenizer: Any) -> dict[st
         "target_excluded": prepared.target_excluded,
         "answer_budget_tokens": prepared.answer_budget,
         "mask_audit": mask_audit(fmt, prepared.splits, encoded, prepared.answer_budget),
+        **({"grounding": grounding} if grounding is not None else {}),
         "warnings": warnings,
     }
+
+
+def gold_grounding(prepared: PreparedData, shown: int = 5) -> dict[str, Any]:
+    """Gold string values that are not in their own input text: a grounded task whose
+    annotations invent values teaches the model to invent them."""
+    n_values = 0
+    bad = []
+    for split, records in prepared.splits.items():
+        for r in records:
+            for value in string_values(r.target):
+                n_values += 1
+                if not grounded_in(value, r.text):
+                    bad.append({"id": r.id, "split": split, "value": value[:80]})
+    return {"n_values": n_values, "n_ungrounded": len(bad), "examples": bad[:shown]}
 
 
 def _label_support_warnings(pilot: Pilot, train_counts: dict[str, int]) -> list[str]:

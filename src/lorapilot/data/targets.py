@@ -6,6 +6,7 @@ prompt all agree on one definition of a well-formed answer.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from typing import Any
@@ -14,7 +15,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
 from lorapilot.errors import UsageError
-from lorapilot.spec import TaskSpec
+from lorapilot.spec import FieldSpec, TaskSpec, ValueSpec
 
 DATE_PATTERN = r"^\d{4}-\d{2}-\d{2}$"
 _TYPES = {
@@ -38,14 +39,22 @@ def target_schema(task: TaskSpec) -> dict:
     """JSON schema of an extraction/format target: task.json_schema, else built from task.fields.
 
     Optional fields may be null or absent; required ones must be present and non-null, and
-    unknown keys are refused, so a typo in a target cannot pass as a missed field.
+    unknown keys are refused, so a typo in a target cannot pass as a missed field. Nested
+    fields (object, list with items, map) get the same rules at every level.
     """
     if task.json_schema is not None:
         return task.json_schema
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        **_object_schema(task.fields or []),
+    }
+
+
+def _object_schema(fields: list[FieldSpec]) -> dict:
     properties: dict[str, Any] = {}
     required: list[str] = []
-    for field in task.fields or []:
-        prop = dict(_TYPES[field.type])
+    for field in fields:
+        prop = _value_schema(field)
         if field.required:
             required.append(field.name)
         else:
@@ -54,12 +63,22 @@ def target_schema(task: TaskSpec) -> dict:
             prop["description"] = field.description
         properties[field.name] = prop
     return {
-        "$schema": "https://json-schema.org/draft/2020-12/schema",
         "type": "object",
         "properties": properties,
         "required": required,
         "additionalProperties": False,
     }
+
+
+def _value_schema(spec: ValueSpec) -> dict:
+    if spec.type == "object":
+        return _object_schema(spec.fields or [])
+    if spec.type == "map":
+        values = _value_schema(spec.values) if spec.values is not None else {}
+        return {"type": "object", "additionalProperties": values}
+    if spec.type == "list" and spec.items is not None:
+        return {"type": "array", "items": _value_schema(spec.items)}
+    return dict(_TYPES[spec.type])
 
 
 def _where(path: Any) -> str:
@@ -116,16 +135,38 @@ def validate_target(obj: Any, task: TaskSpec) -> list[str]:
     return target_validator(task)(obj)
 
 
-def category_of(label: str | None, target: Any, task: TaskSpec) -> str:
-    """The stratum of an example: its label, or which optional fields its target fills.
+def category_of(
+    label: str | None,
+    target: Any,
+    task: TaskSpec,
+    by: str | None = None,
+    row: dict | None = None,
+) -> str:
+    """The stratum of an example: its label; for other tasks `data.category` (`by`: a column
+    of the raw row, or `target.<path>`), else which optional fields its target fills.
 
     Splitting and per-category metrics use it, so rare shapes of target (e.g. invoices with
-    a discount) reach val and test instead of all landing in train by chance.
+    a discount) reach val and test instead of all landing in train by chance. A category
+    that is a list or an object is a ValueError naming it; a missing one is `none`.
     """
     if task.kind == "classification":
         if label is None:
             raise ValueError("a classification example needs a label")
         return label
+    if by is not None:
+        if by.startswith("target."):
+            value: Any = target
+            for key in by[len("target.") :].split("."):
+                value = value.get(key) if isinstance(value, dict) else None
+        else:
+            if row is None or by not in row:
+                raise ValueError(f"missing field {by!r} (data.category)")
+            value = row[by]
+        if isinstance(value, dict | list):
+            raise ValueError(f"data.category {by!r} is {json_type(value)}, not a category name")
+        if value is None:
+            return "none"
+        return value if isinstance(value, str) else json.dumps(value)
     if not task.fields:
         return "all"
     present = sorted(
@@ -151,3 +192,20 @@ def json_type(value: Any) -> str:
     if isinstance(value, int | float):
         return "number"
     return type(value).__name__
+
+
+def string_values(value: Any) -> list[str]:
+    """Every string leaf of a value, at any depth (map keys are names, not values)."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in string_values(v)]
+    if isinstance(value, list):
+        return [s for v in value for s in string_values(v)]
+    return []
+
+
+def grounded_in(value: str, text: str) -> bool:
+    """Whether a string value appears in the input text (casefolded, whitespace collapsed)."""
+    needle = " ".join(value.split()).casefold()
+    return not needle or needle in " ".join(text.split()).casefold()

@@ -16,7 +16,8 @@ from lorapilot.evaluate.metrics import get_metric
 from lorapilot.spec import GuardSpec, SuccessSpec
 
 Status = Literal["pass", "fail", "insufficient_data"]
-RuleKind = Literal["min_gain", "max_drop", "min"]
+RuleKind = Literal["min_gain", "max_drop", "min", "max", "max_rise"]
+ABSOLUTE = ("min", "max")  # rules that read only the candidate
 EXPANDING = ("per_category", "per_field")
 
 # Metrics are ratios of small counts and 0.75 - 0.70 is 0.04999...: without this slack a
@@ -29,7 +30,8 @@ class RuleResult:
     """The verdict of one rule on one concrete metric, with the numbers behind it."""
 
     rule: RuleKind
-    """Which rule: min_gain (cand - base >= t), max_drop (base - cand <= t), min (cand >= t)."""
+    """Which rule: min_gain (cand - base >= t), max_drop (base - cand <= t), min (cand >= t),
+    max (cand <= t), max_rise (cand - base <= t)."""
     metric: str
     """The concrete metric checked, e.g. `per_category.billing.f1` after expansion."""
     status: Status
@@ -55,7 +57,7 @@ def _number(metrics: dict, name: str) -> tuple[float | None, str | None]:
 
 
 def _rule(guard: GuardSpec) -> tuple[RuleKind, float]:
-    for kind in ("max_drop", "min", "min_gain"):
+    for kind in ("max_drop", "min", "min_gain", "max", "max_rise"):
         value = getattr(guard, kind)
         if value is not None:
             return kind, float(value)
@@ -74,7 +76,7 @@ def _check(
     base, base_why = _number(baseline, metric)
     cand, cand_why = _number(candidate, metric)
     problems = [f"candidate {cand_why}"] if cand_why else []
-    if base_why and kind != "min":
+    if base_why and kind not in ABSOLUTE:
         problems.append(f"baseline {base_why}")
     if problems:
         detail = f"{metric}: cannot check {kind} {threshold:g}: " + ", ".join(problems)
@@ -83,6 +85,14 @@ def _check(
     if kind == "min":
         ok = cand >= threshold - _EPS
         detail = f"{metric}: {cand:.4f} {'>=' if ok else '<'} min {threshold:g}"
+    elif kind == "max":
+        ok = cand <= threshold + _EPS
+        detail = f"{metric}: {cand:.4f} {'<=' if ok else '>'} max {threshold:g}"
+    elif kind == "max_rise":
+        assert base is not None
+        ok = cand - base <= threshold + _EPS
+        detail = f"{metric}: {base:.4f} -> {cand:.4f}, "
+        detail += f"rise {cand - base:+.4f} {'<=' if ok else '>'} max_rise {threshold:g}"
     else:
         assert base is not None
         change = cand - base
@@ -158,6 +168,8 @@ def check_guards(
 def check_absolute_guards(
     guards: list[GuardSpec], metrics: dict, min_support: int
 ) -> list[RuleResult]:
-    """The guards that need no baseline (`min`), on one evaluation: the final test, where
-    the baseline is not evaluated (the test split is used once, for the chosen adapter)."""
-    return check_guards([g for g in guards if g.min is not None], metrics, metrics, min_support)
+    """The guards that need no baseline (`min`, `max`), on one evaluation: the final test,
+    where the baseline is not evaluated (the test split is used once, for the chosen
+    adapter)."""
+    absolute = [g for g in guards if g.min is not None or g.max is not None]
+    return check_guards(absolute, metrics, metrics, min_support)

@@ -1,4 +1,6 @@
-"""Evaluation metrics (pure, no I/O): classification, extraction/format, paired bootstrap.
+"""Evaluation metrics (pure, no I/O): classification, metric lookup, paired bootstrap.
+
+Extraction and format metrics are in `structured`, value parsing in `values`.
 
 Every function takes outputs already produced and returns plain dicts of floats and lists,
 so a run record stores them as JSON as they are and a guard finds any of them by a dotted
@@ -7,15 +9,10 @@ name (`get_metric`). Rates over zero examples are 0.0, never NaN: NaN is not JSO
 
 from __future__ import annotations
 
-import json
-import re
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal
 
 import numpy as np
-
-from lorapilot.data.targets import category_of, is_text_target, target_validator
-from lorapilot.spec import EvalNormalize, TaskSpec
 
 INVALID = "invalid"
 
@@ -91,232 +88,44 @@ def classification_metrics(
     }
 
 
-# --------------------------------------------------------------------------- parsing, values
+def classification_counts(gold: str, pred: str | None, labels: list[str]) -> dict:
+    """One example's counts; `classification_totals` of their sum gives the scalar and
+    per-category metrics of classification_metrics (what a bootstrap resamples)."""
+    valid = isinstance(pred, str) and pred in labels
+    c: dict = {"n": 1, "correct": pred == gold, "invalid": not valid}
+    c[("gold", gold)] = 1
+    if valid:
+        c[("pred", pred)] = 1
+        if pred == gold:
+            c[("tp", gold)] = 1
+    return c
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")
-
-
-# strict JSON: Python's default decoder accepts NaN/Infinity, which no other parser would
-_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
-
-
-def parse_first_json(text: str) -> tuple[Any | None, str | None]:
-    """The first JSON object in a model's output -> (object, None) or (None, error).
-
-    Models wrap answers in prose and code fences; decoding at each `{` in turn finds the
-    object wherever it starts, and the decoder itself handles nested braces and braces
-    inside strings. A `{` that starts no valid object (prose, a broken object) is skipped.
-    """
-    if not text or not text.strip():
-        return None, "empty output"
-    start = text.find("{")
-    if start < 0:
-        return None, "no JSON object in the output"
-    first_error = None
-    while start >= 0:
-        try:
-            obj, _ = _DECODER.raw_decode(text, start)
-            return obj, None
-        except (ValueError, RecursionError) as e:
-            if first_error is None:
-                message = (
-                    e.msg if isinstance(e, json.JSONDecodeError) else str(e) or "too deeply nested"
-                )
-                first_error = f"invalid JSON at character {start}: {message}"
-        start = text.find("{", start + 1)
-    return None, first_error
-
-
-def normalize_value(v: Any, norm: EvalNormalize) -> Any:
-    """A value in the form compared for equality, as the spec's eval.normalize asks.
-
-    Strings: strip and collapse whitespace (norm.whitespace), casefold (norm.case); lists:
-    items normalised, then sorted (norm.list_order); objects: values normalised. A float
-    with an integer value becomes an int, so 1.0 equals 1; numeric strings stay strings
-    ("1" is not 1), and booleans stay booleans (True is not 1).
-    """
-    if isinstance(v, str):
-        if norm.whitespace:
-            v = " ".join(v.split())
-        return v.casefold() if norm.case else v
-    if isinstance(v, float) and v.is_integer():
-        return int(v)
-    if isinstance(v, list | tuple):
-        items = [normalize_value(x, norm) for x in v]
-        if norm.list_order:
-            items.sort(key=_canonical)
-        return items
-    if isinstance(v, dict):
-        return {k: normalize_value(x, norm) for k, x in v.items()}
-    return v
-
-
-def _canonical(v: Any) -> str:
-    # JSON text tells True from 1 (Python's == does not) and orders mixed-type lists.
-    return json.dumps(v, sort_keys=True, ensure_ascii=False, default=str)
-
-
-def values_equal(a: Any, b: Any, norm: EvalNormalize) -> bool:
-    """Equality after normalize_value on both sides (None equals only None)."""
-    return _canonical(normalize_value(a, norm)) == _canonical(normalize_value(b, norm))
-
-
-# --------------------------------------------------------------------------- extraction, format
-
-
-def _field_names(task: TaskSpec, gold: Sequence[dict]) -> tuple[list[str], set[str]]:
-    """(field names in order, required names): task.fields, else the json_schema's properties."""
-    if task.fields:
-        return [f.name for f in task.fields], {f.name for f in task.fields if f.required}
-    schema = task.json_schema or {}
-    required = set(schema.get("required") or [])
-    props = schema.get("properties")
-    if isinstance(props, dict) and props:
-        return list(props), required
-    return sorted({k for g in gold for k in g}), required
-
-
-def _content_scores(
-    golds: Sequence[dict], preds: Sequence[dict | None], names: list[str], norm: EvalNormalize
-) -> tuple[dict, list[bool]]:
-    """Field-level scores of parsed outputs against gold objects -> (metrics, exact per example)."""
-    n = len(golds)
-    exact = [p is not None for p in preds]  # no object parsed is never an exact match
-    per_field: dict[str, dict] = {}
-    tp_all = pred_all = gold_all = 0
-    for name in names:
-        n_correct = tp = n_pred = n_gold = 0
-        for i, (g, p) in enumerate(zip(golds, preds, strict=True)):
-            gv = g.get(name)
-            pv = p.get(name) if p is not None else None
-            same = values_equal(gv, pv, norm)
-            n_correct += same
-            exact[i] = exact[i] and same
-            n_pred += pv is not None
-            n_gold += gv is not None
-            tp += same and gv is not None
-        precision, recall = _div(tp, n_pred), _div(tp, n_gold)
-        per_field[name] = {
-            "accuracy": _div(n_correct, n),
+def classification_totals(totals: dict, labels: list[str]) -> dict:
+    """classification_metrics' numbers (no confusion matrix) from summed counts."""
+    n = totals.get("n", 0)
+    per_category: dict[str, dict] = {}
+    f1s = []
+    for label in labels:
+        tp, support, predicted = (totals.get((k, label), 0) for k in ("tp", "gold", "pred"))
+        precision, recall = _div(tp, predicted), _div(tp, support)
+        f1 = _f1(precision, recall)
+        per_category[label] = {
             "precision": precision,
             "recall": recall,
-            "f1": _f1(precision, recall),
-            "support": n_gold,
-            "predicted": n_pred,
+            "f1": f1,
+            "support": support,
+            "predicted": predicted,
         }
-        tp_all, pred_all, gold_all = tp_all + tp, pred_all + n_pred, gold_all + n_gold
-    precision, recall = _div(tp_all, pred_all), _div(tp_all, gold_all)
-    metrics = {
-        "exact_match": _div(sum(exact), n),
-        "field_accuracy": _div(sum(f["accuracy"] for f in per_field.values()), len(per_field)),
-        "field_precision": precision,
-        "field_recall": recall,
-        "field_f1": _f1(precision, recall),
-        "per_field": per_field,
-    }
-    return metrics, exact
-
-
-def extraction_metrics(
-    gold: Sequence[dict], raw_outputs: Sequence[str], task: TaskSpec, norm: EvalNormalize
-) -> dict:
-    """Validity rates and field-level content scores of generated JSON objects.
-
-    A field absent from the output counts as null; null gold and null prediction agree.
-    field_precision/recall/f1 are micro over all fields: a non-null predicted value is a
-    prediction, a non-null gold value a positive, a true positive a non-null prediction equal
-    to the gold value. exact_match needs a parsed object with every field correct. Scores per
-    category (`category_of`: which optional fields the gold fills) show rare target shapes.
-    """
-    if len(gold) != len(raw_outputs):
-        raise ValueError(f"{len(gold)} targets but {len(raw_outputs)} outputs")
-    for i, g in enumerate(gold):
-        if not isinstance(g, dict):
-            raise ValueError(f"target {i} is not a JSON object")
-    names, required = _field_names(task, gold)
-    check = target_validator(task)
-    parsed: list[dict | None] = []
-    errors: list[str | None] = []
-    schema_ok: list[bool] = []
-    required_ok: list[bool] = []
-    for text in raw_outputs:
-        obj, error = parse_first_json(text)
-        if not isinstance(obj, dict):
-            obj = None
-        parsed.append(obj)
-        errors.append(error)
-        schema_ok.append(obj is not None and not check(obj))
-        required_ok.append(obj is not None and all(obj.get(r) is not None for r in required))
-
-    n = len(gold)
-    content, exact = _content_scores(gold, parsed, names, norm)
-    groups: dict[str, list[int]] = {}
-    for i, g in enumerate(gold):
-        groups.setdefault(category_of(None, g, task), []).append(i)
-    per_category = {}
-    for cat, idx in sorted(groups.items()):
-        sub, _ = _content_scores([gold[i] for i in idx], [parsed[i] for i in idx], names, norm)
-        per_category[cat] = {
-            "support": len(idx),
-            "json_valid_rate": _div(sum(parsed[i] is not None for i in idx), len(idx)),
-            **{k: sub[k] for k in ("exact_match", "field_accuracy", "field_f1")},
-        }
+        if support or predicted:
+            f1s.append(f1)
     return {
         "n": n,
-        "json_valid_rate": _div(sum(p is not None for p in parsed), n),
-        "schema_valid_rate": _div(sum(schema_ok), n),
-        "required_fields_rate": _div(sum(required_ok), n),
-        **content,
+        "accuracy": _div(totals.get("correct", 0), n),
+        "macro_f1": _div(sum(f1s), len(f1s)),
+        "invalid_rate": _div(totals.get("invalid", 0), n),
         "per_category": per_category,
-        "parsed": parsed,
-        "parse_errors": errors,
-        "correct": exact,
     }
-
-
-def format_metrics(
-    outputs: Sequence[str],
-    task: TaskSpec,
-    targets: Sequence[Any] | None = None,
-    norm: EvalNormalize | None = None,
-) -> dict:
-    """How often outputs follow the required format, plus content scores when targets exist.
-
-    A regex-only task: the stripped output must fullmatch task.regex; with string targets,
-    exact_match compares normalised strings. Otherwise the first JSON object in the output
-    must satisfy the target schema (task.json_schema, else task.fields), and with object
-    targets the extraction_metrics keys are added. `correct` per example is the exact match
-    when targets are given, else format validity: what a paired bootstrap should compare.
-    """
-    norm = norm or EvalNormalize()
-    n = len(outputs)
-    if targets is not None and len(targets) != n:
-        raise ValueError(f"{len(targets)} targets but {n} outputs")
-    if is_text_target(task):
-        pattern = re.compile(task.regex or "")
-        valid = [bool(pattern.fullmatch(o.strip())) for o in outputs]
-        out: dict[str, Any] = {"n": n, "format_valid_rate": _div(sum(valid), n), "valid": valid}
-        if targets is None:
-            return {**out, "correct": valid}
-        correct = [values_equal(o.strip(), t, norm) for o, t in zip(outputs, targets, strict=True)]
-        return {**out, "exact_match": _div(sum(correct), n), "correct": correct}
-
-    check = target_validator(task)
-    parsed = [parse_first_json(o)[0] for o in outputs]
-    valid = [isinstance(p, dict) and not check(p) for p in parsed]
-    out = {
-        "n": n,
-        "json_valid_rate": _div(sum(isinstance(p, dict) for p in parsed), n),
-        "format_valid_rate": _div(sum(valid), n),
-        "valid": valid,
-        "parsed": parsed,
-    }
-    if targets is None:
-        return {**out, "correct": valid}
-    content = extraction_metrics(list(targets), outputs, task, norm)
-    return {**content, **out, "correct": content["correct"]}
 
 
 # --------------------------------------------------------------------------- lookup
@@ -506,6 +315,40 @@ def paired_bootstrap_macro_f1(
         boots.append(diff)
     delta = float(boots[0][0])
     return _summary(delta, np.concatenate(boots[1:]), ci)
+
+
+def paired_bootstrap_counts(
+    base_counts: Sequence[dict],
+    cand_counts: Sequence[dict],
+    value: Callable[[dict], float],
+    n_boot: int = 1000,
+    seed: int = 0,
+    ci: float = 0.95,
+) -> dict:
+    """paired_bootstrap for any metric computed from per-example counts that add up:
+    `value(summed counts)` on each resample (counts weighted by how often an example is
+    drawn, a matmul), so micro F1, rates and per-group scores are resampled as themselves.
+    Same resamples as paired_bootstrap for the same (n, n_boot, seed)."""
+    n = len(base_counts)
+    if len(cand_counts) != n:
+        raise ValueError("base_counts and cand_counts must have one length")
+    keys = sorted({k for c in [*base_counts, *cand_counts] for k in c}, key=repr)
+
+    def matrix(counts: Sequence[dict]) -> np.ndarray:
+        return np.array([[float(c.get(k, 0)) for k in keys] for c in counts], dtype=np.float64)
+
+    b_mat, c_mat = matrix(base_counts), matrix(cand_counts)
+
+    def val(row: np.ndarray) -> float:
+        return float(value(dict(zip(keys, row.tolist(), strict=True))))
+
+    delta = val(c_mat.sum(axis=0)) - val(b_mat.sum(axis=0))
+    boots = []
+    for idx in _resamples(n, n_boot, seed):
+        w = _weights(idx, n)
+        for b_row, c_row in zip(w @ b_mat, w @ c_mat, strict=True):
+            boots.append(val(c_row) - val(b_row))
+    return _summary(delta, np.asarray(boots, dtype=np.float64), ci)
 
 
 def per_group(metrics: Any) -> tuple[str, dict]:

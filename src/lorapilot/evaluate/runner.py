@@ -14,7 +14,8 @@ from lorapilot.data.dataset import PreparedData
 from lorapilot.data.format import PromptFormatter, answer_text, template_hash
 from lorapilot.data.rows import Record
 from lorapilot.evaluate import predict
-from lorapilot.evaluate.metrics import classification_metrics, extraction_metrics, format_metrics
+from lorapilot.evaluate.metrics import classification_metrics
+from lorapilot.evaluate.structured import extraction_metrics, format_metrics
 from lorapilot.fsutil import sha256_json
 from lorapilot.memmeter import PeakMemory
 from lorapilot.models import pad_id_of
@@ -187,10 +188,15 @@ def evaluate_records(
             rows.append(row)
     else:
         gold = [r.target for r in records]
+        cats, texts = [r.category for r in records], [r.text for r in records]
         if task.kind == "extraction":
-            metrics = extraction_metrics(gold, outputs, task, spec.eval.normalize)
+            metrics = extraction_metrics(
+                gold, outputs, task, spec.eval.normalize, categories=cats, texts=texts
+            )
         else:
-            metrics = format_metrics(outputs, task, gold, spec.eval.normalize)
+            metrics = format_metrics(
+                outputs, task, gold, spec.eval.normalize, categories=cats, texts=texts
+            )
         parsed = metrics.pop("parsed", [None] * len(records))
         correct = metrics.pop("correct", [False] * len(records))
         metrics.pop("valid", None)

@@ -179,7 +179,13 @@ def collect(pilot: Pilot) -> dict:
         base_rows = _rows(registry.runs_dir(pilot.dir) / baseline.id)
         cand_rows = _rows(registry.runs_dir(pilot.dir) / chosen["id"])
         boot = bootstrap_for(
-            spec.task.kind, spec.success.metric, base_rows, cand_rows, spec.task.labels
+            spec.task.kind,
+            spec.success.metric,
+            base_rows,
+            cand_rows,
+            spec.task.labels,
+            task=spec.task,
+            norm=spec.eval.normalize,
         )
         decision = decide(
             spec.success,
@@ -289,7 +295,15 @@ def test_gain(pilot: Pilot, rec: registry.RunRecord) -> dict | None:
         return None
     spec = pilot.spec
     metric = spec.success.metric
-    boot = bootstrap_for(spec.task.kind, metric, base_rows, _rows(d), spec.task.labels)
+    boot = bootstrap_for(
+        spec.task.kind,
+        metric,
+        base_rows,
+        _rows(d),
+        spec.task.labels,
+        task=spec.task,
+        norm=spec.eval.normalize,
+    )
     b, c = _num(base_m, metric), _num(cand_m, metric)
     return {
         "metric": metric,

@@ -243,6 +243,10 @@ def _rule_text(g: dict) -> str:
         return f"{g.get('metric')} must be at least {fmt(g['min'])}"
     if g.get("min_gain") is not None:
         return f"{g.get('metric')} must gain at least {fmt(g['min_gain'])}"
+    if g.get("max") is not None:
+        return f"{g.get('metric')} must be at most {fmt(g['max'])}"
+    if g.get("max_rise") is not None:
+        return f"{g.get('metric')} may rise by at most {fmt(g['max_rise'])}"
     return str(g.get("metric"))
 
 
@@ -1138,7 +1142,11 @@ def _test(s: dict) -> list:
             ),
         ]
     guards = [g for g in _list(t, "guards") if isinstance(g, dict)]
-    relative = [g for g in _list(s, "guards") if isinstance(g, dict) and "min" not in g]
+    relative = [
+        g
+        for g in _list(s, "guards")
+        if isinstance(g, dict) and g.get("min") is None and g.get("max") is None
+    ]
     if guards:
         out += [
             Sub("Guards on test"),
@@ -1157,7 +1165,8 @@ def _test(s: dict) -> list:
     if relative and not gain:
         out.append(
             Para(
-                f"{len(relative)} relative guard(s) (max_drop / min_gain) compare with the "
+                f"{len(relative)} relative guard(s) (max_drop / min_gain / max_rise) compare "
+                "with the "
                 "baseline, which is evaluated on validation only: they are checked there."
             )
         )
