@@ -497,6 +497,26 @@ class TrainSpec(_Strict):
         description="torch's intra-op CPU threads (default: the cores this process may use, "
         "or OMP_NUM_THREADS); recorded in each run's environment.",
     )
+    shared_prefix: Literal["auto", "off"] = Field(
+        "auto",
+        description="auto: the prompt prefix the rows of a micro-batch share (chat header, "
+        "system prompt) runs once per micro-batch, forward and backward (same loss and "
+        "gradients); off: every row computes it. One process without activation "
+        "checkpointing; the run record says which path ran and why.",
+    )
+
+    @field_validator("shared_prefix", mode="before")
+    @classmethod
+    def _yaml_off(cls, v: Any) -> Any:
+        # YAML 1.1 reads a bare `off` as false (and `on` as true)
+        return {False: "off", True: "auto"}.get(v, v) if isinstance(v, bool) else v
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: Any) -> dict[str, Any]:
+        out = handler(self)
+        if out.get("shared_prefix") == "auto":  # the same gradients: older hashes stand
+            del out["shared_prefix"]
+        return out
 
 
 class EvalNormalize(_Strict):

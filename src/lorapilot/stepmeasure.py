@@ -162,9 +162,11 @@ def measure(
     steps: int,
     warmup: int,
     device,
+    loss_fn: Callable | None = None,
 ) -> dict:
-    """Fresh optimizer, `warmup` + `steps` train_steps on one batch, timed and peak-measured.
-    An out-of-memory error is caught and returned as ok=False."""
+    """Fresh optimizer, `warmup` + `steps` train_steps on one batch, timed and peak-measured
+    (with the training loop's `loss_fn`: the shared-prefix path when it is the one that
+    will run). An out-of-memory error is caught and returned as ok=False."""
     import torch
 
     total_targets = count_target_tokens(batch)
@@ -177,7 +179,14 @@ def measure(
             for _ in range(warmup + steps):
                 t0 = time.perf_counter()
                 res = train_step(
-                    model, optimizer, None, [batch], total_targets, precision, max_grad_norm
+                    model,
+                    optimizer,
+                    None,
+                    [batch],
+                    total_targets,
+                    precision,
+                    max_grad_norm,
+                    loss_fn=loss_fn,
                 )
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)

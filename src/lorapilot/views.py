@@ -278,8 +278,10 @@ def evaluation(r: dict) -> None:
             "schema_valid_rate",
             "required_fields_rate",
             "field_f1",
+            "leaf_f1",
             "exact_match",
             "format_valid_rate",
+            "ungrounded_value_rate",
         )
         if k in m
     ]
@@ -324,7 +326,7 @@ def train(r: dict) -> None:
         "  "
         + "  ".join(
             f"{k}={m[k]:.3f}"
-            for k in ("accuracy", "macro_f1", "json_valid_rate", "field_f1")
+            for k in ("accuracy", "macro_f1", "json_valid_rate", "field_f1", "leaf_f1")
             if k in m
         )
     )
@@ -456,11 +458,11 @@ def compare(r: dict) -> None:
         m = row.get("metrics") or {}
         main = " ".join(
             f"{k}={m[k]:.3f}"
-            for k in ("accuracy", "macro_f1", "field_f1", "json_valid_rate")
+            for k in ("accuracy", "macro_f1", "field_f1", "leaf_f1", "json_valid_rate")
             if isinstance(m.get(k), (int, float))
         )
         d = (row.get("deltas") or {}).get("overall", {})
-        delta = " ".join(f"{k}{d[k]:+.3f}" for k in ("macro_f1", "field_f1") if k in d)
+        delta = " ".join(f"{k}{d[k]:+.3f}" for k in ("macro_f1", "field_f1", "leaf_f1") if k in d)
         fl = row.get("flips") or {}
         fb = f"{len(fl.get('fixed', []))}/{len(fl.get('broken', []))}" if fl else ""
         note = row.get("not_comparable_reason") or row.get("reason") or ""

@@ -106,6 +106,53 @@ def test_extraction_answer_is_compact_json_in_field_order():
     assert ans == '{"b": "Ünïcode", "a": null}' and json.loads(ans) == {"a": None, "b": "Ünïcode"}
 
 
+NESTED = TaskSpec(
+    kind="extraction",
+    system="Answer with the keys {fields}.",
+    fields=[
+        {"name": "intent"},
+        {"name": "slots", "type": "map", "values": "string"},
+        {"name": "lines", "type": "list", "required": False,
+         "items": {"type": "object",
+                   "fields": [{"name": "desc"}, {"name": "n", "type": "integer"}]}},
+        {"name": "tags", "type": "list", "items": "string", "ordered": True},
+    ],
+)  # fmt: skip
+
+
+def test_nested_fields_render_their_shape_in_the_prompt_and_order_in_the_answer():
+    from lorapilot.data.format import render_messages
+
+    [system, _] = render_messages(NESTED, "x")
+    assert system["content"] == (
+        "Answer with the keys intent, slots (map of name to string), "
+        "lines (list of objects: desc, n), tags (ordered list of string)."
+    )
+    ans = answer_text(NESTED, None, {"tags": ["b"], "lines": [{"n": 2, "desc": "pen"}],
+                                     "slots": {"z": "1"}, "intent": "i"})  # fmt: skip
+    assert (
+        ans
+        == '{"intent": "i", "slots": {"z": "1"}, "lines": [{"desc": "pen", "n": 2}], "tags": ["b"]}'
+    )
+
+
+def test_flat_specs_keep_their_prompt_and_hash_nested_shapes_change_the_hash(chatml):
+    from lorapilot.data.format import render_messages, template_hash
+
+    flat = TaskSpec(
+        kind="extraction", system="{fields}", fields=[{"name": "a"}, {"name": "b", "type": "list"}]
+    )
+    assert render_messages(flat, "x")[0]["content"] == "a, b"
+    # the hash of a flat spec is the one it had before nesting existed (names only)
+    assert "shapes" not in json.dumps(flat.model_dump(mode="json"))
+    assert flat.model_dump(mode="json")["fields"][1] == {
+        "name": "b", "type": "list", "required": True, "description": ""
+    }  # fmt: skip
+    ordered = NESTED.model_copy(deep=True)
+    ordered.fields[3].ordered = False
+    assert template_hash(chatml, NESTED) != template_hash(chatml, ordered)
+
+
 def test_template_that_is_not_prefix_consistent_is_refused(chatml):
     t = copy.deepcopy(chatml)
     # a template whose generation prompt differs from how it renders an answered turn

@@ -90,7 +90,13 @@ from lorapilot.steprun import open_run, snapshot
 from lorapilot.train.batches import collate, count_target_tokens, example_target_tokens
 from lorapilot.train.checkpoint import save_checkpoint
 from lorapilot.train.loop import seed_everything
-from lorapilot.train.step import make_optimizer, make_scheduler, train_step
+from lorapilot.train.step import (
+    loss_fn_for,
+    make_optimizer,
+    make_scheduler,
+    prefix_path,
+    train_step,
+)
 
 MIN_STEPS, MIN_WARMUP = 5, 1
 EVAL_EXAMPLES = 32
@@ -313,6 +319,11 @@ def _measure_config(pr: _Probe, name: str, mb: int, ckpt: bool, search: bool = F
     seq_len = batch["input_ids"].shape[1]
     positions = max(1, math.ceil(count_target_tokens(batch) / mb))
     set_checkpointing(pr.model, ckpt)
+    # The path training will take (one process): the shared prefix computed once per
+    # micro-batch, unless train.shared_prefix is off or checkpointing is on.
+    loss_fn, path = loss_fn_for(tcfg.model_copy(update={"grad_checkpointing": ckpt}))
+    if path[0] == "shared":
+        path = prefix_path(pr.model, batch)
     m = measure(
         pr.model,
         batch,
@@ -322,6 +333,7 @@ def _measure_config(pr: _Probe, name: str, mb: int, ckpt: bool, search: bool = F
         steps=pr.steps,
         warmup=pr.warmup,
         device=pr.device,
+        loss_fn=loss_fn,
     )
     del batch
     row = {
@@ -333,6 +345,7 @@ def _measure_config(pr: _Probe, name: str, mb: int, ckpt: bool, search: bool = F
         "measured": True,
         "search": search,
         "loss_positions_per_example": positions,
+        "prefix_path": path[0],
         **m,
     }
     row.update(

@@ -38,7 +38,7 @@ from lorapilot.train.distributed import (
     open_train_run,
 )
 from lorapilot.train.loop import train
-from lorapilot.train.step import make_optimizer
+from lorapilot.train.step import loss_fn_for, make_optimizer
 
 
 def _why(pilot: Pilot) -> str | None:
@@ -156,6 +156,7 @@ def run_train(
                 steps=2,
                 precision=spec.train.precision,
                 max_grad_norm=spec.train.max_grad_norm,
+                loss_fn=loss_fn_for(spec.train)[0],  # the path the training steps take
             )
             run.update(update_audit=audit)
             if not audit["ok"]:
@@ -261,6 +262,7 @@ def run_train(
         "initial_val_loss": result.initial_val_loss,
         "steps": result.steps,
         "resumed_from": result.resumed_from,
+        "prefix": result.prefix,
         "metrics": ev.metrics,
         "eval_protocol": protocol["eval_protocol"],
         "data_version": prepared.version,

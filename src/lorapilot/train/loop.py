@@ -68,11 +68,13 @@ from lorapilot.train.checkpoint import (
 )
 from lorapilot.train.distributed import accelerator_for, check_distributed
 from lorapilot.train.step import (
+    MIN_SHARED_PREFIX,
     LossModule,
     call_module,
-    causal_lm_loss_sum,
+    loss_fn_for,
     make_optimizer,
     make_scheduler,
+    shared_prefix_len,
     train_step,
     validation_loss,
 )
@@ -100,6 +102,9 @@ class TrainResult:
     train_tokens_per_s: float | None  # this call's steps only
     world_size: int
     precision: str  # train.precision as resolved for the device (`auto` never stays)
+    # train.shared_prefix: {mode, path: shared | unshared, why, micro_batches,
+    # shared_micro_batches, tokens_saved (prefix tokens not recomputed, all calls)}
+    prefix: dict | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -115,6 +120,7 @@ class _Loop:
     model: Any  # the (PEFT) model, unwrapped
     step_model: Any  # what train_step calls: the model, its DDP wrapper or the FSDP module
     loss_fn: Callable
+    prefix_path: tuple[str, str]  # ("shared" | "unshared", why): train.shared_prefix resolved
     sharded: Any  # the FSDP loss module, or None
     optimizer: torch.optim.Optimizer
     scheduler: Any
@@ -124,7 +130,15 @@ class _Loop:
     warmup: int
     data_hash: str
     totals: dict = dataclasses.field(
-        default_factory=lambda: {"tokens": 0, "padded_tokens": 0, "target_tokens": 0, "wall_s": 0.0}
+        default_factory=lambda: {
+            "tokens": 0,
+            "padded_tokens": 0,
+            "target_tokens": 0,
+            "wall_s": 0.0,
+            "micro_batches": 0,
+            "shared_micro_batches": 0,
+            "prefix_tokens_saved": 0,
+        }
     )
 
     @property
@@ -207,7 +221,10 @@ def _setup(
     elif world > 1:
         step_model, loss_fn = acc.prepare(LossModule(model)), call_module
     else:
-        step_model, loss_fn = model, causal_lm_loss_sum
+        step_model = model
+    one_process_loss, prefix_path = loss_fn_for(cfg, world)
+    if world == 1:
+        loss_fn = one_process_loss
     stream = MicroBatchStream([e.n_tokens for e in train_examples], cfg.micro_batch, cfg.seed)
     return _Loop(
         cfg=cfg,
@@ -216,6 +233,7 @@ def _setup(
         model=model,
         step_model=step_model,
         loss_fn=loss_fn,
+        prefix_path=prefix_path,
         sharded=sharded,
         optimizer=optimizer,
         scheduler=make_scheduler(optimizer, cfg.schedule, warmup, total_steps),
@@ -407,6 +425,13 @@ def train(
             mine = [
                 collate([train_examples[i] for i in mb], pad_id) for mb in global_mbs[rank::world]
             ]
+            if lp.prefix_path[0] == "shared":  # what the shared path spares, for the record
+                for mb in mine:
+                    n = shared_prefix_len(mb)
+                    if n >= MIN_SHARED_PREFIX:
+                        lp.totals["shared_micro_batches"] += 1
+                        lp.totals["prefix_tokens_saved"] += n * (mb["input_ids"].shape[0] - 1)
+            lp.totals["micro_batches"] += len(mine)
             out = train_step(
                 lp.step_model,
                 lp.optimizer,
@@ -491,4 +516,12 @@ def train(
         train_tokens_per_s=call_tokens / call_train_s if call_train_s else None,
         world_size=world,
         precision=cfg.precision,
+        prefix={
+            "mode": cfg.shared_prefix,
+            "path": lp.prefix_path[0],
+            "why": lp.prefix_path[1],
+            "micro_batches": lp.totals.get("micro_batches", 0),
+            "shared_micro_batches": lp.totals.get("shared_micro_batches", 0),
+            "tokens_saved": lp.totals.get("prefix_tokens_saved", 0),
+        },
     )

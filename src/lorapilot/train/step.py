@@ -71,6 +71,92 @@ def causal_lm_loss_sum(model, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]
     return loss_sum, mask.sum()
 
 
+MIN_SHARED_PREFIX = 8  # tokens; below this the second forward costs more than it saves
+
+
+def shared_prefix_len(batch: Batch) -> int:
+    """Tokens every row of a right-padded batch starts with (real tokens, not padding),
+    leaving each row at least one token of its own."""
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    if ids.shape[0] < 2:
+        return 0
+    same = ((ids == ids[:1]) & (mask == 1)).all(dim=0)
+    n = int(same.long().cumprod(0).sum())
+    return max(0, min(n, int(mask.sum(dim=1).min()) - 1))
+
+
+def prefix_path(model, batch: Batch, grad_checkpointing: bool = False) -> tuple[str, str]:
+    """("shared", why) when `shared_prefix_loss_sum` can compute this batch's prefix once,
+    else ("unshared", why): what the run record says ran."""
+    if grad_checkpointing:
+        return "unshared", "activation checkpointing recomputes layers, which re-appends a cache"
+    decoder, _ = _decoder_and_head(model)
+    if decoder is None:
+        return "unshared", "no separable decoder and head"
+    n = shared_prefix_len(batch)
+    if n < MIN_SHARED_PREFIX:
+        return "unshared", f"rows share {n} tokens (< {MIN_SHARED_PREFIX})"
+    return (
+        "shared",
+        f"{n} shared prefix tokens computed once for {batch['input_ids'].shape[0]} rows",
+    )
+
+
+def shared_prefix_loss_sum(model, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """causal_lm_loss_sum, with the prompt prefix every row shares run once.
+
+    The prefix (chat header, system prompt, start of the template) goes through the decoder
+    once with batch size 1, keeping its keys and values; those are broadcast (expanded, not
+    copied) to the rows, whose own tokens run on top at positions after the prefix. Backward
+    goes through the prefix once, and the broadcast sums the rows' gradients into it: the
+    LoRA weights get exactly the gradient they would get if every row carried its own copy
+    (the same arithmetic, in another order: equal within float rounding). Positions inside
+    the prefix that carry loss (`loss_on: all`) are scored for every row, as in the unshared
+    form. Falls back to causal_lm_loss_sum when the rows share too little.
+    """
+    decoder, head = _decoder_and_head(model)
+    n = shared_prefix_len(batch) if decoder is not None else 0
+    if n < MIN_SHARED_PREFIX:
+        return causal_lm_loss_sum(model, batch)
+    from transformers import DynamicCache
+
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    rows, width = ids.shape
+    prefix = decoder(input_ids=ids[:1, :n], use_cache=True)
+    kv = [(layer.keys, layer.values) for layer in prefix.past_key_values.layers]
+    cache = DynamicCache(
+        [(k.expand(rows, -1, -1, -1), v.expand(rows, -1, -1, -1)) for k, v in kv],
+        config=getattr(decoder, "config", None),
+    )
+    positions = torch.arange(n, width, device=ids.device).expand(rows, -1)
+    own = decoder(
+        input_ids=ids[:, n:],
+        attention_mask=mask,
+        position_ids=positions,
+        past_key_values=cache,
+        use_cache=True,
+    ).last_hidden_state
+    hidden = torch.cat([prefix.last_hidden_state.expand(rows, -1, -1), own], dim=1)
+    labels = batch["labels"][:, 1:]
+    target = labels != IGNORE_INDEX
+    selected = head(hidden[:, :-1][target])
+    loss_sum = F.cross_entropy(selected.float(), labels[target], reduction="sum")
+    return loss_sum, target.sum()
+
+
+def loss_fn_for(cfg: TrainSpec, world: int = 1) -> tuple[Callable, tuple[str, str]]:
+    """The loss one process's training step uses, and ("shared" | "unshared", why): the loop,
+    the update audit and the probe take the same path."""
+    if cfg.shared_prefix == "off":
+        return causal_lm_loss_sum, ("unshared", "train.shared_prefix: off")
+    if world > 1:
+        return causal_lm_loss_sum, ("unshared", "not yet under DDP/FSDP: each rank runs its rows")
+    if cfg.grad_checkpointing:
+        why = "activation checkpointing recomputes layers, which would re-append the cache"
+        return causal_lm_loss_sum, ("unshared", why)
+    return shared_prefix_loss_sum, ("shared", "micro-batches whose rows share a prefix run it once")
+
+
 class LossModule(torch.nn.Module):
     """DDP only synchronises gradients for work done inside its own forward; the chunked
     loss calls the decoder and the head separately, so under DDP the whole loss is made

@@ -1,0 +1,151 @@
+"""Training through the shared prompt prefix once: loss and every LoRA gradient equal the
+unshared computation (fp32, a tiny random Llama), for rows of different lengths, with the
+loss on answers only or on every token, and with gradient accumulation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lorapilot.data.format import IGNORE_INDEX
+from lorapilot.train.step import (
+    causal_lm_loss_sum,
+    prefix_path,
+    shared_prefix_len,
+    shared_prefix_loss_sum,
+)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def lora_model():
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+    )  # fmt: skip
+    base = LlamaForCausalLM(config).float()
+    model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
+    for name, p in model.named_parameters():  # LoRA B starts at 0: give it values to test
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.1)
+    return model.train()
+
+
+def batch_of(prefix: list[int], owns: list[list[int]], answer_from: list[int], loss_on_all=False):
+    width = max(len(prefix) + len(o) for o in owns)
+    rows = len(owns)
+    ids = torch.zeros((rows, width), dtype=torch.long)
+    mask = torch.zeros((rows, width), dtype=torch.long)
+    labels = torch.full((rows, width), IGNORE_INDEX, dtype=torch.long)
+    for i, own in enumerate(owns):
+        seq = prefix + own
+        ids[i, : len(seq)] = torch.tensor(seq)
+        mask[i, : len(seq)] = 1
+        start = 0 if loss_on_all else len(prefix) + answer_from[i]
+        labels[i, start : len(seq)] = torch.tensor(seq[start:])
+    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+
+PREFIX = [5, 17, 3, 44, 9, 12, 61, 2, 33, 8, 70, 21]
+
+
+def grads(model, batch, fn):
+    model.zero_grad(set_to_none=True)
+    loss, n = fn(model, batch)
+    loss.backward()
+    out = {k: p.grad.clone() for k, p in model.named_parameters() if p.requires_grad}
+    model.zero_grad(set_to_none=True)
+    return float(loss), int(n), out
+
+
+def assert_same(a, b):
+    loss_a, n_a, g_a = a
+    loss_b, n_b, g_b = b
+    assert n_a == n_b and loss_a == pytest.approx(loss_b, rel=1e-5)
+    assert set(g_a) == set(g_b) and g_a
+    for k in g_a:
+        scale = g_a[k].abs().max().clamp(min=1e-6)
+        assert ((g_a[k] - g_b[k]).abs().max() / scale) < 1e-5, k
+
+
+@pytest.mark.parametrize("loss_on_all", [False, True])
+def test_loss_and_every_lora_gradient_equal_the_unshared_computation(lora_model, loss_on_all):
+    owns = [[40, 41, 42, 43, 50, 51], [60, 61, 50], [80, 81, 82, 83, 84, 85, 86, 50, 52]]
+    batch = batch_of(PREFIX, owns, answer_from=[4, 1, 7], loss_on_all=loss_on_all)
+    assert shared_prefix_len(batch) == len(PREFIX)
+    assert_same(
+        grads(lora_model, batch, shared_prefix_loss_sum),
+        grads(lora_model, batch, causal_lm_loss_sum),
+    )
+
+
+def test_the_first_answer_token_right_after_the_prefix_is_scored(lora_model):
+    """The last prefix position predicts each row's first own token: a target there must be
+    scored per row from the shared hidden state."""
+    batch = batch_of(PREFIX, [[40, 41], [60, 61, 62]], answer_from=[0, 0])
+    assert_same(
+        grads(lora_model, batch, shared_prefix_loss_sum),
+        grads(lora_model, batch, causal_lm_loss_sum),
+    )
+
+
+def test_accumulated_micro_batches_give_the_unshared_gradient(lora_model):
+    a = batch_of(PREFIX, [[40, 41, 42], [60, 61]], answer_from=[1, 1])
+    b = batch_of(PREFIX, [[70, 71, 72, 73], [75, 76, 77]], answer_from=[2, 1])
+
+    def accumulated(fn):
+        lora_model.zero_grad(set_to_none=True)
+        total = 0.0
+        for mb in (a, b):
+            loss, _ = fn(lora_model, mb)
+            loss.backward()
+            total += float(loss)
+        out = {k: p.grad.clone() for k, p in lora_model.named_parameters() if p.requires_grad}
+        lora_model.zero_grad(set_to_none=True)
+        return total, 0, out
+
+    assert_same(accumulated(shared_prefix_loss_sum), accumulated(causal_lm_loss_sum))
+
+
+def test_too_short_a_prefix_or_one_row_falls_back_and_says_why(lora_model):
+    short = batch_of(PREFIX[:3], [[40, 41, 42], [60, 61]], answer_from=[1, 1])
+    assert shared_prefix_len(short) == 3
+    assert prefix_path(lora_model, short) == ("unshared", "rows share 3 tokens (< 8)")
+    assert_same(
+        grads(lora_model, short, shared_prefix_loss_sum),
+        grads(lora_model, short, causal_lm_loss_sum),
+    )
+    one = batch_of(PREFIX, [[40, 41, 42]], answer_from=[1])
+    assert shared_prefix_len(one) == 0
+    full = batch_of(PREFIX, [[40, 41], [60, 61]], answer_from=[1, 1])
+    path, why = prefix_path(lora_model, full)
+    assert path == "shared" and "12 shared prefix tokens" in why
+    assert prefix_path(lora_model, full, grad_checkpointing=True)[0] == "unshared"
+
+
+def test_padding_is_never_part_of_the_prefix():
+    """Two rows that are all padding after a short text must not share the pad tokens."""
+    batch = batch_of(PREFIX, [[40], [40, 41, 42, 43]], answer_from=[0, 0])
+    assert shared_prefix_len(batch) == len(PREFIX)  # row 0 ends at 13 tokens: prefix <= 12
+    same = batch_of(PREFIX, [[40, 41], [40, 41]], answer_from=[0, 0])
+    assert shared_prefix_len(same) == len(PREFIX) + 1  # each row keeps one token of its own
+
+
+def test_train_records_which_prefix_path_ran(tmp_path, tiny_model_dir):
+    """`train` on the init pilot: the shared path ran and the record says what it spared;
+    with `train.shared_prefix: off` the record says so."""
+    from conftest import init_tiny_pilot, run_json
+
+    pilot = init_tiny_pilot(tmp_path, tiny_model_dir, max_steps=2)
+    out = run_json("train", str(pilot), "--no-progress")
+    prefix = out["prefix"]
+    assert prefix["path"] == "shared" and prefix["micro_batches"] == 2
+    assert prefix["shared_micro_batches"] == 2 and prefix["tokens_saved"] > 0
+    off = run_json("train", str(pilot), "--set", "train.shared_prefix=off", "--no-progress")
+    assert off["prefix"]["path"] == "unshared" and off["prefix"]["tokens_saved"] == 0
+    assert "off" in off["prefix"]["why"]
