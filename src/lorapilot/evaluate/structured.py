@@ -67,11 +67,10 @@ class Scorer:
         if (root is None or root.type != "object") and self.names:
             root = ValueSpec(type="object", fields=[FieldSpec(name=n) for n in self.names])
         self.root = root
-        declared = leaves.declared_paths(root)
-        self.declared = declared
-        self._declared_re = re.compile(
-            "|".join(re.escape(p).replace(r"\*", ".+") for p in declared) or "(?!)"
-        )
+        # declared leaf paths in spec order, a map's keys as `*` (a key may hold dots)
+        self._declared = [
+            re.compile(re.escape(p).replace(r"\*", ".+")) for p in leaves.declared_paths(root)
+        ]
         if self.text_target:
             self.pattern = re.compile(task.regex or "")
 
@@ -136,20 +135,17 @@ class Scorer:
         """The per-field paths to report: declared ones (map keys filled in) and any with gold
         leaves, in spec order; paths only predictions use count in the micro scores only."""
         seen = {k[1] for k in totals if isinstance(k, tuple) and k[0] == "leaf"}
+
+        def rank(path: str) -> int | None:
+            return next((i for i, d in enumerate(self._declared) if d.fullmatch(path)), None)
+
+        ranked = [(rank(p), p) for p in seen]
         keep = [
-            p
-            for p in seen
-            if self._declared_re.fullmatch(p) or totals.get(("leaf", p, "gold"), 0) > 0
+            (len(self._declared) if r is None else r, p)
+            for r, p in ranked
+            if r is not None or totals.get(("leaf", p, "gold"), 0) > 0
         ]
-        order = {p: i for i, p in enumerate(self.declared)}
-
-        def rank(path: str) -> tuple[int, str]:
-            for i, pattern in enumerate(self.declared):
-                if re.fullmatch(re.escape(pattern).replace(r"\*", ".+"), path):
-                    return i, path
-            return len(order), path
-
-        return sorted(keep, key=rank)
+        return [p for _, p in sorted(keep)]
 
     def metrics(self, totals: Totals, paths: list[str] | None = None) -> dict:
         """The metrics dict of summed counts (`paths`: the per-field leaf paths to report,
