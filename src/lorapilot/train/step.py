@@ -123,6 +123,8 @@ def shared_prefix_loss_sum(model, batch: Batch) -> tuple[torch.Tensor, torch.Ten
     ids, mask = batch["input_ids"], batch["attention_mask"]
     rows, width = ids.shape
     prefix = decoder(input_ids=ids[:1, :n], use_cache=True)
+    if getattr(prefix, "past_key_values", None) is None:  # a model that keeps no cache here
+        return causal_lm_loss_sum(model, batch)
     kv = [(layer.keys, layer.values) for layer in prefix.past_key_values.layers]
     cache = DynamicCache(
         [(k.expand(rows, -1, -1, -1), v.expand(rows, -1, -1, -1)) for k, v in kv],
