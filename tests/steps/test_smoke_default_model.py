@@ -21,6 +21,8 @@ def test_smoke_passes_and_catches_shifted_labels(tmp_path, default_model_dir, mo
     pilot = tmp_path / "q"
     ok = run_json("smoke", str(pilot), "--per-category", "1", "--steps", "30", "--no-progress")
     assert ok["ok"] and ok["n_correct"] == ok["n_examples"] == 3 and ok["final_loss"] < 0.1
+    # overfit within a few steps (loss < 0.01 at step 8 of 30 in the suite's runs): no more
+    assert ok["stopped_early"] and ok["steps"] < ok["max_steps"] == 30
 
     real_encode = fmt_mod.PromptFormatter.encode
 

@@ -527,3 +527,23 @@ def test_auto_precision_is_resolved_for_the_cpu_and_recorded(tiny_model_dir, exa
         assert not any("AMX" in line for line in lines)
         got[fast] = out.precision
     assert got == {False: "fp32", True: "bf16"}
+
+
+def test_stop_when_ends_the_run_early_like_its_last_step(tiny_model_dir, examples, tmp_path):
+    """The smoke test's early stop: after the step the predicate accepts, training ends with
+    the final validation, checkpoint and adapter of a normal end."""
+    cfg = TrainSpec(max_steps=10, micro_batch=4, precision="fp32", eval_every=None)
+    seen: list[int] = []
+
+    def stop(rec: dict) -> bool:
+        seen.append(rec["step"])
+        return rec["step"] == 3
+
+    out = train(lora_model(tiny_model_dir), examples[:8], examples[:4], cfg, tmp_path / "r",
+                pad_id=2, stop_when=stop, progress=False, log=lambda m: None)  # fmt: skip
+    assert seen == [1, 2, 3] and out.steps == 3 and out.total_steps == 10
+    assert (
+        out.final_val_loss is not None and Path(out.adapter, "adapter_model.safetensors").is_file()
+    )
+    steps = (tmp_path / "r" / "steps.jsonl").read_text().splitlines()
+    assert len(steps) == 3 and out.checkpoint and out.checkpoint.endswith("step-3")

@@ -365,10 +365,14 @@ def train(
     eval_fn: Callable[[Any], dict] | None = None,
     deadline: float | None = None,
     cost_check: Callable[[dict], str | None] | None = None,
+    stop_when: Callable[[dict], bool] | None = None,
     progress: bool = True,
     log: Log = print,
 ) -> TrainResult:
     """Train `model` (already adapted by adapter.build_adapter) and write the run folder.
+
+    `stop_when(step record) -> bool` ends training early after that step, as if it were the
+    last (final validation, checkpoint, adapter): the smoke test stops once it has overfit.
 
     `deadline` is a time.time() limit and `cost_check(status) -> reason | None` is asked
     after every step (status: step, total_steps, wall_s, total_wall_s, tokens); either one
@@ -474,6 +478,8 @@ def train(
                 val_records.append(validate(step))
             if cfg.save_every and step % cfg.save_every == 0 and step < lp.total_steps:
                 last_ckpt, last_saved = _checkpoint(lp, step), step
+            if stop_when is not None and stop_when(last_record):
+                break
             # Limits: stop between steps, with a checkpoint to resume from.
             reason = _limit_reason(lp, step, deadline, cost_check, t_call)
             if reason:
