@@ -21,7 +21,7 @@ from lorapilot.evaluate.metrics import (
     paired_bootstrap_counts,
     paired_bootstrap_macro_f1,
 )
-from lorapilot.evaluate.structured import Scorer, add, row_counts
+from lorapilot.evaluate.structured import Scorer, row_counts, total_of
 from lorapilot.spec import EvalNormalize, GuardSpec, SuccessSpec, TaskSpec, variant_label
 
 Decision = Literal["GO", "NO-GO", "INCONCLUSIVE"]
@@ -190,26 +190,19 @@ def bootstrap_for(
         scorer = Scorer(task, norm or EvalNormalize(), [b.get("gold") for b, _ in pairs])
         base_c = [row_counts(scorer, b) for b, _ in pairs]
         cand_c = [row_counts(scorer, c) for _, c in pairs]
-        paths = scorer.leaf_paths(add(add({}, _sum(base_c)), _sum(cand_c)))
+        paths = scorer.leaf_paths(total_of([*base_c, *cand_c]))
 
         def value(totals: dict) -> float:
             return get_metric(scorer.metrics(totals, paths), metric)
 
     try:
-        full = value(_sum(base_c))
+        full = value(total_of(base_c))
     except KeyError:
         return None
     if not isinstance(full, int | float) or isinstance(full, bool):
         return None
     result = paired_bootstrap_counts(base_c, cand_c, value, n_boot=n_boot, seed=seed)
     return _bootstrap(result, metric, len(pairs))
-
-
-def _sum(counts: list[dict]) -> dict:
-    total: dict = {}
-    for c in counts:
-        add(total, c)
-    return total
 
 
 def _bootstrap(result: dict, metric: str, n: int) -> dict:

@@ -38,6 +38,12 @@ PER_GROUP = {
 }
 
 
+def path_pattern(path: str) -> re.Pattern:
+    """A declared leaf path as a pattern: a map's keys (`slots.*`) match any key, dots
+    included (a key may hold one)."""
+    return re.compile(re.escape(path).replace(r"\*", ".+"))
+
+
 def known(
     kind: str, labels: list[str] | None, fields: list[str] | None, grounded: bool = False
 ) -> list[str]:
@@ -81,7 +87,7 @@ def problem(
         path, metric = rest.rsplit(".", 1)
         for pattern in fields or []:
             if "*" in pattern and metric in PER_FIELD:
-                if re.fullmatch(re.escape(pattern).replace(r"\*", ".+"), path):
+                if path_pattern(pattern).fullmatch(path):
                     return None
     close = difflib.get_close_matches(name, valid, n=3, cutoff=0.6)
     hint = f"; closest: {', '.join(close)}" if close else ""

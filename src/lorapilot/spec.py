@@ -47,7 +47,6 @@ class _Strict(BaseModel):
 
 
 ValueType = Literal["string", "number", "integer", "boolean", "date", "list", "object", "map"]
-_SCALARS = ("string", "number", "integer", "boolean", "date")
 _NESTED_KEYS = ("fields", "items", "values", "ordered")
 
 

@@ -8,8 +8,10 @@ import pytest
 import torch
 
 from lorapilot.data.format import IGNORE_INDEX
+from lorapilot.spec import TrainSpec
 from lorapilot.train.step import (
     causal_lm_loss_sum,
+    loss_fn_for,
     prefix_path,
     shared_prefix_len,
     shared_prefix_loss_sum,
@@ -125,7 +127,8 @@ def test_too_short_a_prefix_or_one_row_falls_back_and_says_why(lora_model):
     full = batch_of(PREFIX, [[40, 41], [60, 61]], answer_from=[1, 1])
     path, why = prefix_path(lora_model, full)
     assert path == "shared" and "12 shared prefix tokens" in why
-    assert prefix_path(lora_model, full, grad_checkpointing=True)[0] == "unshared"
+    fn, (path, why) = loss_fn_for(TrainSpec(grad_checkpointing=True))
+    assert path == "unshared" and fn is causal_lm_loss_sum and "checkpointing" in why
 
 
 def test_padding_is_never_part_of_the_prefix():

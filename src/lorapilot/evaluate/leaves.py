@@ -66,11 +66,6 @@ def _shape_of(spec: ValueSpec) -> dict:
     return {k: getattr(spec, k) for k in ("type", "fields", "items", "values", "ordered")}
 
 
-def declared_paths(spec: ValueSpec | None) -> list[str]:
-    """Every leaf path the spec names, in spec order; a map's keys are `<map>.*`."""
-    return spec.leaf_paths() if spec is not None else [""]
-
-
 def _add(out: Counts, path: str, tp: int, gold: int, pred: int) -> None:
     cell = out.setdefault(path, [0, 0, 0])
     cell[0] += tp

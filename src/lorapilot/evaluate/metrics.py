@@ -54,38 +54,21 @@ def classification_metrics(
     for g, p in zip(gold, pred, strict=True):
         matrix[index[g]][index.get(p, k) if isinstance(p, str) else k] += 1
 
-    n = len(gold)
-    correct = sum(matrix[i][i] for i in range(k))
-    n_invalid = sum(row[k] for row in matrix)
-    per_category: dict[str, dict] = {}
-    f1s = []
+    # the matrix's sums are the counts classification_totals turns into the metrics
+    totals: dict = {
+        "n": len(gold),
+        "correct": sum(matrix[i][i] for i in range(k)),
+        "invalid": sum(row[k] for row in matrix),
+    }
     for i, label in enumerate(labels):
-        tp = matrix[i][i]
-        support = sum(matrix[i])
-        predicted = sum(row[i] for row in matrix)
-        precision, recall = _div(tp, predicted), _div(tp, support)
-        f1 = _f1(precision, recall)
-        per_category[label] = {
-            "precision": precision,
-            "recall": recall,
-            "f1": f1,
-            "support": support,
-            "predicted": predicted,
-        }
-        if support or predicted:
-            f1s.append(f1)
-    if n_invalid:
+        totals[("tp", label)] = matrix[i][i]
+        totals[("gold", label)] = sum(matrix[i])
+        totals[("pred", label)] = sum(row[i] for row in matrix)
+    if totals["invalid"]:
         confusion = {"labels": [*labels, INVALID], "matrix": matrix}
     else:
         confusion = {"labels": list(labels), "matrix": [row[:k] for row in matrix[:k]]}
-    return {
-        "n": n,
-        "accuracy": _div(correct, n),
-        "macro_f1": _div(sum(f1s), len(f1s)),
-        "invalid_rate": _div(n_invalid, n),
-        "per_category": per_category,
-        "confusion": confusion,
-    }
+    return {**classification_totals(totals, labels), "confusion": confusion}
 
 
 def classification_counts(gold: str, pred: str | None, labels: list[str]) -> dict:

@@ -22,19 +22,12 @@ from lorapilot.data.targets import (
     target_validator,
 )
 from lorapilot.evaluate import leaves
+from lorapilot.evaluate.metrics import _div, _f1
 from lorapilot.evaluate.values import parse_first_json, values_equal
+from lorapilot.metric_names import path_pattern
 from lorapilot.spec import EvalNormalize, FieldSpec, TaskSpec, ValueSpec
 
 Totals = dict[Any, float]
-CATEGORY_KEYS = ("support", "json_valid_rate", "exact_match", "field_accuracy", "field_f1")
-
-
-def _div(a: float, b: float) -> float:
-    return a / b if b else 0.0
-
-
-def _f1(p: float, r: float) -> float:
-    return 2 * p * r / (p + r) if p + r else 0.0
 
 
 def _prf(tp: float, gold: float, pred: float) -> tuple[float, float, float]:
@@ -68,9 +61,7 @@ class Scorer:
             root = ValueSpec(type="object", fields=[FieldSpec(name=n) for n in self.names])
         self.root = root
         # declared leaf paths in spec order, a map's keys as `*` (a key may hold dots)
-        self._declared = [
-            re.compile(re.escape(p).replace(r"\*", ".+")) for p in leaves.declared_paths(root)
-        ]
+        self._declared = [path_pattern(p) for p in root.leaf_paths()] if root else []
         if self.text_target:
             self.pattern = re.compile(task.regex or "")
 
@@ -247,6 +238,14 @@ def _entry(accuracy: float, tp: float, gold: float, pred: float) -> dict:
 def add(total: Totals, counts: Totals) -> Totals:
     for k, v in counts.items():
         total[k] = total.get(k, 0) + v
+    return total
+
+
+def total_of(counts: Sequence[Totals]) -> Totals:
+    """The sum of many examples' counts."""
+    total: Totals = {}
+    for c in counts:
+        add(total, c)
     return total
 
 

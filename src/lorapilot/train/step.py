@@ -45,6 +45,15 @@ def _decoder_and_head(model) -> tuple[Any, Any]:
     return decoder, head
 
 
+def _head_loss_sum(head, hidden: torch.Tensor, labels: torch.Tensor):
+    """(float32 cross-entropy sum, target count) of the head applied at the target positions
+    only: position t predicts token t+1, so targets are labels shifted left by one."""
+    labels = labels[:, 1:]
+    mask = labels != IGNORE_INDEX
+    selected = head(hidden[:, :-1][mask])
+    return F.cross_entropy(selected.float(), labels[mask], reduction="sum"), mask.sum()
+
+
 def causal_lm_loss_sum(model, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
     """(sum of token cross-entropies in float32, number of target tokens).
 
@@ -53,22 +62,19 @@ def causal_lm_loss_sum(model, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]
     tokens per example, and the head over a 49k vocabulary at every position would be
     most of the step's compute and memory. Equal to the standard full-logits loss.
     """
-    labels = batch["labels"][:, 1:]
-    mask = labels != IGNORE_INDEX
-    targets = labels[mask]
     decoder, head = _decoder_and_head(model)
     if decoder is None:  # no separable head: full logits, still selected before the upcast
+        labels = batch["labels"][:, 1:]
+        mask = labels != IGNORE_INDEX
         logits = model(
             input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False
         ).logits
         selected = logits[:, :-1][mask]
-    else:
-        hidden = decoder(
-            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False
-        ).last_hidden_state
-        selected = head(hidden[:, :-1][mask])
-    loss_sum = F.cross_entropy(selected.float(), targets, reduction="sum")
-    return loss_sum, mask.sum()
+        return F.cross_entropy(selected.float(), labels[mask], reduction="sum"), mask.sum()
+    hidden = decoder(
+        input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False
+    ).last_hidden_state
+    return _head_loss_sum(head, hidden, batch["labels"])
 
 
 MIN_SHARED_PREFIX = 8  # tokens; below this the second forward costs more than it saves
@@ -85,11 +91,10 @@ def shared_prefix_len(batch: Batch) -> int:
     return max(0, min(n, int(mask.sum(dim=1).min()) - 1))
 
 
-def prefix_path(model, batch: Batch, grad_checkpointing: bool = False) -> tuple[str, str]:
+def prefix_path(model, batch: Batch) -> tuple[str, str]:
     """("shared", why) when `shared_prefix_loss_sum` can compute this batch's prefix once,
-    else ("unshared", why): what the run record says ran."""
-    if grad_checkpointing:
-        return "unshared", "activation checkpointing recomputes layers, which re-appends a cache"
+    else ("unshared", why): what the run record says ran. (Whether the shared path is taken
+    at all, by the settings, is `loss_fn_for`.)"""
     decoder, _ = _decoder_and_head(model)
     if decoder is None:
         return "unshared", "no separable decoder and head"
@@ -139,11 +144,7 @@ def shared_prefix_loss_sum(model, batch: Batch) -> tuple[torch.Tensor, torch.Ten
         use_cache=True,
     ).last_hidden_state
     hidden = torch.cat([prefix.last_hidden_state.expand(rows, -1, -1), own], dim=1)
-    labels = batch["labels"][:, 1:]
-    target = labels != IGNORE_INDEX
-    selected = head(hidden[:, :-1][target])
-    loss_sum = F.cross_entropy(selected.float(), labels[target], reduction="sum")
-    return loss_sum, target.sum()
+    return _head_loss_sum(head, hidden, batch["labels"])
 
 
 def loss_fn_for(cfg: TrainSpec, world: int = 1) -> tuple[Callable, tuple[str, str]]:
