@@ -10,6 +10,13 @@ cache (each batch recomputes the system prompt), to show what that cache buys; t
 `generate_unshared`. `prompt_pass` is generation stopped after one token: the prompts' own
 tokens through the model, which both modes must pay. An extraction pilot
 (examples/invoice-fields) has only the generate modes.
+
+    .venv/bin/python bench/eval_throughput.py --many-labels [--limit 96] [--repeat 1] --json
+
+scores the generated 77-intent pilot of bench/many_labels.py (label list in the system
+prompt) with the default best-first label search and with every label scored
+(`eval.label_search: all`), alternating, and prints `many_labels: {n_labels,
+examples_per_s, examples_per_s_all_labels, identical_predictions, ...}`.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "bench"))
 
 
 def main() -> None:
@@ -31,7 +39,10 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=None, help="first N validation examples")
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--many-labels", action="store_true", help="the 77-intent pilot")
     args = ap.parse_args()
+    if args.many_labels:
+        return many_labels(args)
 
     from lorapilot.data.dataset import formatter_for, prepare_data
     from lorapilot.evaluate.predict import generate, score_labels, shared_prefix_len
@@ -81,6 +92,7 @@ def main() -> None:
                     batch_size=batch,
                     pad_id=pad_id,
                     share_prefix=False,
+                    search=pilot.spec.eval.label_search,
                 )
             elif mode == "generate_unshared":
                 gen = generate(
@@ -131,6 +143,62 @@ def main() -> None:
     else:
         for k, v in out.items():
             print(f"{k}: {v}")
+
+
+def many_labels(args) -> None:
+    import tempfile
+
+    from many_labels import LABELS, write_pilot
+
+    from lorapilot.data.dataset import formatter_for, prepare_data
+    from lorapilot.evaluate.predict import shared_prefix_len
+    from lorapilot.evaluate.runner import evaluate_records, make_protocol
+    from lorapilot.models import load_base
+    from lorapilot.spec import load_pilot
+
+    root = write_pilot(Path(tempfile.mkdtemp(prefix="many-labels-")))
+    pilot = load_pilot(root)
+    _, model, tok = load_base(pilot)
+    prepared = prepare_data(pilot, tok)
+    records = prepared.splits["val"][: args.limit or 96]
+    fmt = formatter_for(pilot, tok)
+    specs = {s: load_pilot(root, [f"eval.label_search={s}"]).spec for s in ("best_first", "all")}
+    proto = make_protocol(pilot.spec, tok, prepared)
+    evaluate_records(model, tok, fmt, specs["all"], records[:4], proto, progress=False)  # warm-up
+    times: dict[str, list[float]] = {s: [] for s in specs}
+    results = {}
+    for _ in range(args.repeat):
+        for search, spec in specs.items():
+            results[search] = evaluate_records(
+                model, tok, fmt, spec, records, proto, progress=False
+            )
+            times[search].append(results[search].seconds)
+    n = len(records)
+    best, every = (results[s].predictions for s in ("best_first", "all"))
+    scored = [len(r["scores"]) for r in best]
+    prompts = [fmt.encode_prompt(r.text, proto["answer_budget"]) for r in records]
+    out = {
+        "many_labels": {
+            "n_labels": len(LABELS),
+            "n_examples": n,
+            "batch_size": proto["batch_size"],
+            "precision": proto["precision"],
+            "mean_prompt_tokens": round(sum(len(p) for p in prompts) / n, 1),
+            "shared_prefix_tokens": shared_prefix_len(prompts),
+            "examples_per_s": round(n / statistics.median(times["best_first"]), 2),
+            "examples_per_s_all_labels": round(n / statistics.median(times["all"]), 2),
+            "runs_examples_per_s": {s: [round(n / t, 2) for t in ts] for s, ts in times.items()},
+            "identical_predictions": [r["parsed"] for r in best] == [r["parsed"] for r in every],
+            "max_score_diff": max(
+                abs(v - e["scores"][k])
+                for b, e in zip(best, every, strict=True)
+                for k, v in b["scores"].items()
+            ),
+            "labels_scored_mean": round(sum(scored) / n, 1),
+            "accuracy": results["best_first"].metrics["accuracy"],
+        }
+    }
+    print(json.dumps(out, indent=2) if args.json else out)
 
 
 if __name__ == "__main__":

@@ -299,3 +299,10 @@ def test_eval_memory_by_hand():
     many = estimate_eval_memory(shape, batch_size=2, prompt_len=10, dtype_bytes=4, mode="score",
                                 label_tokens=[4] * 77, workspace_fraction=0)  # fmt: skip
     assert many["logits"] == 2 * 77 * 3 * 100 * 12 > many["kv_cache"]
+    # the same labels as a trie of 100 nodes with children, searched best first in passes of
+    # at most 32 tokens: the cache holds the trie at most, the logits one pass
+    trie = estimate_eval_memory(shape, batch_size=2, prompt_len=10, dtype_bytes=4, mode="score",
+                                label_tokens=[4] * 77, tree_tokens=100, pass_tokens=32,
+                                workspace_fraction=0)  # fmt: skip
+    assert trie["logits"] == 2 * 32 * 100 * 12 and trie["kv_cache"] == 2 * 110 * 64
+    assert trie["masks"] == 2 * 32 * 110

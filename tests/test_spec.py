@@ -143,6 +143,18 @@ def test_spec_hash_is_stable_and_sensitive():
     assert spec_from_dict({**BASE, "adapter": {"r": 4}}).spec_hash() != a.spec_hash()
 
 
+def test_label_search_default_keeps_older_spec_hashes():
+    """best_first gives the predictions of scoring every label: the default is left out of
+    the dump, so a pilot hashed before the key existed keeps its hash (and its results)."""
+    a = spec_from_dict(BASE)
+    assert a.eval.label_search == "best_first"
+    assert "label_search" not in a.model_dump()["eval"]
+    every = spec_from_dict({**BASE, "eval": {"label_search": "all"}})
+    assert every.model_dump()["eval"]["label_search"] == "all"
+    assert every.spec_hash() != a.spec_hash()
+    assert "eval.label_search" in bad({**BASE, "eval": {"label_search": "greedy"}})
+
+
 def test_json_schema_describes_the_spec():
     sch = json_schema()
     assert {"name", "hypothesis", "task", "data"} <= set(sch["required"])

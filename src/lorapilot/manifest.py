@@ -137,8 +137,9 @@ def compare_predictions(first: list[dict], second: list[dict]) -> dict:
         ):
             mismatched.append(r["id"])
         if other is not None and r.get("scores") and other.get("scores"):
+            both = r["scores"].keys() & other["scores"].keys()  # best-first scores some labels
             max_score_diff = max(
-                max_score_diff, *(abs(r["scores"][k] - other["scores"][k]) for k in r["scores"])
+                max_score_diff, *(abs(r["scores"][k] - other["scores"][k]) for k in both)
             )
     missing = sorted(set(by_id) - {r["id"] for r in first})
     return {

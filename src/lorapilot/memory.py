@@ -437,6 +437,8 @@ def estimate_eval_memory(
     shared_prefix_len: int = 0,
     label_tokens: Sequence[int] = (1,),
     tree: bool = True,
+    tree_tokens: int | None = None,
+    pass_tokens: int | None = None,
     max_new_tokens: int = 0,
     workspace_fraction: float = DEFAULT_WORKSPACE_FRACTION,
 ) -> dict[str, int]:
@@ -446,12 +448,16 @@ def estimate_eval_memory(
 
     - weights: the whole model in the protocol's dtype (evaluation casts it once);
     - kv_cache: keys and values of every layer for each row's context: the prompt (the shared
-      prefix is copied into every row's cache) plus, when scoring, every label's continuation
-      packed side by side (`tree`: sum of label lengths - 1 per row) or, without 4D masks,
-      the cache repeated once per label; when generating, max_new_tokens more;
+      prefix is copied into every row's cache) plus, when scoring, the labels' continuation
+      packed side by side (`tree`: `tree_tokens` per row, the label trie's nodes with
+      children; default sum of label lengths - 1, the count without shared beginnings) or,
+      without 4D masks, the cache repeated once per label; when generating, max_new_tokens
+      more;
     - logits: the head's output where it is read, in the model dtype plus its fp32 copy and
-      fp32 log-probabilities: the prompt's last position; for the label tree every packed
-      token (b x sum(len - 1) x vocab, the figure that grows with the number of labels);
+      fp32 log-probabilities: the prompt's last position; for the label tree the tokens of
+      its widest pass (`pass_tokens`: all `tree_tokens` at once when every label is scored,
+      at most predict.BEST_FIRST_WIDTH a pass in the best-first search) x vocab, the
+      figure that grows with the number of labels;
     - activations: one layer's transient while the prompt's own tokens pass (hidden states,
       the gated MLP's three intermediate tensors, the attention scores over the context);
     - masks: the tree's 4D attention mask (bool);
@@ -466,11 +472,12 @@ def estimate_eval_memory(
     last_logits = b * v * head_bytes
     masks = 0
     if mode == "score":
-        extra = sum(max(0, n - 1) for n in label_tokens)
+        extra = sum(max(0, n - 1) for n in label_tokens) if tree_tokens is None else tree_tokens
         if tree:
+            wide = extra if pass_tokens is None else min(pass_tokens, extra)
             kv = b * (prompt_len + extra) * per_token_kv
-            logits = max(last_logits, b * extra * v * head_bytes)
-            masks = b * extra * (prompt_len + extra)
+            logits = max(last_logits, b * wide * v * head_bytes)
+            masks = b * wide * (prompt_len + extra)
         else:
             longest = max(label_tokens) - 1
             rows = b * len(label_tokens)

@@ -180,6 +180,8 @@ def eval_estimate(
     label_tokens: list[int],
     tree: bool,
     on_cpu: bool,
+    tree_tokens: int | None = None,
+    pass_tokens: int | None = None,
 ) -> dict:
     """The memory model's figure for one evaluation batch, on the basis the probe compares it
     on: CPU the working set without the weights (against the RSS increase of the
@@ -194,6 +196,8 @@ def eval_estimate(
         shared_prefix_len=shared_prefix_len,
         label_tokens=label_tokens,
         tree=tree,
+        tree_tokens=tree_tokens,
+        pass_tokens=pass_tokens,
         max_new_tokens=protocol.get("max_new_tokens") or 0,
         workspace_fraction=CPU_WORKSPACE_FRACTION if on_cpu else DEFAULT_WORKSPACE_FRACTION,
     )

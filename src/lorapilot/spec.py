@@ -539,6 +539,20 @@ class EvalSpec(_Strict):
     min_support: int = Field(
         5, ge=1, description="Below this support a per-category verdict is 'insufficient data'."
     )
+    label_search: Literal["best_first", "all"] = Field(
+        "best_first",
+        description="Label scoring: best_first scores only the labels the argmax needs (a "
+        "label's log-probability can only fall as its tokens are added: the same prediction, "
+        "much faster with many labels; predictions.jsonl keeps the scores computed); all "
+        "scores every label.",
+    )
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: Any) -> dict[str, Any]:
+        out = handler(self)
+        if out.get("label_search") == "best_first":  # the same predictions: older hashes stand
+            del out["label_search"]
+        return out
 
 
 class SuccessSpec(_Strict):

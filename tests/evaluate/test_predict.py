@@ -12,6 +12,7 @@ from lorapilot.evaluate.predict import (
     score_labels,
     score_labels_reference,
     shared_prefix_len,
+    tree_size,
 )
 
 
@@ -63,6 +64,12 @@ def test_generation_does_not_depend_on_batch_size(model_and_tok):
     assert [len(g) for g in no_stop] == [4, 4, 4]  # nothing ends a row: max_new_tokens each
 
 
+def test_tree_size_counts_shared_beginnings_once():
+    # [1, 2, 3] and [1, 2, 4] share the nodes 1 and 2; [5, 6] has 5; leaves are not fed
+    assert tree_size([[1, 2, 3], [1, 2, 4], [5, 6]]) == 3
+    assert tree_size([[7]]) == 0 and tree_size([[1, 2], [1, 2, 9]]) == 2
+
+
 def test_shared_prefix_len_leaves_every_prompt_a_token_of_its_own():
     assert shared_prefix_len([[1, 2, 3, 4], [1, 2, 3, 5]]) == 3
     assert shared_prefix_len([[1, 2, 3], [1, 2, 3, 4]]) == 2  # [1,2,3] needs its last token
@@ -100,7 +107,7 @@ def test_every_label_continuation_path_matches_the_reference(path, tiny_model_di
     if path == "eager-tree":
         model.config._attn_implementation = "eager"
     if path == "repeated-cache":
-        monkeypatch.setattr(predict, "_takes_4d_masks", lambda m: False)
+        monkeypatch.setattr(predict, "takes_4d_masks", lambda m: False)
     prompts = _prompts(n=7, seed=4, prefix=5)
     ref = score_labels_reference(model, prompts, LABELS)
     got = score_labels(model, prompts, LABELS, batch_size=3, pad_id=tok.pad_token_id)
@@ -168,3 +175,57 @@ def test_generation_matches_transformers_generate(prefix, model_and_tok):
             share_prefix=share,
         )
         assert got == ref, (bs, share)
+
+
+def _many_labels(n=40, seed=5):
+    """Labels that share beginnings, as `card_arrival`, `card_linking`, ... do: a trie with
+    branching at several depths, different lengths, one label a prefix of another, one label
+    of a single token; every label but that one ends with token 2 (end of turn)."""
+    g = torch.Generator().manual_seed(seed)
+    stems = [torch.randint(10, 40000, (int(k),), generator=g).tolist() for k in (1, 2, 1, 3)]
+    labels = []
+    while len(labels) < n - 2:
+        stem = stems[int(torch.randint(0, len(stems), (1,), generator=g))]
+        tail = torch.randint(10, 40000, (int(torch.randint(0, 4, (1,), generator=g)),), generator=g)
+        lab = stem + tail.tolist() + [2]
+        if lab not in labels:
+            labels.append(lab)
+    labels.append(labels[0][:-1] + [2, 9])  # labels[0] is a prefix of it
+    labels.append([7])
+    return labels
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_best_first_search_picks_the_argmax_of_every_label(attn, tiny_model_dir):
+    """Best-first scoring expands only what the argmax needs: its prediction is the one of
+    scoring every label, the labels it scored have the reference's scores, and it left
+    labels unscored (NaN), which is where the time goes."""
+    from lorapilot.models import load_model, resolve_base
+
+    model, tok = load_model(resolve_base(str(tiny_model_dir)))
+    model.config._attn_implementation = attn
+    labels = _many_labels()
+    prompts = _prompts(n=11, seed=6, prefix=6)
+    ref = score_labels_reference(model, prompts, labels)
+    full = score_labels(model, prompts, labels, batch_size=4, pad_id=tok.pad_token_id)
+    for bs in (1, 4):
+        got = score_labels(
+            model, prompts, labels, batch_size=bs, pad_id=tok.pad_token_id, search="best_first"
+        )
+        assert (np.nanargmax(got, axis=1) == ref.argmax(1)).all()
+        assert (np.nanargmax(got, axis=1) == full.argmax(1)).all()
+        scored = ~np.isnan(got)
+        np.testing.assert_allclose(got[scored], ref[scored], atol=1e-4)
+        assert scored.all(axis=1).sum() < len(prompts)  # it did prune
+        assert scored[np.arange(len(prompts)), ref.argmax(1)].all()
+
+
+def test_best_first_ties_go_to_the_first_label(model_and_tok):
+    """Two labels with the same tokens score the same; np.argmax would pick the first."""
+    model, tok = model_and_tok
+    labels = [[300, 2], [100, 2], [100, 2], [7]]
+    prompts = _prompts(n=5, seed=7)
+    got = score_labels(model, prompts, labels, pad_id=tok.pad_token_id, search="best_first")
+    ref = score_labels_reference(model, prompts, labels)
+    assert (np.nanargmax(got, axis=1) == ref.argmax(1)).all()
+    assert np.array_equal(np.isnan(got[:, 1]), np.isnan(got[:, 2]))

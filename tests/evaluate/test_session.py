@@ -42,7 +42,10 @@ def test_baseline_ticket_triage_real_model(tmp_path, default_model_dir):
     data = run_json("data", str(pilot))
     assert len(rows) == data["splits"]["val"] == m["n"]
     assert set(rows[0]) >= {"id", "prompt", "raw_output", "parsed", "gold", "correct", "scores"}
-    assert set(rows[0]["scores"]) == set(labels)
+    for r in rows:  # best-first label search: the scores it computed, the prediction's among them
+        assert r["parsed"] in r["scores"] and set(r["scores"]) <= set(labels)
+        assert r["all_labels_scored"] == (set(r["scores"]) == set(labels))
+        assert r["scores"][r["parsed"]] == max(r["scores"].values())
     proto = json.loads((run_dir / "protocol.json").read_text())
     assert (
         proto["eval_protocol"] == out["eval_protocol"] and proto["data_version"] == data["version"]

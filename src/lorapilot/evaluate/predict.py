@@ -117,10 +117,15 @@ def score_labels(
     precision: str = "fp32",
     progress: Callable[[int], None] | None = None,
     share_prefix: bool = True,
+    search: str = "all",
 ) -> np.ndarray:
     """Sum of log-probabilities of each label's tokens (answer + end-of-turn) after each
     prompt -> array [n_prompts, n_labels] in float64. `share_prefix=False` recomputes the
-    common prefix in every batch (same result within float rounding; for benchmarks)."""
+    common prefix in every batch (same result within float rounding; for benchmarks).
+
+    `search="best_first"` scores only the labels the argmax needs (`_best_first`): the
+    other entries are NaN, and `np.nanargmax` of a row is the label `search="all"` picks.
+    Attention kernels that cannot take a custom mask score all labels."""
     device = next(model.parameters()).device
     n_labels = len(label_ids)
     max_lab = max(len(x) for x in label_ids)
@@ -134,7 +139,9 @@ def score_labels(
     lab, lab_mask = lab.to(device), lab_mask.to(device)
     first = lab[:, 0]
 
-    tree = _LabelTree.build(label_ids, device) if _takes_4d_masks(model) else None
+    masks_4d = takes_4d_masks(model)
+    trie = _Trie(label_ids) if search == "best_first" and masks_4d else None
+    tree = _LabelTree(_Trie(label_ids), device) if masks_4d and trie is None else None
 
     for idx, ids, mask, pos, cache in _prefixed_batches(
         model, prompts, batch_size, pad_id, precision, share_prefix
@@ -152,6 +159,12 @@ def score_labels(
                 logits_to_keep=1,
             )
         logp_first = torch.log_softmax(res.logits[:, -1, :].float(), dim=-1)  # [b, V]
+        if trie is not None:
+            out[idx] = _best_first(model, trie, logp_first, res.past_key_values, mask, pos,
+                                   precision, pad_id)  # fmt: skip
+            if progress:
+                progress(b)
+            continue
         total = logp_first[:, first]  # [b, n_labels]
         if tree is not None and tree.size:
             total = total + _score_tree(model, tree, res.past_key_values, mask, pos, precision)
@@ -165,42 +178,177 @@ def score_labels(
     return out
 
 
-class _LabelTree:
-    """Every label's continuation (its tokens after the first, fed as label[:-1]) packed
-    side by side in one row, each label seeing the prompt and its own earlier tokens only.
-    One short pass over sum(len - 1) tokens per prompt scores all labels, instead of
-    copying the prompt's KV cache once per label."""
+# Nodes expanded per prompt and pass once the prompt has a complete label: a pass costs a
+# fixed overhead plus its tokens, so after the greedy descent the rest goes in few passes.
+BEST_FIRST_WIDTH = 32
 
-    def __init__(self, ids, offsets, targets, causal, segments):
-        self.ids, self.offsets, self.targets = ids, offsets, targets
-        self.causal, self.segments = causal, segments
-        self.size = int(ids.numel())
 
-    @classmethod
-    def build(cls, label_ids: list[list[int]], device) -> _LabelTree:
-        ids, offsets, targets, owner = [], [], [], []
+class _Trie:
+    """The labels' token sequences as a prefix tree, so labels that start alike share the
+    passes over their common tokens. Node 0 is the root; every other node holds one token,
+    its parent and its depth (tokens up to and including it); `ends[n]` lists the labels
+    whose last token is node n."""
+
+    def __init__(self, label_ids: list[list[int]]):
+        self.token, self.parent, self.depth = [-1], [-1], [0]
+        self.children: list[dict[int, int]] = [{}]
+        self.ends: list[list[int]] = [[]]
+        self.paths: list[list[int]] = []  # each label's nodes, first token to last
         for j, lab in enumerate(label_ids):
-            for k in range(len(lab) - 1):
-                ids.append(lab[k])
-                targets.append(lab[k + 1])
-                offsets.append(k)
+            node, path = 0, []
+            for t in lab:
+                if t not in self.children[node]:
+                    self.children[node][t] = len(self.token)
+                    self.token.append(t)
+                    self.parent.append(node)
+                    self.depth.append(self.depth[node] + 1)
+                    self.children.append({})
+                    self.ends.append([])
+                node = self.children[node][t]
+                path.append(node)
+            self.ends[node].append(j)
+            self.paths.append(path)
+        self.n_labels = len(label_ids)
+
+
+def _best_first(
+    model, trie: _Trie, logp_first, cache, mask, pos, precision: str, pad_id: int
+) -> np.ndarray:
+    """Exact argmax over the labels without scoring them all -> [b, n_labels], NaN where a
+    label was not scored.
+
+    A node's score (the log-probabilities of its tokens summed) can only fall as tokens are
+    added, so it bounds every label below it. Per prompt, frontier nodes are expanded best
+    first, all prompts of the batch in one forward pass over the growing KV cache (each node
+    attending to the prompt and its ancestors): one node a pass until the prompt has a
+    complete label (a greedy descent, which finds a good bound), then up to BEST_FIRST_WIDTH
+    nodes that score at least its best complete label; a prompt is done when no frontier
+    node does. Nodes tied with the best are expanded too, so ties go to the first label, as
+    np.argmax. Float addition of a non-positive number never increases a sum, so the bound
+    holds in floating point as well."""
+    import heapq
+
+    device = mask.device
+    b, width = mask.shape
+    scores = np.full((b, trie.n_labels), np.nan)
+    best = [-np.inf] * b
+    frontier: list[list[tuple[float, int]]] = [[] for _ in range(b)]
+    column: list[dict[int, int]] = [{} for _ in range(b)]  # node -> its KV cache column
+    last_pos = pos[:, -1].tolist()
+
+    def found(i: int, node: int, score: float) -> None:
+        for j in trie.ends[node]:
+            scores[i, j] = score
+            best[i] = max(best[i], score)
+        if trie.children[node]:
+            heapq.heappush(frontier[i], (-score, node))
+
+    first_nodes = list(trie.children[0].values())
+    firsts = logp_first[:, [trie.token[n] for n in first_nodes]].double().cpu().numpy()
+    for i in range(b):
+        for k, node in enumerate(first_nodes):
+            found(i, node, float(firsts[i, k]))
+
+    prompt_keys = mask.bool()
+    cache_len = width
+    while True:
+        picks = []
+        for i in range(b):
+            row, limit = [], BEST_FIRST_WIDTH if best[i] > -np.inf else 1
+            while frontier[i] and len(row) < limit and -frontier[i][0][0] >= best[i]:
+                row.append(heapq.heappop(frontier[i]))
+            picks.append(row)
+        k = max(len(row) for row in picks)
+        if k == 0:
+            return scores
+        ids = torch.full((b, k), pad_id, dtype=torch.long)
+        node_pos = torch.zeros((b, k), dtype=torch.long)
+        allowed = torch.zeros((b, 1, k, cache_len + k), dtype=torch.bool)
+        allowed[:, 0, torch.arange(k), cache_len + torch.arange(k)] = True  # itself (pads too)
+        for i, row in enumerate(picks):
+            for s, (_, node) in enumerate(row):
+                ids[i, s] = trie.token[node]
+                node_pos[i, s] = last_pos[i] + trie.depth[node]
+                a = trie.parent[node]
+                while a:
+                    allowed[i, 0, s, column[i][a]] = True
+                    a = trie.parent[a]
+                column[i][node] = cache_len + s
+        allowed = allowed.to(device)
+        for i, row in enumerate(picks):  # real nodes see the prompt; pad slots only themselves
+            allowed[i, 0, : len(row), :width] = prompt_keys[i]
+        attn = allowed
+        if model.config._attn_implementation == "eager":  # eager adds the mask to the scores
+            dtype = next(model.parameters()).dtype
+            attn = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(
+                ~allowed, torch.finfo(dtype).min
+            )
+        with autocast(device.type, precision):
+            res = model(
+                input_ids=ids.to(device),
+                attention_mask=attn,
+                position_ids=node_pos.to(device),
+                past_key_values=cache,
+                use_cache=True,
+            )
+        cache, cache_len = res.past_key_values, cache_len + k
+        logp = torch.log_softmax(res.logits.float(), dim=-1)  # [b, k, V]
+        where = [  # (prompt, slot, child, child's token) for every child of an expanded node
+            (i, s, child, t)
+            for i, row in enumerate(picks)
+            for s, (_, node) in enumerate(row)
+            for t, child in trie.children[node].items()
+        ]
+        at = torch.tensor(where, dtype=torch.long, device=device)
+        vals = logp[at[:, 0], at[:, 1], at[:, 3]].double().cpu().tolist()
+        for (i, s, child, _), v in zip(where, vals, strict=True):
+            found(i, child, -picks[i][s][0] + v)
+
+
+class _LabelTree:
+    """Every label's continuation packed side by side in one row, as the trie's nodes that
+    have children (labels that start alike share theirs), each node seeing the prompt and
+    its ancestors only. One short pass per prompt scores all labels, instead of copying the
+    prompt's KV cache once per label; each label's log-probabilities are then gathered at
+    its path's nodes (`pair_slot`, `pair_target`) and summed per label (`segments`)."""
+
+    def __init__(self, trie: _Trie, device):
+        nodes = [n for n in range(1, len(trie.token)) if trie.children[n]]
+        slot = {n: i for i, n in enumerate(nodes)}
+        causal = torch.zeros((len(nodes), len(nodes)), dtype=torch.bool)
+        for n in nodes:
+            a = n
+            while a:
+                causal[slot[n], slot[a]] = True
+                a = trie.parent[a]
+        pair_slot, pair_target, owner = [], [], []
+        for j, path in enumerate(trie.paths):
+            for k in range(len(path) - 1):
+                pair_slot.append(slot[path[k]])
+                pair_target.append(trie.token[path[k + 1]])
                 owner.append(j)
-        n = len(ids)
-        own = torch.tensor(owner, dtype=torch.long)
-        off = torch.tensor(offsets, dtype=torch.long)
-        causal = (own[:, None] == own[None, :]) & (off[None, :] <= off[:, None])  # [n, n]
-        segments = torch.zeros((n, len(label_ids)), dtype=torch.float32)
-        segments[torch.arange(n), own] = 1.0
-        return cls(
-            torch.tensor(ids, dtype=torch.long, device=device),
-            off.to(device),
-            torch.tensor(targets, dtype=torch.long, device=device),
-            causal.to(device),
-            segments.to(device),
+        segments = torch.zeros((len(owner), trie.n_labels), dtype=torch.float32)
+        segments[torch.arange(len(owner)), torch.tensor(owner, dtype=torch.long)] = 1.0
+
+        def t(x):
+            return torch.tensor(x, dtype=torch.long, device=device)
+
+        self.ids, self.offsets = (
+            t([trie.token[n] for n in nodes]),
+            t([trie.depth[n] - 1 for n in nodes]),
         )
+        self.pair_slot, self.pair_target = t(pair_slot), t(pair_target)
+        self.causal, self.segments = causal.to(device), segments.to(device)
+        self.size = len(nodes)
 
 
-def _takes_4d_masks(model) -> bool:
+def tree_size(label_ids: list[list[int]]) -> int:
+    """Tokens of the packed label tree: the label trie's nodes that have children."""
+    trie = _Trie(label_ids)
+    return sum(1 for n in range(1, len(trie.token)) if trie.children[n])
+
+
+def takes_4d_masks(model) -> bool:
     """sdpa and eager attention take a custom 4D mask as it is; others (flash) need 2D."""
     impl = getattr(getattr(model, "config", None), "_attn_implementation", None)
     return impl in ("sdpa", "eager")
@@ -226,7 +374,7 @@ def _score_tree(model, tree: _LabelTree, cache, mask, pos, precision: str) -> to
             use_cache=True,
         )
     logp = torch.log_softmax(res.logits.float(), dim=-1)  # [b, n, V]
-    tok = logp.gather(-1, tree.targets.expand(b, n).unsqueeze(-1)).squeeze(-1)  # [b, n]
+    tok = logp[:, tree.pair_slot, tree.pair_target]  # [b, label tokens after the first]
     return tok @ tree.segments
 
 

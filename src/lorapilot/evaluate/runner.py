@@ -10,6 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from lorapilot.data.dataset import PreparedData
 from lorapilot.data.format import PromptFormatter, answer_text, template_hash
 from lorapilot.data.rows import Record
@@ -134,6 +136,7 @@ def evaluate_records(
                 batch_size=protocol["batch_size"],
                 pad_id=pad_id,
                 progress=tick,
+                search=spec.eval.label_search,
             )
             outputs = None
         else:
@@ -164,7 +167,7 @@ def evaluate_records(
     if task.kind == "classification":
         labels = list(task.labels or [])
         if scores is not None:
-            preds = [labels[int(i)] for i in scores.argmax(axis=1)]
+            preds = [labels[int(i)] for i in np.nanargmax(scores, axis=1)]
         else:
             lookup = {lab.casefold(): lab for lab in labels}
             preds = [lookup.get(o.strip().casefold()) for o in outputs]
@@ -181,10 +184,13 @@ def evaluate_records(
                 "gold": r.label,
                 "correct": preds[i] == r.label,
             }
-            if scores is not None:
+            if scores is not None:  # best-first search: the labels it scored, said so
                 row["scores"] = {
-                    lab: round(float(s), 6) for lab, s in zip(labels, scores[i], strict=True)
+                    lab: round(float(s), 6)
+                    for lab, s in zip(labels, scores[i], strict=True)
+                    if not np.isnan(s)
                 }
+                row["all_labels_scored"] = len(row["scores"]) == len(labels)
             rows.append(row)
     else:
         gold = [r.target for r in records]

@@ -544,7 +544,12 @@ def _measured(
 def _eval_estimate(pr, model, fmt, prepared, protocol, widths, records, wide) -> dict:
     """The memory model's figure for the widest evaluation batch, beside what it measured:
     estimate_error = (estimate - measured) / measured on the basis of `sizing.eval_estimate`."""
-    from lorapilot.evaluate.predict import _takes_4d_masks, shared_prefix_len
+    from lorapilot.evaluate.predict import (
+        BEST_FIRST_WIDTH,
+        shared_prefix_len,
+        takes_4d_masks,
+        tree_size,
+    )
 
     budget = protocol["answer_budget"]
     prompts = [fmt.encode_prompt(r.text, budget) for r in records]
@@ -557,8 +562,10 @@ def _eval_estimate(pr, model, fmt, prepared, protocol, widths, records, wide) ->
         prompt_len=max(widths),
         shared_prefix_len=shared_prefix_len(prompts),
         label_tokens=[len(e.input_ids) - e.prompt_len for e in enc],
-        tree=_takes_4d_masks(model),
+        tree=takes_4d_masks(model),
         on_cpu=pr.on_cpu,
+        tree_tokens=tree_size([e.input_ids[e.prompt_len :] for e in enc]),
+        pass_tokens=BEST_FIRST_WIDTH if pr.pilot.spec.eval.label_search == "best_first" else None,
     )
     measured = wide.peak_increase_bytes
     est["measured_peak_memory_bytes"] = measured

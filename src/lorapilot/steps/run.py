@@ -165,9 +165,14 @@ def run_pipeline(
         lambda: run_smoke(pilot, per_category=1, max_steps=30, progress=progress, log=log),
     )
     if not sm.get("ok"):
+        failed = sm.get("failed_examples") or []
+        loss = sm.get("final_loss")
         raise CheckFailed(
-            f"smoke: the pipeline could not overfit {sm.get('n_examples')} examples "
-            f"(final loss {sm.get('final_loss')}); check the loss mask and labels",
+            f"smoke: the pipeline could not overfit {sm.get('n_examples')} examples in "
+            f"{sm.get('steps')} steps (final loss {loss if loss is None else f'{loss:.4g}'}; "
+            f"{len(failed)} not reproduced by the evaluation"
+            + (f": {', '.join(map(str, failed[:5]))}" if failed else "")
+            + "); check the loss mask and labels",
             {"phases": phases},
         )
     # A probe measured beside other jobs is not reused: its times would plan the rental.

@@ -8,12 +8,15 @@ from lorapilot.data.audit import sample_per_category
 from lorapilot.data.dataset import encode_records, formatter_for, prepare_data
 from lorapilot.evaluate.runner import evaluate_records, make_protocol
 from lorapilot.models import load_base, pad_id_of
+from lorapilot.precision import autocast, resolve
 from lorapilot.spec import Pilot
 from lorapilot.steprun import open_run
+from lorapilot.train.batches import collate
 from lorapilot.train.loop import train
+from lorapilot.train.step import greedy_reproduces
 
 PASS_LOSS = 0.1  # mean loss per target token on the memorised examples after training
-STOP_LOSS = 0.01  # a training step this far below the pass mark ends the smoke early
+STOP_LOSS = 0.01  # below this a step asks whether greedy decoding already writes every target
 
 
 def run_smoke(
@@ -55,7 +58,15 @@ def run_smoke(
                 "weight_decay": 0.0,
             }
         )
-        # Overfit means the loss is far below the pass mark: steps beyond that prove nothing.
+        precision = resolve(spec.eval.precision, next(model.parameters()).device.type)
+
+        def memorised(rec: dict) -> bool:
+            """Overfit: greedy decoding writes every target; steps beyond prove nothing. A
+            low mean loss alone can hide one wrong token of a long JSON answer."""
+            return rec["loss"] < STOP_LOSS and _writes_every_target(
+                model, examples, pad_id, precision
+            )
+
         result = train(
             model,
             examples,
@@ -63,7 +74,7 @@ def run_smoke(
             cfg,
             run.dir,
             pad_id=pad_id,
-            stop_when=lambda rec: rec["loss"] < STOP_LOSS,
+            stop_when=memorised,
             progress=progress,
             log=log,
         )
@@ -88,3 +99,18 @@ def run_smoke(
         }
         run.update(**out)
     return {"run_id": run.id, "status": run.record.status, **out}
+
+
+def _writes_every_target(model, examples, pad_id: int, precision: str, batch: int = 16) -> bool:
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    try:
+        with autocast(device.type, precision):
+            for i in range(0, len(examples), batch):
+                rows = collate(examples[i : i + batch], pad_id)
+                if not greedy_reproduces(model, {k: v.to(device) for k, v in rows.items()}).all():
+                    return False
+        return True
+    finally:
+        model.train(was_training)

@@ -77,6 +77,24 @@ def causal_lm_loss_sum(model, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]
     return _head_loss_sum(head, hidden, batch["labels"])
 
 
+@torch.no_grad()
+def greedy_reproduces(model, batch: Batch) -> torch.Tensor:
+    """Per row: is the model's most likely token at every target position the target? That
+    is exactly when greedy decoding from the prompt writes the target (by induction over its
+    tokens), so the smoke can stop training as soon as it holds for every example, at the
+    cost of one forward pass, instead of trusting a mean loss that can hide one wrong token."""
+    labels = batch["labels"][:, 1:]
+    mask = labels != IGNORE_INDEX
+    decoder, head = _decoder_and_head(model)
+    kw = dict(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False)
+    if decoder is None:
+        guess = model(**kw).logits[:, :-1].argmax(-1)
+    else:
+        guess = torch.full_like(labels, IGNORE_INDEX)
+        guess[mask] = head(decoder(**kw).last_hidden_state[:, :-1][mask]).argmax(-1)
+    return ((guess == labels) | ~mask).all(dim=1)
+
+
 MIN_SHARED_PREFIX = 8  # tokens; below this the second forward costs more than it saves
 
 

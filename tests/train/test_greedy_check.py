@@ -1,0 +1,37 @@
+"""The smoke's stopping test: `greedy_reproduces` says whether greedy decoding writes each
+row's target, checked against greedy decoding itself on a tiny model."""
+
+from __future__ import annotations
+
+import torch
+
+from lorapilot.data.format import IGNORE_INDEX, Encoded
+from lorapilot.evaluate.predict import generate
+from lorapilot.train.batches import collate
+from lorapilot.train.step import greedy_reproduces
+
+
+def _example(prompt: list[int], answer: list[int]) -> Encoded:
+    return Encoded(prompt + answer, [IGNORE_INDEX] * len(prompt) + answer, len(prompt), "")
+
+
+def test_greedy_reproduces_is_what_greedy_decoding_writes(tiny_model_dir):
+    from lorapilot.models import load_model, resolve_base
+
+    model, tok = load_model(resolve_base(str(tiny_model_dir)))
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(10, 40000, (int(n),), generator=g).tolist() for n in (5, 9, 14)]
+    written = generate(model, prompts, max_new_tokens=6, stop_ids=[], pad_id=tok.pad_token_id)
+    good = [_example(p, w) for p, w in zip(prompts, written, strict=True)]
+    wrong_last = list(written[1])
+    wrong_last[-1] = (wrong_last[-1] + 1) % 40000  # one token off, at the end
+    wrong_first = list(written[2])
+    wrong_first[0] = (wrong_first[0] + 1) % 40000  # one token off, then the rest teacher-forced
+    bad = [good[0], _example(prompts[1], wrong_last), _example(prompts[2], wrong_first)]
+    model.eval()
+    assert greedy_reproduces(model, collate(good, tok.pad_token_id)).tolist() == [True] * 3
+    assert greedy_reproduces(model, collate(bad, tok.pad_token_id)).tolist() == [
+        True,
+        False,
+        False,
+    ]
