@@ -16,7 +16,10 @@ tokens through the model, which both modes must pay. An extraction pilot
 scores the generated 77-intent pilot of bench/many_labels.py (label list in the system
 prompt) with the default best-first label search and with every label scored
 (`eval.label_search: all`), alternating, and prints `many_labels: {n_labels,
-examples_per_s, examples_per_s_all_labels, identical_predictions, ...}`.
+examples_per_s, examples_per_s_all_labels, identical_predictions, ...}`. `--adapter DIR`
+evaluates with a trained adapter instead of the zero-shot base (an adapter is sure of its
+answers, the base is not: the search's best and worst cases); `--many-labels-dir` reuses a
+pilot folder written by bench/many_labels.py (the one the adapter was trained on).
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--many-labels", action="store_true", help="the 77-intent pilot")
+    ap.add_argument("--many-labels-dir", type=Path, help="an existing bench/many_labels.py pilot")
+    ap.add_argument("--adapter", type=Path, help="evaluate with this adapter (e.g. a train run's)")
     args = ap.parse_args()
     if args.many_labels:
         return many_labels(args)
@@ -153,12 +158,14 @@ def many_labels(args) -> None:
     from lorapilot.data.dataset import formatter_for, prepare_data
     from lorapilot.evaluate.predict import shared_prefix_len
     from lorapilot.evaluate.runner import evaluate_records, make_protocol
-    from lorapilot.models import load_base
+    from lorapilot.models import attach_adapter, load_base
     from lorapilot.spec import load_pilot
 
-    root = write_pilot(Path(tempfile.mkdtemp(prefix="many-labels-")))
+    root = args.many_labels_dir or write_pilot(Path(tempfile.mkdtemp(prefix="many-labels-")))
     pilot = load_pilot(root)
     _, model, tok = load_base(pilot)
+    if args.adapter:
+        model = attach_adapter(model, args.adapter)
     prepared = prepare_data(pilot, tok)
     records = prepared.splits["val"][: args.limit or 96]
     fmt = formatter_for(pilot, tok)
@@ -180,6 +187,7 @@ def many_labels(args) -> None:
     out = {
         "many_labels": {
             "n_labels": len(LABELS),
+            "model": "adapter " + str(args.adapter) if args.adapter else "base (zero-shot)",
             "n_examples": n,
             "batch_size": proto["batch_size"],
             "precision": proto["precision"],

@@ -195,16 +195,35 @@ def _many_labels(n=40, seed=5):
     return labels
 
 
-@pytest.mark.parametrize("attn", ["sdpa", "eager"])
-def test_best_first_search_picks_the_argmax_of_every_label(attn, tiny_model_dir):
+@pytest.mark.parametrize(
+    "attn, switch",
+    [("sdpa", "never"), ("eager", "never"), ("sdpa", "at_once"), ("sdpa", "after_a_pass"),
+     ("eager", "after_a_pass"), ("sdpa", "auto")],
+)  # fmt: skip
+def test_best_first_search_picks_the_argmax_of_every_label(
+    attn, switch, tiny_model_dir, monkeypatch
+):
     """Best-first scoring expands only what the argmax needs: its prediction is the one of
     scoring every label, the labels it scored have the reference's scores, and it left
-    labels unscored (NaN), which is where the time goes."""
+    labels unscored (NaN), which is where the time goes. Switched to the packed tree for
+    the prompts still open (at once, or when the search costs too much: the rule), it
+    gives the same predictions with every label scored."""
+    from lorapilot.evaluate import predict
     from lorapilot.models import load_model, resolve_base
 
+    labels = _many_labels()
+    # after_a_pass: the first pass (4 rows, one node each) fits the budget, the next does not
+    # (bs 4 below; with bs 1 the budget is a quarter of the 4-row one: it switches at once)
+    one_pass = predict.PASS_OVERHEAD_TOKENS + 4
+    fraction = {
+        "never": 1e9,
+        "at_once": 0.0,
+        "after_a_pass": one_pass / (predict.PASS_OVERHEAD_TOKENS + 4 * tree_size(labels)),
+    }
+    if switch != "auto":
+        monkeypatch.setattr(predict, "SWITCH_FRACTION", fraction[switch])
     model, tok = load_model(resolve_base(str(tiny_model_dir)))
     model.config._attn_implementation = attn
-    labels = _many_labels()
     prompts = _prompts(n=11, seed=6, prefix=6)
     ref = score_labels_reference(model, prompts, labels)
     full = score_labels(model, prompts, labels, batch_size=4, pad_id=tok.pad_token_id)
@@ -216,8 +235,11 @@ def test_best_first_search_picks_the_argmax_of_every_label(attn, tiny_model_dir)
         assert (np.nanargmax(got, axis=1) == full.argmax(1)).all()
         scored = ~np.isnan(got)
         np.testing.assert_allclose(got[scored], ref[scored], atol=1e-4)
-        assert scored.all(axis=1).sum() < len(prompts)  # it did prune
         assert scored[np.arange(len(prompts)), ref.argmax(1)].all()
+        if switch == "never":
+            assert scored.all(axis=1).sum() < len(prompts)  # it did prune
+        if switch == "at_once":  # rows decided by the first-token pass alone stay pruned
+            assert scored.all(axis=1).sum() >= 1
 
 
 def test_best_first_ties_go_to_the_first_label(model_and_tok):

@@ -140,8 +140,9 @@ def score_labels(
     first = lab[:, 0]
 
     masks_4d = takes_4d_masks(model)
-    trie = _Trie(label_ids) if search == "best_first" and masks_4d else None
-    tree = _LabelTree(_Trie(label_ids), device) if masks_4d and trie is None else None
+    trie = _Trie(label_ids) if masks_4d else None
+    tree = _LabelTree(trie, device) if masks_4d else None
+    best_first = search == "best_first" and masks_4d
 
     for idx, ids, mask, pos, cache in _prefixed_batches(
         model, prompts, batch_size, pad_id, precision, share_prefix
@@ -159,9 +160,9 @@ def score_labels(
                 logits_to_keep=1,
             )
         logp_first = torch.log_softmax(res.logits[:, -1, :].float(), dim=-1)  # [b, V]
-        if trie is not None:
-            out[idx] = _best_first(model, trie, logp_first, res.past_key_values, mask, pos,
-                                   precision, pad_id)  # fmt: skip
+        if best_first:
+            out[idx] = _best_first(model, trie, tree, logp_first, first, res.past_key_values,
+                                   mask, pos, precision, pad_id)  # fmt: skip
             if progress:
                 progress(b)
             continue
@@ -181,6 +182,12 @@ def score_labels(
 # Nodes expanded per prompt and pass once the prompt has a complete label: a pass costs a
 # fixed overhead plus its tokens, so after the greedy descent the rest goes in few passes.
 BEST_FIRST_WIDTH = 32
+# What one forward pass costs beyond its tokens, in tokens: on a CPU every pass streams all
+# the weights (a 16-row pass of the default model takes 0.3 s, 0.05 s more per 16 tokens).
+PASS_OVERHEAD_TOKENS = 64
+# Once the search has cost this fraction of the batch's packed tree, the prompts still open
+# are scored with the tree: an unsure model (a zero-shot baseline) pays about 1.25 trees.
+SWITCH_FRACTION = 0.25
 
 
 class _Trie:
@@ -212,7 +219,7 @@ class _Trie:
 
 
 def _best_first(
-    model, trie: _Trie, logp_first, cache, mask, pos, precision: str, pad_id: int
+    model, trie: _Trie, tree, logp_first, first, cache, mask, pos, precision: str, pad_id: int
 ) -> np.ndarray:
     """Exact argmax over the labels without scoring them all -> [b, n_labels], NaN where a
     label was not scored.
@@ -222,10 +229,14 @@ def _best_first(
     first, all prompts of the batch in one forward pass over the growing KV cache (each node
     attending to the prompt and its ancestors): one node a pass until the prompt has a
     complete label (a greedy descent, which finds a good bound), then up to BEST_FIRST_WIDTH
-    nodes that score at least its best complete label; a prompt is done when no frontier
-    node does. Nodes tied with the best are expanded too, so ties go to the first label, as
-    np.argmax. Float addition of a non-positive number never increases a sum, so the bound
-    holds in floating point as well."""
+    nodes that score at least its best complete label, each with its chain of only children;
+    a prompt is done when no frontier node does. Nodes tied with the best are expanded too,
+    so ties go to the first label, as np.argmax. Float addition of a non-positive number
+    never increases a sum, so the bound holds in floating point as well.
+
+    A model unsure of its answer (a zero-shot base) keeps many nodes above its bound: once
+    the passes have cost SWITCH_FRACTION of the packed tree, the prompts not yet decided are
+    scored with the tree (every label) instead."""
     import heapq
 
     device = mask.device
@@ -236,10 +247,13 @@ def _best_first(
     column: list[dict[int, int]] = [{} for _ in range(b)]  # node -> its KV cache column
     last_pos = pos[:, -1].tolist()
 
-    def found(i: int, node: int, score: float) -> None:
+    def labels_at(i: int, node: int, score: float) -> None:
         for j in trie.ends[node]:
             scores[i, j] = score
             best[i] = max(best[i], score)
+
+    def found(i: int, node: int, score: float) -> None:
+        labels_at(i, node, score)
         if trie.children[node]:
             heapq.heappush(frontier[i], (-score, node))
 
@@ -250,30 +264,54 @@ def _best_first(
             found(i, node, float(firsts[i, k]))
 
     prompt_keys = mask.bool()
-    cache_len = width
+    cache_len, spent = width, 0
     while True:
-        picks = []
+        # Per prompt, the nodes this pass feeds, in order: each popped node followed by its
+        # chain of only children (`card` -> `_`: expanding one expands the other), whose
+        # scores this same pass computes (`chained`).
+        picks: list[list[int]] = []
+        score: list[dict[int, float]] = [{} for _ in range(b)]
+        chained: list[set[int]] = [set() for _ in range(b)]
         for i in range(b):
-            row, limit = [], BEST_FIRST_WIDTH if best[i] > -np.inf else 1
-            while frontier[i] and len(row) < limit and -frontier[i][0][0] >= best[i]:
-                row.append(heapq.heappop(frontier[i]))
+            row, popped, limit = [], 0, BEST_FIRST_WIDTH if best[i] > -np.inf else 1
+            while frontier[i] and popped < limit and -frontier[i][0][0] >= best[i]:
+                neg, node = heapq.heappop(frontier[i])
+                row.append(node)
+                score[i][node], popped = -neg, popped + 1
+                while len(trie.children[node]) == 1:
+                    (node,) = trie.children[node].values()
+                    if not trie.children[node]:
+                        break
+                    row.append(node)
+                    chained[i].add(node)
             picks.append(row)
         k = max(len(row) for row in picks)
         if k == 0:
+            return scores
+        open_rows = [i for i, row in enumerate(picks) if row]
+        spent += PASS_OVERHEAD_TOKENS + b * k
+        if spent > SWITCH_FRACTION * (PASS_OVERHEAD_TOKENS + b * tree.size):
+            cache.crop(width - cache_len)  # back to the prompts' own cache (a negative count)
+            cache.batch_select_indices(torch.tensor(open_rows, device=device))
+            total = logp_first[open_rows][:, first] + _score_tree(
+                model, tree, cache, mask[open_rows], pos[open_rows], precision
+            )
+            scores[open_rows] = total.double().cpu().numpy()
             return scores
         ids = torch.full((b, k), pad_id, dtype=torch.long)
         node_pos = torch.zeros((b, k), dtype=torch.long)
         allowed = torch.zeros((b, 1, k, cache_len + k), dtype=torch.bool)
         allowed[:, 0, torch.arange(k), cache_len + torch.arange(k)] = True  # itself (pads too)
         for i, row in enumerate(picks):
-            for s, (_, node) in enumerate(row):
+            for s, node in enumerate(row):
+                column[i][node] = cache_len + s
+            for s, node in enumerate(row):
                 ids[i, s] = trie.token[node]
                 node_pos[i, s] = last_pos[i] + trie.depth[node]
                 a = trie.parent[node]
                 while a:
                     allowed[i, 0, s, column[i][a]] = True
                     a = trie.parent[a]
-                column[i][node] = cache_len + s
         allowed = allowed.to(device)
         for i, row in enumerate(picks):  # real nodes see the prompt; pad slots only themselves
             allowed[i, 0, : len(row), :width] = prompt_keys[i]
@@ -293,16 +331,23 @@ def _best_first(
             )
         cache, cache_len = res.past_key_values, cache_len + k
         logp = torch.log_softmax(res.logits.float(), dim=-1)  # [b, k, V]
-        where = [  # (prompt, slot, child, child's token) for every child of an expanded node
-            (i, s, child, t)
+        where = [  # (prompt, slot, node, child, child's token) for every child of a fed node
+            (i, s, node, child, t)
             for i, row in enumerate(picks)
-            for s, (_, node) in enumerate(row)
+            for s, node in enumerate(row)
             for t, child in trie.children[node].items()
         ]
         at = torch.tensor(where, dtype=torch.long, device=device)
-        vals = logp[at[:, 0], at[:, 1], at[:, 3]].double().cpu().tolist()
-        for (i, s, child, _), v in zip(where, vals, strict=True):
-            found(i, child, -picks[i][s][0] + v)
+        vals = logp[at[:, 0], at[:, 1], at[:, 4]].double().cpu().tolist()
+        # In slot order: a chained node's score is set (at its parent's slot) before its
+        # own children's are computed from it.
+        for (i, _, node, child, _), v in zip(where, vals, strict=True):
+            sc = score[i][node] + v
+            if child in chained[i]:
+                score[i][child] = sc
+                labels_at(i, child, sc)
+            else:
+                found(i, child, sc)
 
 
 class _LabelTree:
