@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import yaml
 from pydantic import (
@@ -44,6 +44,21 @@ class _Strict(BaseModel):
     number, compare false against every bound, and end as `Infinity`/`NaN` in run records."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+    # Keys added after specs were first hashed, left out of the dump while they hold these
+    # values (None/False by identity, others by equality), so that a spec written before
+    # they existed keeps its hash, and its results stay reusable.
+    _omitted_at: ClassVar[dict[str, tuple]] = {}
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: Any) -> dict[str, Any]:
+        out = handler(self)
+        for key, values in self._omitted_at.items():
+            if key in out and any(
+                out[key] is v if v is None or isinstance(v, bool) else out[key] == v for v in values
+            ):
+                del out[key]
+        return out
 
 
 ValueType = Literal["string", "number", "integer", "boolean", "date", "list", "object", "map"]
@@ -115,14 +130,7 @@ class ValueSpec(_Strict):
         """Whether this value has structure beyond today's flat fields."""
         return self.type in ("object", "map") or self.items is not None or self.ordered
 
-    @model_serializer(mode="wrap")
-    def _dump(self, handler: Any) -> dict[str, Any]:
-        # Unused nesting keys are left out, so flat specs keep the hash they had before.
-        out = handler(self)
-        for key in _NESTED_KEYS:
-            if key in out and out[key] in (None, False):
-                del out[key]
-        return out
+    _omitted_at: ClassVar[dict[str, tuple]] = {k: (None, False) for k in _NESTED_KEYS}
 
 
 class FieldSpec(ValueSpec):
@@ -207,12 +215,7 @@ class TaskSpec(_Strict):
             raise ValueError("task.grounded applies to extraction and format tasks")
         return self
 
-    @model_serializer(mode="wrap")
-    def _dump(self, handler: Any) -> dict[str, Any]:
-        out = handler(self)
-        if out.get("grounded") is False:  # left out unset: older specs keep their hash
-            del out["grounded"]
-        return out
+    _omitted_at: ClassVar[dict[str, tuple]] = {"grounded": (False,)}
 
     @property
     def nested(self) -> bool:
@@ -446,14 +449,9 @@ class DataSpec(_Strict):
             raise ValueError("the max_chars cleaning rule needs data.max_chars")
         return self
 
-    @model_serializer(mode="wrap")
-    def _dump(self, handler: Any) -> dict[str, Any]:
-        # Unused keys are left out, so specs written before they existed keep their hash.
-        out = handler(self)
-        for key in ("hf_dataset", "sample", "category"):
-            if out.get(key, 0) is None:
-                del out[key]
-        return out
+    _omitted_at: ClassVar[dict[str, tuple]] = {
+        k: (None,) for k in ("hf_dataset", "sample", "category")
+    }
 
 
 class AdapterSpec(_Strict):
@@ -510,12 +508,7 @@ class TrainSpec(_Strict):
         # YAML 1.1 reads a bare `off` as false (and `on` as true)
         return {False: "off", True: "auto"}.get(v, v) if isinstance(v, bool) else v
 
-    @model_serializer(mode="wrap")
-    def _dump(self, handler: Any) -> dict[str, Any]:
-        out = handler(self)
-        if out.get("shared_prefix") == "auto":  # the same gradients: older hashes stand
-            del out["shared_prefix"]
-        return out
+    _omitted_at: ClassVar[dict[str, tuple]] = {"shared_prefix": ("auto",)}  # same gradients
 
 
 class EvalNormalize(_Strict):
@@ -547,12 +540,7 @@ class EvalSpec(_Strict):
         "scores every label.",
     )
 
-    @model_serializer(mode="wrap")
-    def _dump(self, handler: Any) -> dict[str, Any]:
-        out = handler(self)
-        if out.get("label_search") == "best_first":  # the same predictions: older hashes stand
-            del out["label_search"]
-        return out
+    _omitted_at: ClassVar[dict[str, tuple]] = {"label_search": ("best_first",)}  # same argmax
 
 
 class SuccessSpec(_Strict):
