@@ -315,12 +315,7 @@ def _best_first(
         allowed = allowed.to(device)
         for i, row in enumerate(picks):  # real nodes see the prompt; pad slots only themselves
             allowed[i, 0, : len(row), :width] = prompt_keys[i]
-        attn = allowed
-        if model.config._attn_implementation == "eager":  # eager adds the mask to the scores
-            dtype = next(model.parameters()).dtype
-            attn = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(
-                ~allowed, torch.finfo(dtype).min
-            )
+        attn = _mask_for(model, allowed)
         with autocast(device.type, precision):
             res = model(
                 input_ids=ids.to(device),
@@ -393,6 +388,17 @@ def tree_size(label_ids: list[list[int]]) -> int:
     return sum(1 for n in range(1, len(trie.token)) if trie.children[n])
 
 
+def _mask_for(model, allowed: torch.Tensor) -> torch.Tensor:
+    """A boolean 4D mask (True = attend) as the model's attention takes it: sdpa as it is,
+    eager as an additive one (it adds the mask to the scores)."""
+    if model.config._attn_implementation != "eager":
+        return allowed
+    dtype = next(model.parameters()).dtype
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(
+        ~allowed, torch.finfo(dtype).min
+    )
+
+
 def takes_4d_masks(model) -> bool:
     """sdpa and eager attention take a custom 4D mask as it is; others (flash) need 2D."""
     impl = getattr(getattr(model, "config", None), "_attn_implementation", None)
@@ -404,11 +410,7 @@ def _score_tree(model, tree: _LabelTree, cache, mask, pos, precision: str) -> to
     b, n = mask.shape[0], tree.size
     keys = mask.bool()[:, None, None, :].expand(b, 1, n, mask.shape[1])
     allowed = torch.cat([keys, tree.causal.expand(b, 1, n, n)], dim=-1)  # True = attend
-    if model.config._attn_implementation == "eager":  # eager adds the mask to the scores
-        dtype = next(model.parameters()).dtype
-        allowed = torch.zeros(allowed.shape, dtype=dtype, device=mask.device).masked_fill(
-            ~allowed, torch.finfo(dtype).min
-        )
+    allowed = _mask_for(model, allowed)
     device = mask.device
     with autocast(device.type, precision):
         res = model(
