@@ -293,21 +293,30 @@ def inspect(
         str, typer.Option("--split", help="Split to sample from (train or val; test is reserved).")
     ] = "train",
     seed: Annotated[int, typer.Option("--seed", help="Sampling seed.")] = 0,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "--out", help="Images: folder for the contact sheets (default PILOT/inspect)."
+        ),
+    ] = None,
     sets: SetOpt = None,
 ) -> Shown:
     """Show examples of every category after the exact preprocessing, loss tokens highlighted.
-    Each example's loss tokens are decoded and checked against its answer; a mismatch exits 1."""
+    Each example's loss tokens are decoded and checked against its answer; a mismatch exits 1.
+    Images: per category the size/mode statistics and a contact sheet PNG of originals beside
+    what the model sees (de-normalised)."""
     from lorapilot.steps.inspect import run_inspect
 
     if split not in ("train", "val"):
         raise UsageError(
             f"--split {split!r}: inspect samples train or val (the test split is reserved)"
         )
-    result = run_inspect(_pilot(pilot, sets), per_category, split, seed)
+    result = run_inspect(_pilot(pilot, sets), per_category, split, seed, out)
     if as_json:
         for ex in result["examples"]:
             ex.pop("pieces", None)
-    return Shown(result, views.inspect, exit_code=0 if result["ok"] else 1)
+    shown = views.inspect_images if "transforms" in result else views.inspect
+    return Shown(result, shown, exit_code=0 if result["ok"] else 1)
 
 
 @app.command()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import difflib
 import re
 
+LABELLED = ("classification", "image_classification")  # one label per example
 PER_CATEGORY_CLASSIFICATION = ("precision", "recall", "f1", "support", "predicted")
 PER_FIELD = ("accuracy", "precision", "recall", "f1", "support", "predicted")
 PER_CATEGORY_EXTRACTION = (
@@ -28,11 +29,13 @@ GROUNDED = (
 )
 TOP_LEVEL = {
     "classification": ("accuracy", "macro_f1", "invalid_rate"),
+    "image_classification": ("accuracy", "macro_f1", "invalid_rate"),
     "extraction": _EXTRACTION,
     "format": ("format_valid_rate", *_EXTRACTION),
 }
 PER_GROUP = {
     "classification": {"per_category": PER_CATEGORY_CLASSIFICATION},
+    "image_classification": {"per_category": PER_CATEGORY_CLASSIFICATION},
     "extraction": {"per_field": PER_FIELD, "per_category": PER_CATEGORY_EXTRACTION},
     "format": {"per_field": PER_FIELD, "per_category": PER_CATEGORY_EXTRACTION},
 }
@@ -52,12 +55,13 @@ def known(
     # extraction/format categories come from the data: not known here (see `problem`), nor
     # the keys of a map (`slots.*`)
     fields = [f for f in fields or [] if "*" not in f]
-    entries = {"per_category": labels if kind == "classification" else None, "per_field": fields}
+    labelled = kind in LABELLED
+    entries = {"per_category": labels if labelled else None, "per_field": fields}
     names = list(TOP_LEVEL[kind])
-    if grounded and kind != "classification":
+    if grounded and not labelled:
         names.append(GROUNDED)
     for group, metrics in PER_GROUP[kind].items():
-        if grounded and group == "per_category" and kind != "classification":
+        if grounded and group == "per_category" and not labelled:
             metrics = (*metrics, GROUNDED)
         names += [f"{group}.{m}" for m in metrics]
         names += [f"{group}.{e}.{m}" for e in entries[group] or [] for m in metrics]
@@ -79,11 +83,11 @@ def problem(
     if name in valid:
         return None
     head, _, rest = name.partition(".")
-    if kind != "classification" and head == "per_category" and "." in rest:
+    if kind not in LABELLED and head == "per_category" and "." in rest:
         allowed = PER_GROUP[kind]["per_category"] + ((GROUNDED,) if grounded else ())
         if rest.rsplit(".", 1)[1] in allowed:
             return None
-    if kind != "classification" and head == "per_field" and "." in rest:
+    if kind not in LABELLED and head == "per_field" and "." in rest:
         path, metric = rest.rsplit(".", 1)
         for pattern in fields or []:
             if "*" in pattern and metric in PER_FIELD:

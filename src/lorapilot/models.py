@@ -623,6 +623,7 @@ def quiet_transformers() -> None:
 
 def load_base(pilot: Pilot):
     """(resolved, model, tokenizer) of the pilot's base model, offline, eval mode."""
+    require_text(pilot, "a text model")
     quiet_transformers()
     m = pilot.spec.model
     resolved = resolve_base(m.base, m.revision, root=pilot.dir, allow_pickle=m.allow_pickle)
@@ -643,9 +644,40 @@ def attach_adapter(model: Any, adapter_dir: Path) -> Any:
     return peft_model
 
 
+def image_processor_config(pilot: Pilot) -> dict | None:
+    """The base's `preprocessor_config.json` (size, mean/std, resize, crop), or None when it
+    has none; the text default model has none."""
+    m = pilot.spec.model
+    if m.base.strip() in DEFAULT_ALIASES:
+        return None
+    resolved = resolve_base(m.base, m.revision, root=pilot.dir, allow_pickle=m.allow_pickle)
+    path = resolved.path / "preprocessor_config.json"
+    if not path.is_file():
+        return None
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise UsageError(f"{path}: not a readable image processor config: {e}") from None
+    if not isinstance(config, dict):
+        raise UsageError(f"{path}: an image processor config must be a JSON object")
+    return config
+
+
+def require_text(pilot: Pilot, what: str) -> None:
+    """The image path is built as far as `data` and `inspect`; every other verb refuses an
+    image pilot up front instead of reading its image paths as text."""
+    if pilot.spec.task.modality == "image":
+        raise UsageError(
+            f"{pilot.spec_path}: task.kind: image_classification: {what} is not available for "
+            "image pilots yet (only `check`, `data` and `inspect` are)"
+        )
+
+
 def load_tokenizer(pilot: Pilot) -> tuple[Any, Any]:
     """(resolved base, tokenizer) for the pilot's base model, offline."""
     from transformers import AutoTokenizer
+
+    require_text(pilot, "a text model")
 
     m = pilot.spec.model
     resolved = resolve_base(m.base, m.revision, root=pilot.dir, allow_pickle=m.allow_pickle)

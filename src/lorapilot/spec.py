@@ -143,12 +143,73 @@ class FieldSpec(ValueSpec):
 ValueSpec.model_rebuild()
 
 
+IMAGE_AUGMENTS = ("hflip", "vflip")
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
+
+
+class ImageSpec(_Strict):
+    """How an image becomes the model's input, in this order: mode, resize, crop, scale to
+    [0, 1], normalise. Keys left unset are taken from the model's image processor
+    (`preprocessor_config.json`); the resolved pipeline is recorded with the data version."""
+
+    size: int | None = Field(
+        None, ge=8, le=4096, description="Side of the square input, in pixels (default: model's)."
+    )
+    resize: Literal["shorter_side", "stretch", "pad"] | None = Field(
+        None,
+        description="shorter_side: scale the shorter side to `size` (keeps the aspect ratio); "
+        "stretch: to size x size; pad: the longer side to `size`, then pad to a square. "
+        "Default: as the model's image processor does, else shorter_side.",
+    )
+    crop: Literal["center", "none"] | None = Field(
+        None,
+        description="center: crop size x size from the middle after resizing. Default: as the "
+        "model's image processor does, else center.",
+    )
+    mode: Literal["RGB", "L"] = Field("RGB", description="Colour mode every image is converted to.")
+    normalize: Literal["from_model", "none"] = Field(
+        "from_model", description="from_model: the image processor's mean/std; none: [0, 1]."
+    )
+    mean: list[float] | None = Field(None, description="Per-channel mean (overrides the model).")
+    std: list[float] | None = Field(None, description="Per-channel std (overrides the model).")
+    augment: list[str] = Field(
+        default_factory=list,
+        description=f"Training-only random transforms: {', '.join(IMAGE_AUGMENTS)}.",
+    )
+    max_pixels: int = Field(
+        40_000_000,
+        gt=0,
+        description="Images with more pixels are refused before they are decoded "
+        "(decompression bombs).",
+    )
+
+    @field_validator("augment")
+    @classmethod
+    def _augments(cls, v: list[str]) -> list[str]:
+        for name in v:
+            if name not in IMAGE_AUGMENTS:
+                raise ValueError(f"unknown augment {name!r}; known: {', '.join(IMAGE_AUGMENTS)}")
+        return v
+
+    @model_validator(mode="after")
+    def _stats(self) -> ImageSpec:
+        channels = 1 if self.mode == "L" else 3
+        for key in ("mean", "std"):
+            v = getattr(self, key)
+            if v is not None and len(v) not in (1, channels):
+                raise ValueError(f"`{key}` needs 1 or {channels} values for mode {self.mode}")
+        if self.std is not None and any(x <= 0 for x in self.std):
+            raise ValueError("`std` values must be positive")
+        return self
+
+
 class TaskSpec(_Strict):
     """What the model must do, and exactly how it is asked."""
 
-    kind: Literal["classification", "extraction", "format"] = Field(
+    kind: Literal["classification", "extraction", "format", "image_classification"] = Field(
         description="classification: one label per text; extraction: a JSON object of named "
-        "fields; format: output that must follow a JSON schema or regex."
+        "fields; format: output that must follow a JSON schema or regex; image_classification: "
+        "one label per image."
     )
     labels: list[str] | None = Field(None, description="Allowed labels (classification).")
     fields: list[FieldSpec] | None = Field(None, description="Target fields (extraction).")
@@ -166,6 +227,9 @@ class TaskSpec(_Strict):
         False,
         description="extraction/format: every string value must appear in the input text; "
         "`ungrounded_value_rate` counts the values the model invented.",
+    )
+    image: ImageSpec | None = Field(
+        None, description="image_classification: how images are resized, cropped, normalised."
     )
 
     @field_validator("labels")
@@ -201,8 +265,12 @@ class TaskSpec(_Strict):
 
     @model_validator(mode="after")
     def _by_kind(self) -> TaskSpec:
-        if self.kind == "classification" and not self.labels:
-            raise ValueError("task.labels is required for a classification task")
+        if self.labelled and not self.labels:
+            raise ValueError(f"task.labels is required for a {self.kind} task")
+        if self.image is not None and self.kind != "image_classification":
+            raise ValueError("task.image applies to image_classification tasks")
+        if self.kind == "image_classification" and self.image is None:
+            self.__dict__["image"] = ImageSpec()
         if self.kind == "extraction" and not self.fields:
             raise ValueError("task.fields is required for an extraction task")
         if self.kind == "format" and not (self.json_schema or self.regex):
@@ -211,11 +279,20 @@ class TaskSpec(_Strict):
             names = [f.name for f in self.fields]
             if len(set(names)) != len(names):
                 raise ValueError("task.fields names must be unique")
-        if self.grounded and self.kind == "classification":
+        if self.grounded and self.kind not in ("extraction", "format"):
             raise ValueError("task.grounded applies to extraction and format tasks")
         return self
 
-    _omitted_at: ClassVar[dict[str, tuple]] = {"grounded": (False,)}
+    _omitted_at: ClassVar[dict[str, tuple]] = {"grounded": (False,), "image": (None,)}
+
+    @property
+    def labelled(self) -> bool:
+        """One label per example (text or image): label metrics, a per-label split."""
+        return self.kind in ("classification", "image_classification")
+
+    @property
+    def modality(self) -> Literal["text", "image"]:
+        return "image" if self.kind == "image_classification" else "text"
 
     @property
     def nested(self) -> bool:
@@ -280,9 +357,14 @@ class ModelSpec(_Strict):
 
 class FieldMap(_Strict):
     text: str = Field("text", description="Column holding the input text.")
+    image: str = Field(
+        "image", description="Column holding the image path, relative to the pilot folder."
+    )
     label: str = Field("label", description="Column holding the label (classification).")
     target: str = Field("target", description="Column holding the target object (extraction).")
     id: str | None = Field("id", description="Column holding a stable example id, if any.")
+
+    _omitted_at: ClassVar[dict[str, tuple]] = {"image": ("image",)}
 
 
 class SplitSpec(_Strict):
@@ -417,6 +499,13 @@ class DataSpec(_Strict):
         "fail", description="Policy for duplicates between train and val/test."
     )
     near_dup_threshold: float = Field(0.8, gt=0, le=1, description="Jaccard threshold.")
+    near_dup_bits: int = Field(
+        10,
+        ge=0,
+        le=24,
+        description="Images: candidate near duplicates differ in at most this many of the 64 "
+        "bits of their perceptual hash; their thumbnails then decide.",
+    )
     category: str | None = Field(
         None,
         description="extraction/format: the category of an example for per-category metrics, "
@@ -450,7 +539,8 @@ class DataSpec(_Strict):
         return self
 
     _omitted_at: ClassVar[dict[str, tuple]] = {
-        k: (None,) for k in ("hf_dataset", "sample", "category")
+        **{k: (None,) for k in ("hf_dataset", "sample", "category")},
+        "near_dup_bits": (10,),
     }
 
 
@@ -716,7 +806,7 @@ class PilotSpec(_Strict):
         by = self.data.category
         if by is None:
             return self
-        if self.task.kind == "classification":
+        if self.task.labelled:
             raise ValueError("data.category: a classification example's category is its label")
         if by.startswith("target.") and self.task.fields:
             fields: list[FieldSpec] | None = self.task.fields
@@ -752,7 +842,7 @@ class PilotSpec(_Strict):
     @model_validator(mode="after")
     def _defaults_by_task(self) -> PilotSpec:
         if self.success is None:
-            metric = "macro_f1" if self.task.kind == "classification" else "field_f1"
+            metric = "macro_f1" if self.task.labelled else "field_f1"
             object.__setattr__(self, "success", SuccessSpec(metric=metric, min_gain=0.05))
         return self
 

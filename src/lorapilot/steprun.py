@@ -28,4 +28,8 @@ def record_kwargs(pilot: Pilot, env: dict | None = None) -> dict[str, Any]:
 
 def open_run(pilot: Pilot, kind: str, *, env: dict | None = None, **kwargs: Any):
     """registry.open_run for a step of this pilot (see record_kwargs)."""
+    if kind != "data":
+        from lorapilot.models import require_text
+
+        require_text(pilot, f"`{kind}`")
     return registry.open_run(pilot.dir, kind, **record_kwargs(pilot, env), **kwargs)

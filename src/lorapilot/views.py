@@ -200,10 +200,12 @@ def data(r: dict) -> None:
         t.add_row(esc(cat), *(str(row.get(s, 0)) for s in splits))
     t.add_row("[bold]total[/]", *(f"[bold]{r['splits'][s]}[/]" for s in splits))
     stdout.print(t)
+    if "images" in r:
+        _image_data(r)
     lt = Table(title="tokens per example (template + answer)")
     for col in ("split", "p50", "p95", "max", "input cut", "target cut"):
         lt.add_column(col, justify="right")
-    for s, st in r["lengths"].items():
+    for s, st in r.get("lengths", {}).items():
         lt.add_row(
             s,
             str(st["p50"]),
@@ -212,7 +214,8 @@ def data(r: dict) -> None:
             str(st["n_truncated"]),
             str(st["n_target_truncated"]),
         )
-    stdout.print(lt)
+    if "lengths" in r:
+        stdout.print(lt)
     d = r["duplicates"]
     c = d["counts"]
     stdout.print(
@@ -220,13 +223,14 @@ def data(r: dict) -> None:
         f"{d['n_cross_split']} across splits (policy {d['leakage_policy']}); "
         f"{len(d['dropped_from_train'])} dropped from train"
     )
-    ma = r["mask_audit"]
-    stdout.print(
-        f"  mask audit: {'[green]ok[/]' if ma['ok'] else '[red]FAILED[/]'}: "
-        f"{ma['loss_token_fraction']:.1%} of tokens carry the loss ({ma['loss_on']}), "
-        f"end-of-turn trained: {ma['end_of_turn_trained']}, eval prompt = train prefix: "
-        f"{ma['eval_prompt_is_train_prefix']}"
-    )
+    ma = r.get("mask_audit")
+    if ma is not None:
+        stdout.print(
+            f"  mask audit: {'[green]ok[/]' if ma['ok'] else '[red]FAILED[/]'}: "
+            f"{ma['loss_token_fraction']:.1%} of tokens carry the loss ({ma['loss_on']}), "
+            f"end-of-turn trained: {ma['end_of_turn_trained']}, eval prompt = train prefix: "
+            f"{ma['eval_prompt_is_train_prefix']}"
+        )
     if r["skipped"]:
         stdout.print(f"  [yellow]skipped {len(r['skipped'])} record(s):[/]")
         for s in r["skipped"][:20]:
@@ -261,6 +265,62 @@ def inspect(r: dict) -> None:
     )
     if not r["ok"]:
         stdout.print("[red]some examples' loss tokens do not decode to their answer[/]")
+
+
+def _image_data(r: dict) -> None:
+    t = Table(title="images per category (all splits)")
+    for col in ("category", "n", "width", "height", "modes", "formats", "bytes (median)"):
+        t.add_column(col)
+    for cat, c in r["images"]["per_category"].items():
+        t.add_row(
+            esc(cat),
+            str(c["n"]),
+            _range(c.get("width")),
+            _range(c.get("height")),
+            esc(_counts(c.get("mode"))),
+            esc(_counts(c.get("format"))),
+            f"{c['bytes']['median']:g}" if "bytes" in c else "-",
+        )
+    stdout.print(t)
+    tr = r["transforms"]
+    stdout.print(
+        f"  transforms: mode {tr['mode']}, resize {tr['resize']} to {tr['size']}, crop "
+        f"{tr['crop']}, mean {tr['mean']}, std {tr['std']} (from {tr['source']})"
+    )
+
+
+def inspect_images(r: dict) -> None:
+    t = r["transforms"]
+    stdout.print(
+        f"transforms: mode {t['mode']}, resize {t['resize']} to {t['size']}, crop {t['crop']}, "
+        f"mean {t['mean']}, std {t['std']}, augment {t['augment'] or 'none'} (from {t['source']})"
+    )
+    table = Table("category", "n", "width", "height", "modes", "formats", "contact sheet")
+    for cat, c in r["per_category"].items():
+        table.add_row(
+            esc(cat),
+            str(c.get("n", 0)),
+            _range(c.get("width")),
+            _range(c.get("height")),
+            esc(_counts(c.get("mode"))),
+            esc(_counts(c.get("format"))),
+            esc(c["contact_sheet"]),
+        )
+    stdout.print(table)
+    for w in r["warnings"]:
+        stdout.print(f"[yellow]warning:[/] {esc(w)}")
+    if not r["ok"]:
+        stdout.print("[red]some images did not transform to the model's input shape[/]")
+
+
+def _range(s: dict | None) -> str:
+    if not s:
+        return "-"
+    return f"{s['min']:g}" if s["min"] == s["max"] else f"{s['min']:g}-{s['max']:g}"
+
+
+def _counts(c: dict | None) -> str:
+    return ", ".join(f"{k} {v}" for k, v in (c or {}).items())
 
 
 def evaluation(r: dict) -> None:

@@ -55,6 +55,11 @@ def load_all(pilot: Pilot) -> tuple[list[Record], list[Skipped]]:
         recs, skips = load_records(path, spec.task, data, split=split, display_path=rel, key=key)
         records += recs
         skipped += skips
+    if spec.task.modality == "image":
+        from lorapilot.data.images import attach_images
+
+        records, skips = attach_images(records, pilot.dir, spec.task, data)
+        skipped += skips
     return records, skipped
 
 
@@ -122,6 +127,88 @@ def data_version(pilot: Pilot, splits: dict[str, list[Record]], tmpl_hash: str) 
     return "dv-" + sha256_json(payload)[:16]
 
 
+def _split_and_sample(pilot: Pilot, records: list[Record]) -> dict[str, list[Record]]:
+    data = pilot.spec.data
+    splits = _split(pilot, records)
+    if data.sample is not None:
+        for name, size in data.sample.model_dump().items():
+            if size is not None and splits.get(name):
+                seed = f"{data.split.seed}:sample:{name}"
+                splits[name] = sample_records(splits[name], size, seed)
+    return splits
+
+
+def _drop_leaks_from_train(
+    pilot: Pilot, splits: dict[str, list[Record]], dups: DupReport
+) -> list[dict]:
+    """Under `leakage: drop_from_train`, remove the train side of every cross-split pair
+    (in place) -> the rows removed."""
+    leaks = dups.cross_split()
+    if not leaks or pilot.spec.data.leakage != "drop_from_train":
+        return []
+    drop_ids = set()
+    for p in leaks:
+        for rid, split in ((p.a_id, p.a_split), (p.b_id, p.b_split)):
+            if split == "train":
+                drop_ids.add(rid)
+    dropped = [{"id": r.id, "source": r.source} for r in splits["train"] if r.id in drop_ids]
+    splits["train"] = [r for r in splits["train"] if r.id not in drop_ids]
+    return dropped
+
+
+def prepare_image_data(
+    pilot: Pilot, pipeline: dict[str, Any], *, enforce_leakage: bool = True
+) -> PreparedData:
+    """The image path: load and open every image, split, sample, find equal and near-equal
+    images, apply the leakage policy, version. No text cleaning (the inputs are paths); the
+    version hashes each image's bytes and the resolved transform `pipeline`."""
+    from lorapilot.data.imagededup import ImageItem, find_image_duplicates
+
+    data = pilot.spec.data
+    records, skipped = load_all(pilot)
+    splits = _split_and_sample(pilot, records)
+    items = [
+        ImageItem(r.id, s, r.image.pixel_hash, r.image.phash, r.image.thumb)
+        for s, recs in splits.items()
+        for r in recs
+        if r.image is not None
+    ]
+    dups = find_image_duplicates(items, max_bits=data.near_dup_bits)
+    prepared = PreparedData(
+        splits=splits,
+        skipped=skipped,
+        dropped=[],
+        duplicates=dups,
+        leak_dropped=_drop_leaks_from_train(pilot, splits, dups),
+    )
+    prepared.version = image_data_version(pilot, splits, pipeline)
+    if enforce_leakage:
+        check_leakage(pilot, prepared)
+    return prepared
+
+
+def image_data_version(
+    pilot: Pilot, splits: dict[str, list[Record]], pipeline: dict[str, Any]
+) -> str:
+    """Hash of each split's records (id, path, label, image bytes' sha256), the split and
+    sample parameters, the duplicate rule and the transform pipeline."""
+    data = pilot.spec.data
+    payload = {
+        "records": {
+            s: [
+                [r.id, r.text, r.label, r.image.sha256 if r.image else None]
+                for r in sorted(recs, key=lambda r: r.id)
+            ]
+            for s, recs in splits.items()
+        },
+        "split": data.split.model_dump(),
+        **({"sample": data.sample.model_dump()} if data.sample is not None else {}),
+        "near_dup_bits": data.near_dup_bits,
+        "pipeline": pipeline,
+    }
+    return "dv-" + sha256_json(payload)[:16]
+
+
 def prepare_data(pilot: Pilot, tokenizer: Any, *, enforce_leakage: bool = True) -> PreparedData:
     """Load, clean, split, find duplicates, apply the leakage and truncation policies.
 
@@ -132,27 +219,10 @@ def prepare_data(pilot: Pilot, tokenizer: Any, *, enforce_leakage: bool = True) 
     data = spec.data
     records, skipped = load_all(pilot)
     records, dropped = clean_records(records, data.cleaning, data.max_chars)
-    splits = _split(pilot, records)
-    if data.sample is not None:
-        for name, size in data.sample.model_dump().items():
-            if size is not None and splits.get(name):
-                seed = f"{data.split.seed}:sample:{name}"
-                splits[name] = sample_records(splits[name], size, seed)
-
+    splits = _split_and_sample(pilot, records)
     items = [DupItem(r.id, s, r.text) for s, recs in splits.items() for r in recs]
     dups = find_duplicates(items, threshold=data.near_dup_threshold, seed=data.split.seed)
-    leaks = dups.cross_split()
-    leak_dropped: list[dict] = []
-    if leaks and data.leakage == "drop_from_train":
-        drop_ids = set()
-        for p in leaks:
-            for rid, split in ((p.a_id, p.a_split), (p.b_id, p.b_split)):
-                if split == "train":
-                    drop_ids.add(rid)
-        leak_dropped = [
-            {"id": r.id, "source": r.source} for r in splits["train"] if r.id in drop_ids
-        ]
-        splits["train"] = [r for r in splits["train"] if r.id not in drop_ids]
+    leak_dropped = _drop_leaks_from_train(pilot, splits, dups)
 
     fmt = formatter_for(pilot, tokenizer)
     answers = [answer_text(spec.task, r.label, r.target) for recs in splits.values() for r in recs]

@@ -78,6 +78,10 @@ def load_records(
 
         if hf.saved_kind(path):
             return hf.load_saved(path, task, data, split, shown, key or "data.file")
+        if task.modality == "image":
+            from lorapilot.data.images import folder_records
+
+            return folder_records(path, shown, task, split, data)
         raise UsageError(
             f"{shown}: not a file, nor a folder written by datasets' save_to_disk "
             f"(no {hf.DICT_META}, or {' and '.join(hf.DATASET_META)}, in it)"

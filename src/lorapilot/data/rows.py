@@ -23,6 +23,35 @@ _SURROGATE = re.compile(r"[\ud800-\udfff]")
 _MISSING = object()
 
 
+@dataclass(frozen=True)
+class ImageMeta:
+    """What was found in an image file: its properties (for the per-category shortcut check)
+    and its hashes (file bytes for the data version, pixels and a perceptual hash for
+    duplicates)."""
+
+    width: int
+    height: int
+    mode: str  # as stored: RGB, L, RGBA, P, ...
+    format: str  # PNG, JPEG, ...
+    bytes: int
+    sha256: str  # of the file's bytes
+    pixel_hash: str  # of the decoded pixels (mode, size, data): equal images, any encoding
+    phash: int  # 64-bit DCT perceptual hash of the grayscale image
+    thumb: bytes = b""  # 16x16 grayscale pixels: near duplicates are confirmed on these
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "width": self.width,
+            "height": self.height,
+            "mode": self.mode,
+            "format": self.format,
+            "bytes": self.bytes,
+            "sha256": self.sha256,
+            "pixel_hash": self.pixel_hash,
+            "phash": f"{self.phash:016x}",
+        }
+
+
 @dataclass
 class Record:
     """One valid example, as read (before cleaning)."""
@@ -34,6 +63,7 @@ class Record:
     source: str  # "file:line" (CSV: first line of the data row; Parquet: "file:row N")
     split: str | None  # set when the record comes from a pre-split file (or after splitting)
     category: str  # stratum for splitting and per-category metrics
+    image: ImageMeta | None = None  # image tasks: the decoded file's properties and hashes
 
 
 @dataclass
@@ -94,37 +124,40 @@ class RecordBuilder:
         self.task = task
         self.row_numbers = row_numbers  # Parquet records have rows, not lines
         self.fields = data.fields
-        self.category_by = data.category if task.kind != "classification" else None
+        self.category_by = data.category if not task.labelled else None
         self.shown = shown
         self.stem = stem
         self.split = split
         self.text_target = is_text_target(task)
         self.check_target: Callable[[Any], list[str]] | None = (
-            None if task.kind == "classification" else target_validator(task)
+            None if task.labelled else target_validator(task)
         )
         self.labels = set(task.labels or [])
         self.seen: dict[str, str] = {}
 
     def build(self, row: dict, line: int) -> Record:
         fm = self.fields
-        text = row.get(fm.text, _MISSING)
+        # an image task's input is the image's path (relative to the pilot folder); the
+        # image itself is opened and checked once every row is read (data/images.py)
+        column = fm.image if self.task.modality == "image" else fm.text
+        text = row.get(column, _MISSING)
         if text is _MISSING or text is None:
-            raise BadRow(f"missing field {fm.text!r}")
+            raise BadRow(f"missing field {column!r}")
         if not isinstance(text, str):
-            raise BadRow(f"field {fm.text!r} must be a string, got {json_type(text)}")
+            raise BadRow(f"field {column!r} must be a string, got {json_type(text)}")
         if not text.strip():
-            raise BadRow(f"field {fm.text!r} is empty")
+            raise BadRow(f"field {column!r} is empty")
         if "\x00" in text:
-            raise BadRow(f"field {fm.text!r} contains a NUL byte")
+            raise BadRow(f"field {column!r} contains a NUL byte")
         if len(text) > MAX_LINE_BYTES:
             raise BadRow(
-                f"field {fm.text!r} is too long ({len(text)} characters, max {MAX_LINE_BYTES})"
+                f"field {column!r} is too long ({len(text)} characters, max {MAX_LINE_BYTES})"
             )
-        _no_surrogates(text, fm.text)
+        _no_surrogates(text, column)
 
         label = None
         target = None
-        if self.task.kind == "classification":
+        if self.task.labelled:
             label = self._label(row.get(fm.label, _MISSING))
         else:
             target = self._target(row.get(fm.target, _MISSING))
@@ -227,7 +260,9 @@ def json_message(e: ValueError) -> str:
 
 def needed_columns(data: DataSpec, task: TaskSpec) -> list[str]:
     fm = data.fields
-    return [fm.text, fm.label if task.kind == "classification" else fm.target]
+    if task.modality == "image":
+        return [fm.image, fm.label]
+    return [fm.text, fm.label if task.labelled else fm.target]
 
 
 def jsonable(value: Any) -> Any:

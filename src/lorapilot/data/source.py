@@ -8,7 +8,7 @@ from typing import Any
 
 from lorapilot.data.split import SPLITS
 from lorapilot.errors import UsageError
-from lorapilot.spec import DataSpec, Pilot
+from lorapilot.spec import DataSpec, Pilot, TaskSpec
 
 
 def file_sources(pilot: Pilot) -> list[tuple[str, str, str | None]]:
@@ -47,7 +47,7 @@ def check_data_source(pilot: Pilot) -> dict:
             "exists": path.exists(),
         }
         sources.append(entry)
-        problem = _file_problem(path, entry, data)
+        problem = _file_problem(path, entry, data, pilot.spec.task)
         if problem:
             problems.append(f"{key}: {rel!r} ({path}): {problem}")
     if problems:
@@ -55,7 +55,7 @@ def check_data_source(pilot: Pilot) -> dict:
     return {"kind": "file" if data.file else "files", "sources": sources}
 
 
-def _file_problem(path: Path, entry: dict, data: DataSpec) -> str | None:
+def _file_problem(path: Path, entry: dict, data: DataSpec, task: TaskSpec) -> str | None:
     """What `load_records` would refuse in this path before reading a record, or None;
     fills `entry` with what was found (type, format, bytes, n_files)."""
     if not entry["exists"]:
@@ -64,6 +64,16 @@ def _file_problem(path: Path, entry: dict, data: DataSpec) -> str | None:
         from lorapilot.data import hf
 
         kind = hf.saved_kind(path) if data.format in ("auto", "datasets") else None
+        if kind is None and task.modality == "image" and data.format == "auto":
+            files = [f for f in path.rglob("*") if f.is_file() and not f.name.startswith(".")]
+            entry.update(
+                type="image_folder",
+                format="image_folder",
+                classes=sorted(p.name for p in path.iterdir() if p.is_dir()),
+                n_files=len(files),
+                bytes=sum(f.stat().st_size for f in files),
+            )
+            return None if files else "an image folder with no files in it"
         if kind is None:
             if data.format not in ("auto", "datasets"):
                 return f"a folder, not a {data.format} file"

@@ -19,30 +19,20 @@ from lorapilot.errors import UsageError
 from lorapilot.spec import Pilot
 
 
-def data_report(pilot: Pilot, prepared: PreparedData, tokenizer: Any) -> dict[str, Any]:
-    """Everything the `data` verb writes: the pilot's written data limit and its checks."""
+def shared_report(
+    pilot: Pilot, prepared: PreparedData, data_warnings: list[str] | None = None
+) -> dict[str, Any]:
+    """What the `data` verb writes for any modality: sizes per split and category,
+    duplicates and leaks, skipped and dropped rows, warnings (the modality's own
+    `data_warnings` after the label-support ones)."""
     spec = pilot.spec
-    fmt = formatter_for(pilot, tokenizer)
-    encoded = {
-        s: encode_records(fmt, spec.task, recs, prepared.answer_budget)
-        for s, recs in prepared.splits.items()
-    }
     counts = prepared.counts()
     per_category: dict[str, dict[str, int]] = {}
     for split, cats in counts.items():
         for cat, n in cats.items():
             per_category.setdefault(cat, {s: 0 for s in counts})[split] = n
     leaks = remaining_leaks(pilot, prepared)
-    warnings = _label_support_warnings(pilot, counts.get("train", {}))
-    grounding = gold_grounding(prepared) if spec.task.grounded else None
-    if grounding and grounding["n_ungrounded"]:
-        shown = "; ".join(
-            f"{e['id']} ({e['split']}): {e['value']!r}" for e in grounding["examples"]
-        )
-        warnings.append(
-            f"{grounding['n_ungrounded']} of {grounding['n_values']} gold string values do not "
-            f"appear in their input text (task.grounded: true; annotation problems?): {shown}"
-        )
+    warnings = _label_support_warnings(pilot, counts.get("train", {})) + (data_warnings or [])
     if leaks and spec.data.leakage == "warn":
         warnings.append(
             f"{len(leaks)} duplicate pair(s) across splits kept (data.leakage: warn): "
@@ -61,14 +51,44 @@ def data_report(pilot: Pilot, prepared: PreparedData, tokenizer: Any) -> dict[st
         "splits": {s: len(v) for s, v in prepared.splits.items()},
         "per_category": per_category,
         "duplicates": dups,
-        "lengths": length_stats(encoded, spec.data.max_length),
         "skipped": [dataclasses.asdict(s) for s in prepared.skipped],
         "dropped_by_cleaning": prepared.dropped,
+        "warnings": warnings,
+    }
+
+
+def data_report(pilot: Pilot, prepared: PreparedData, tokenizer: Any) -> dict[str, Any]:
+    """Everything the `data` verb writes for a text pilot: the shared report, the lengths,
+    the answers cut, the loss-mask audit and the gold values' grounding."""
+    spec = pilot.spec
+    fmt = formatter_for(pilot, tokenizer)
+    encoded = {
+        s: encode_records(fmt, spec.task, recs, prepared.answer_budget)
+        for s, recs in prepared.splits.items()
+    }
+    grounding = gold_grounding(prepared) if spec.task.grounded else None
+    grounding_warnings = []
+    if grounding and grounding["n_ungrounded"]:
+        shown = "; ".join(
+            f"{e['id']} ({e['split']}): {e['value']!r}" for e in grounding["examples"]
+        )
+        grounding_warnings.append(
+            f"{grounding['n_ungrounded']} of {grounding['n_values']} gold string values do not "
+            f"appear in their input text (task.grounded: true; annotation problems?): {shown}"
+        )
+    shared = shared_report(pilot, prepared, grounding_warnings)
+    order = ("version", "source", "permission", "n_examples", "splits", "per_category")
+    return {
+        **{k: shared[k] for k in order},
+        "duplicates": shared["duplicates"],
+        "lengths": length_stats(encoded, spec.data.max_length),
+        "skipped": shared["skipped"],
+        "dropped_by_cleaning": shared["dropped_by_cleaning"],
         "target_excluded": prepared.target_excluded,
         "answer_budget_tokens": prepared.answer_budget,
         "mask_audit": mask_audit(fmt, prepared.splits, encoded, prepared.answer_budget),
         **({"grounding": grounding} if grounding is not None else {}),
-        "warnings": warnings,
+        "warnings": shared["warnings"],
     }
 
 

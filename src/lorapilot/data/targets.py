@@ -149,7 +149,7 @@ def category_of(
     a discount) reach val and test instead of all landing in train by chance. A category
     that is a list or an object is a ValueError naming it; a missing one is `none`.
     """
-    if task.kind == "classification":
+    if task.labelled:
         if label is None:
             raise ValueError("a classification example needs a label")
         return label

@@ -1,35 +1,25 @@
-"""`lorapilot inspect`: examples per category after the exact preprocessing (template,
-truncation, the tokens that carry the loss), each checked to decode to its answer. No run
-record: it writes nothing."""
+"""`lorapilot inspect`: examples per category after the exact preprocessing. Text: template,
+truncation and the tokens that carry the loss, each checked to decode to its answer; images:
+the properties per category and a contact sheet per category of originals beside what the
+model sees. No run record (image contact sheets go to PILOT/inspect/ or `--out`)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from lorapilot.data.audit import example_view, sample_per_category
-from lorapilot.data.dataset import encode_records, formatter_for, prepare_data
-from lorapilot.models import load_tokenizer
+from lorapilot.modality import modality_of
 from lorapilot.spec import Pilot
 
 
 def run_inspect(
-    pilot: Pilot, per_category: int = 2, split: str = "train", seed: int = 0
+    pilot: Pilot,
+    per_category: int = 2,
+    split: str = "train",
+    seed: int = 0,
+    out: Path | None = None,
 ) -> dict[str, Any]:
-    """Sampled examples per category after the exact preprocessing, with their loss check."""
-    spec = pilot.spec
-    _, tok = load_tokenizer(pilot)
-    prepared = prepare_data(pilot, tok, enforce_leakage=False)
-    fmt = formatter_for(pilot, tok)
-    recs = prepared.splits.get(split) or []
-    sample = sample_per_category(recs, per_category, seed)
-    views = []
-    for rec in sample:
-        enc = encode_records(fmt, spec.task, [rec], prepared.answer_budget)[0]
-        views.append(example_view(fmt, rec, enc, split))
-    return {
-        "ok": all(v["match"] for v in views),
-        "version": prepared.version,
-        "split": split,
-        "categories": sorted({r.category for r in recs}),
-        "examples": views,
-    }
+    """Sampled examples per category after the exact preprocessing, with their check."""
+    modality = modality_of(pilot)
+    prepared = modality.prepare(enforce_leakage=False)
+    return modality.inspect(prepared, split, per_category, seed, out)

@@ -1,0 +1,252 @@
+"""Image files as data: each opened once with Pillow under a pixel limit, checked, measured
+and hashed; the ImageFolder layout (`<folder>/<label>/*.png`) read as records.
+
+A corrupt, truncated or unsupported file, a decompression bomb, a path that leaves the pilot
+folder (`..`, an absolute path, a symlink pointing out) is a BadRow naming the file: under
+`data.on_error: fail` the load stops there (exit 2), under `skip` it is counted. The pixel
+count is checked from the header before any pixel is decoded, so no allocation is unbounded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import re
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lorapilot.data.rows import BadRow, ImageMeta, Record, Skipped
+from lorapilot.errors import UsageError
+from lorapilot.spec import IMAGE_EXTENSIONS, DataSpec, TaskSpec
+
+# The most bytes per pixel any supported format stores uncompressed (16-bit RGBA TIFF), plus
+# headers: a file larger than this for its pixel limit is not an image worth decoding.
+_BYTES_PER_PIXEL = 8
+_HEADER_SLACK = 1 << 20
+
+
+def _pil() -> Any:
+    from PIL import Image, ImageFile
+
+    ImageFile.LOAD_TRUNCATED_IMAGES = False  # a truncated file is an error, never half an image
+    return Image
+
+
+def resolve_image(pilot_dir: Path, rel: str) -> Path:
+    """The file an image path names, which must stay inside the pilot folder once symlinks
+    are followed (BadRow otherwise)."""
+    p = Path(rel)
+    if p.is_absolute():
+        raise BadRow(f"image path {rel!r} must be relative to the pilot folder")
+    root = pilot_dir.resolve()
+    full = (root / p).resolve()
+    if not full.is_relative_to(root):
+        how = "is a symlink out of" if (root / p).is_symlink() else "points outside"
+        raise BadRow(f"image {rel!r} {how} the pilot folder")
+    if not full.exists():
+        raise BadRow(f"image {rel!r}: no such file")
+    if not full.is_file():
+        raise BadRow(f"image {rel!r}: not a regular file")
+    return full
+
+
+def open_image(path: Path, shown: str, max_pixels: int) -> tuple[Any, ImageMeta]:
+    """Decode one file -> (the PIL image, loaded, first frame; its ImageMeta)."""
+    Image = _pil()
+    size = path.stat().st_size
+    if size == 0:
+        raise BadRow(f"image {shown!r} is empty (0 bytes)")
+    if size > max_pixels * _BYTES_PER_PIXEL + _HEADER_SLACK:
+        raise BadRow(
+            f"image {shown!r} is {size} bytes, more than an image of task.image.max_pixels="
+            f"{max_pixels} pixels can hold"
+        )
+    data = path.read_bytes()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            img = Image.open(io.BytesIO(data))
+            w, h = img.size
+            if w * h > max_pixels:
+                raise BadRow(
+                    f"image {shown!r} is {w}x{h} = {w * h} pixels, over task.image.max_pixels="
+                    f"{max_pixels} (a decompression bomb, or raise the limit)"
+                )
+            fmt = img.format or "?"
+            img.load()
+    except BadRow:
+        raise
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
+        raise BadRow(f"image {shown!r} is too large to decode safely: {e}") from None
+    except Image.UnidentifiedImageError:
+        raise BadRow(
+            f"image {shown!r} is not an image Pillow can read (corrupt or unsupported)"
+        ) from None
+    except (OSError, SyntaxError, ValueError, EOFError) as e:
+        raise BadRow(f"image {shown!r} is corrupt or truncated: {e}") from None
+    meta = ImageMeta(
+        width=w,
+        height=h,
+        mode=img.mode,
+        format=fmt,
+        bytes=size,
+        sha256=hashlib.sha256(data).hexdigest(),
+        pixel_hash=pixel_hash(img),
+        phash=perceptual_hash(img),
+        thumb=thumbnail(img),
+    )
+    return img, meta
+
+
+def pixel_hash(img: Any) -> str:
+    """sha256 of the pixels as RGBA with the size: the same picture stored as PNG or BMP, in
+    mode L or RGB, hashes the same; any changed pixel changes it."""
+    rgba = img.convert("RGBA")
+    h = hashlib.sha256(f"{rgba.width}x{rgba.height}:".encode())
+    h.update(rgba.tobytes())
+    return h.hexdigest()
+
+
+_DCT32 = None
+
+
+def _dct_matrix(n: int = 32) -> np.ndarray:
+    global _DCT32
+    if _DCT32 is None:
+        k = np.arange(n)[:, None]
+        i = np.arange(n)[None, :]
+        m = np.cos(np.pi * (2 * i + 1) * k / (2 * n)) * np.sqrt(2 / n)
+        m[0] /= np.sqrt(2)
+        _DCT32 = m
+    return _DCT32
+
+
+def perceptual_hash(img: Any) -> int:
+    """64-bit pHash: grayscale 32x32, 2D DCT, the 8x8 lowest frequencies against their
+    median. Resizing, re-encoding and small edits change few bits; different pictures about
+    half of them."""
+    Image = _pil()
+    small = img.convert("L").resize((32, 32), Image.Resampling.LANCZOS)
+    x = np.asarray(small, dtype=np.float64)
+    d = _dct_matrix()
+    low = (d @ x @ d.T)[:8, :8].ravel()
+    bits = low > np.median(low)
+    return int.from_bytes(np.packbits(bits).tobytes(), "big")
+
+
+THUMB = 16
+
+
+def thumbnail(img: Any) -> bytes:
+    """The image as 16x16 grayscale bytes (bilinear): small enough to keep for every image,
+    detailed enough to tell a re-encoded copy from a similar picture."""
+    Image = _pil()
+    return img.convert("L").resize((THUMB, THUMB), Image.Resampling.BILINEAR).tobytes()
+
+
+def attach_images(
+    records: list[Record], pilot_dir: Path, task: TaskSpec, data: DataSpec
+) -> tuple[list[Record], list[Skipped]]:
+    """Open every record's image (its `text` is the path): the kept records carry their
+    ImageMeta; a bad image stops the load or is skipped, under data.on_error."""
+    assert task.image is not None
+    kept: list[Record] = []
+    skipped: list[Skipped] = []
+    for r in records:
+        try:
+            path = resolve_image(pilot_dir, r.text)
+            img, meta = open_image(path, r.text, task.image.max_pixels)
+            img.close()
+        except BadRow as e:
+            if data.on_error == "fail":
+                raise UsageError(f"{r.source}: {e}") from None
+            file, line = _where(r.source)
+            skipped.append(Skipped(file, line, str(e)))
+            continue
+        r.image = meta
+        kept.append(r)
+    return kept, skipped
+
+
+_SOURCE = re.compile(r"(.*):(?:row )?(\d+)")
+
+
+def _where(source: str) -> tuple[str, int]:
+    """A record's source -> (file, line): `data/x.jsonl:7`, `x.parquet:row 7`; an image
+    folder's record is its own file (line 0)."""
+    m = _SOURCE.fullmatch(source)
+    return (m.group(1), int(m.group(2))) if m else (source, 0)
+
+
+def is_image_folder(path: Path) -> bool:
+    """A folder of class folders (the ImageFolder layout), not a save_to_disk folder."""
+    return path.is_dir() and any(p.is_dir() for p in path.iterdir())
+
+
+def folder_records(
+    path: Path, rel: str, task: TaskSpec, split: str | None, data: DataSpec
+) -> tuple[list[Record], list[Skipped]]:
+    """`<rel>/<label>/<file>` -> one record a file, labelled by its folder, in sorted order
+    (ids and sources are the paths relative to the pilot folder). Hidden files are ignored;
+    a file at the top level, a folder that is not a label, a file with another extension
+    is a bad row."""
+    labels = set(task.labels or [])
+    rows: list[tuple[str, str | None, str | None]] = []  # (relative path, label, problem)
+    for dirpath, dirnames, filenames in os.walk(path):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        here = Path(dirpath).relative_to(path)
+        for name in sorted(f for f in filenames if not f.startswith(".")):
+            frel = Path(rel) / here / name
+            shown = frel.as_posix()
+            parts = here.parts
+            if not parts:
+                rows.append(
+                    (
+                        shown,
+                        None,
+                        "a file at the top of an image folder: put it in a "
+                        "folder named after its label",
+                    )
+                )
+            elif parts[0] not in labels:
+                allowed = ", ".join(task.labels or [])
+                rows.append(
+                    (shown, None, f"folder {parts[0]!r} is not one of the task labels ({allowed})")
+                )
+            elif Path(name).suffix.lower() not in IMAGE_EXTENSIONS:
+                rows.append(
+                    (
+                        shown,
+                        None,
+                        f"not an image file extension (known: {', '.join(IMAGE_EXTENSIONS)})",
+                    )
+                )
+            else:
+                rows.append((shown, parts[0], None))
+    if not rows:
+        raise UsageError(f"{rel}: no image files in the folder (expected {rel}/<label>/*.png)")
+    records: list[Record] = []
+    skipped: list[Skipped] = []
+    for i, (shown, label, problem) in enumerate(rows, 1):
+        if problem is not None:
+            if data.on_error == "fail":
+                raise UsageError(f"{shown}: {problem}")
+            skipped.append(Skipped(shown, i, problem))
+            continue
+        assert label is not None
+        records.append(
+            Record(
+                id=shown,
+                text=shown,
+                label=label,
+                target=None,
+                source=shown,
+                split=split,
+                category=label,
+            )
+        )
+    return records, skipped

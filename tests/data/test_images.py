@@ -1,0 +1,127 @@
+"""Image files as data: decoded once under a pixel limit, every bad file a named row."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from image_helpers import LABELS, image_pilot, noise
+from PIL import Image
+
+from lorapilot.data.dataset import load_all
+from lorapilot.data.images import open_image, perceptual_hash, pixel_hash, resolve_image
+from lorapilot.data.rows import BadRow
+from lorapilot.errors import UsageError
+from lorapilot.spec import load_pilot
+
+
+def test_folder_layout_reads_one_record_per_file_labelled_by_its_folder(tmp_path):
+    pilot = load_pilot(image_pilot(tmp_path, per_label=3))
+    records, skipped = load_all(pilot)
+    assert skipped == []
+    assert [r.label for r in records] == [lab for lab in LABELS for _ in range(3)]
+    r = records[0]
+    assert r.id == r.text == r.source == "data/images/cat/cat-00.png"
+    assert (r.image.width, r.image.height, r.image.mode, r.image.format) == (24, 20, "RGB", "PNG")
+    assert r.image.bytes == (tmp_path / r.text).stat().st_size
+    assert len(r.image.thumb) == 16 * 16
+
+
+def test_jsonl_layout_reads_image_paths_and_labels(tmp_path):
+    pilot = load_pilot(image_pilot(tmp_path, per_label=2, layout="jsonl"))
+    records, _ = load_all(pilot)
+    assert [r.id for r in records[:2]] == ["cat-0", "cat-1"]
+    assert records[0].source == "data/images.jsonl:1" and records[0].image.format == "PNG"
+
+
+def _pilot_with(tmp_path: Path, on_error: str, bad: dict[str, bytes | None]) -> object:
+    folder = image_pilot(tmp_path, per_label=2)
+    for rel, content in bad.items():
+        p = folder / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        if content is None:
+            continue
+        p.write_bytes(content)
+    return load_pilot(folder, sets=[f"data.on_error={on_error}"])
+
+
+def _png(img: Image.Image) -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    img.save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def test_a_corrupt_png_stops_the_load_naming_the_file(tmp_path):
+    pilot = _pilot_with(tmp_path, "fail", {"data/images/dog/bad.png": b"\x89PNG\r\n\x1a\nnot"})
+    with pytest.raises(UsageError, match=r"data/images/dog/bad.png.*not an image Pillow can read"):
+        load_all(pilot)
+
+
+def test_under_skip_bad_files_are_counted_with_the_reason(tmp_path):
+    whole = _png(noise(7, (40, 40)))
+    pilot = _pilot_with(
+        tmp_path,
+        "skip",
+        {
+            "data/images/dog/truncated.png": whole[: len(whole) // 2],
+            "data/images/dog/empty.png": b"",
+            "data/images/dog/notes.txt": b"hello",
+            "data/images/wolf/w.png": _png(noise(8)),
+            "data/images/top.png": _png(noise(9)),
+        },
+    )
+    records, skipped = load_all(pilot)
+    assert len(records) == 6
+    why = {Path(s.file).name: s.problem for s in skipped}
+    assert set(why) == {"truncated.png", "empty.png", "notes.txt", "w.png", "top.png"}
+    assert "corrupt or truncated" in why["truncated.png"]
+    assert "empty (0 bytes)" in why["empty.png"]
+    assert "not an image file extension" in why["notes.txt"]
+    assert "folder 'wolf' is not one of the task labels" in why["w.png"]
+    assert "top of an image folder" in why["top.png"]
+
+
+def test_a_decompression_bomb_is_refused_from_its_header(tmp_path):
+    path = tmp_path / "big.png"
+    Image.new("L", (3000, 3000)).save(path)  # 9 Mpx of zeros: a few kB on disk
+    assert path.stat().st_size < 100_000
+    with pytest.raises(BadRow, match=r"3000x3000 = 9000000 pixels, over task.image.max_pixels"):
+        open_image(path, "big.png", max_pixels=1_000_000)
+
+
+def test_paths_out_of_the_pilot_folder_are_refused(tmp_path):
+    inside = tmp_path / "pilot"
+    inside.mkdir()
+    outside = tmp_path / "secret.png"
+    noise(1).save(outside)
+    os.symlink(outside, inside / "link.png")
+    with pytest.raises(BadRow, match="is a symlink out of the pilot folder"):
+        resolve_image(inside, "link.png")
+    with pytest.raises(BadRow, match="points outside the pilot folder"):
+        resolve_image(inside, "../secret.png")
+    with pytest.raises(BadRow, match="must be relative"):
+        resolve_image(inside, str(outside))
+
+
+def test_pixel_hash_ignores_the_encoding_and_sees_one_pixel(tmp_path):
+    gray = noise(3, mode="L")
+    gray.save(tmp_path / "a.png")
+    gray.convert("RGB").save(tmp_path / "b.bmp")
+    a, _ = open_image(tmp_path / "a.png", "a.png", 10**6)
+    b, _ = open_image(tmp_path / "b.bmp", "b.bmp", 10**6)
+    assert pixel_hash(a) == pixel_hash(b)
+    px = gray.copy()
+    px.putpixel((0, 0), (px.getpixel((0, 0)) + 1) % 256)
+    assert pixel_hash(px) != pixel_hash(gray)
+
+
+def test_perceptual_hash_is_close_for_a_resized_copy_and_far_for_another_image():
+    img = noise(5, (64, 64)).resize((64, 64))
+    smooth = img.resize((16, 16)).resize((64, 64), Image.Resampling.BICUBIC)  # some structure
+    near = smooth.resize((128, 128), Image.Resampling.BILINEAR)
+    other = noise(6, (64, 64)).resize((16, 16)).resize((64, 64), Image.Resampling.BICUBIC)
+    assert bin(perceptual_hash(smooth) ^ perceptual_hash(near)).count("1") <= 4
+    assert bin(perceptual_hash(smooth) ^ perceptual_hash(other)).count("1") >= 16

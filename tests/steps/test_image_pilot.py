@@ -1,0 +1,82 @@
+"""An image pilot through `check`, `data` and `inspect`, as a user runs them (#18's first part)."""
+
+from __future__ import annotations
+
+import shutil
+
+import yaml
+from conftest import run_cli, run_json
+from image_helpers import LABELS, image_pilot, noise
+from PIL import Image
+
+
+def test_data_and_inspect_report_images_per_category(tmp_path):
+    pilot = image_pilot(tmp_path / "p")
+    assert run_cli("check", str(pilot)).returncode == 0
+    d = run_json("data", str(pilot))
+    assert d["n_examples"] == 24 and set(d["per_category"]) == set(LABELS)
+    cat = d["images"]["per_category"]["cat"]
+    assert cat["n"] == 8 and cat["mode"] == {"RGB": 8} and cat["size"] == {"24x20": 8}
+    assert d["transforms"]["size"] == 16 and d["transforms"]["source"] == "defaults"
+    assert d["duplicates"]["counts"]["exact"] == 0 and d["shortcuts"] == []
+    assert d["version"].startswith("dv-")
+
+    r = run_json("inspect", str(pilot), "--per-category", "2")
+    assert r["ok"] is True and r["version"] == d["version"]
+    assert set(r["per_category"]) == set(LABELS)
+    for c in LABELS:
+        entry = r["per_category"][c]
+        assert entry["mode"] == {"RGB": entry["n"]} and entry["width"]["max"] == 24
+        with Image.open(entry["contact_sheet"]) as sheet:
+            assert sheet.format == "PNG" and sheet.height > 2 * 128
+    assert [e["transformed"]["shape"] for e in r["examples"]] == [[3, 16, 16]] * 6
+
+
+def test_a_class_converted_to_rgba_is_warned_about_by_name(tmp_path):
+    pilot = image_pilot(tmp_path / "p")
+    for f in (pilot / "data/images/dog").iterdir():
+        Image.open(f).convert("RGBA").save(f)
+    r = run_json("inspect", str(pilot))
+    assert any("category 'dog' differs from the others in mode" in w for w in r["warnings"])
+    assert {(w["category"], w["property"]) for w in r["shortcuts"]} == {("dog", "mode")}
+    d = run_json("data", str(pilot))
+    assert any("'dog'" in w and "mode" in w for w in d["warnings"])
+
+
+def test_a_corrupt_png_exits_2_naming_the_file_or_is_skipped_and_counted(tmp_path):
+    pilot = image_pilot(tmp_path / "p")
+    (pilot / "data/images/fox/broken.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 40)
+    proc = run_cli("data", str(pilot))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "data/images/fox/broken.png" in proc.stderr
+    d = run_json("data", str(pilot), "--set", "data.on_error=skip")
+    assert [s["file"] for s in d["skipped"]] == ["data/images/fox/broken.png"]
+    assert d["n_examples"] == 24
+
+
+def test_the_same_image_in_train_and_val_is_a_leak(tmp_path):
+    pilot = image_pilot(tmp_path / "p")
+    spec = yaml.safe_load((pilot / "pilot.yaml").read_text())
+    shutil.move(pilot / "data/images", pilot / "data/train")
+    (pilot / "data/val").mkdir()
+    for label in LABELS:
+        (pilot / "data/val" / label).mkdir()
+        for i in range(3):
+            noise(1000 + 10 * LABELS.index(label) + i).save(pilot / f"data/val/{label}/v{i}.png")
+    noise(0).convert("L").save(pilot / "data/val/cat/copy.png")  # cat-00, stored gray
+    Image.open(pilot / "data/train/cat/cat-00.png").save(pilot / "data/val/cat/same.bmp")
+    spec["data"].pop("file")
+    spec["data"]["files"] = {"train": "data/train", "val": "data/val"}
+    (pilot / "pilot.yaml").write_text(yaml.safe_dump(spec))
+    proc = run_cli("data", str(pilot), "--json")
+    assert proc.returncode == 1, proc.stderr
+    assert "train:data/train/cat/cat-00.png ~ val:data/val/cat/same.bmp (exact, 1.00)" in (
+        proc.stderr
+    )
+
+
+def test_verbs_past_inspect_refuse_an_image_pilot_up_front(tmp_path):
+    pilot = image_pilot(tmp_path / "p")
+    proc = run_cli("baseline", str(pilot))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "not available for image pilots yet" in proc.stderr
