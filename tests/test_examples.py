@@ -286,3 +286,56 @@ def test_invoice_variety(invoices: list[dict]) -> None:
     # The invoice date is written in several formats, not only ISO.
     iso_only = sum(r["target"]["date"] in r["text"] for r in invoices)
     assert iso_only < 0.3 * n
+
+
+# --------------------------------------------------------------------------- fashion-items
+
+FASHION_DIR = EXAMPLES / "fashion-items"
+
+
+def _idx(path: Path, arr) -> None:
+    import gzip
+    import struct
+
+    header = struct.pack(">HBB", 0, 0x08, arr.ndim) + struct.pack(f">{arr.ndim}I", *arr.shape)
+    with gzip.open(path, "wb") as f:
+        f.write(header + arr.tobytes())
+
+
+def test_fashion_build_script_writes_a_seeded_subset_per_class(tmp_path: Path) -> None:
+    """build.py on a small IDX source shaped like the Debian package's files."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    labels = np.repeat(np.arange(10, dtype=np.uint8), 5)
+    _idx(tmp_path / "train-images-idx3-ubyte.gz", rng.integers(0, 256, (50, 28, 28), np.uint8))
+    _idx(tmp_path / "train-labels-idx1-ubyte.gz", labels)
+    outs = []
+    for run in ("a", "b"):
+        out = tmp_path / run / "images"
+        subprocess.run(
+            [sys.executable, str(FASHION_DIR / "build.py"), "--source", str(tmp_path),
+             "--per-class", "3", "--out", str(out)],
+            check=True, capture_output=True, timeout=120,
+        )  # fmt: skip
+        outs.append(sorted(p.relative_to(out).as_posix() for p in out.rglob("*.png")))
+    assert outs[0] == outs[1] and len(outs[0]) == 30
+    assert {p.split("/")[0] for p in outs[0]} == set(
+        load_spec_file(FASHION_DIR / "pilot.yaml")[0].task.labels
+    )
+
+
+def test_fashion_example_data_is_balanced_clean_and_without_shortcuts() -> None:
+    from lorapilot.modality import modality_of
+    from lorapilot.spec import load_pilot
+
+    pilot = load_pilot(FASHION_DIR)
+    modality = modality_of(pilot)
+    prepared = modality.prepare()
+    report = modality.data_report(prepared)
+    assert report["n_examples"] == 1000 and report["skipped"] == []
+    assert all(sum(c.values()) == 100 for c in report["per_category"].values())
+    assert report["images"]["all"]["size"] == {"28x28": 1000}
+    assert report["images"]["all"]["mode"] == {"L": 1000}
+    assert report["duplicates"]["counts"]["exact"] == 0 and report["shortcuts"] == []
+    assert report["warnings"] == []

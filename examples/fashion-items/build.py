@@ -51,10 +51,11 @@ def main() -> None:
     ap.add_argument("--per-class", type=int, default=100)
     ap.add_argument("--source", type=Path, default=SOURCE)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path, default=Path(__file__).parent / "data" / "images")
     args = ap.parse_args()
     images = read_idx(args.source / "train-images-idx3-ubyte.gz")
     labels = read_idx(args.source / "train-labels-idx1-ubyte.gz")
-    out = Path(__file__).parent / "data" / "images"
+    out = args.out
     tmp = out.with_name("images.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     rng = np.random.default_rng(args.seed)
