@@ -63,10 +63,56 @@ def one_thread():
     torch.set_num_threads(n)
 
 
+# Verbs run in this process (typer's runner) when a test passes no env or cwd: the same
+# entry point and exit codes without a fresh interpreter's imports (torch, transformers and
+# peft cost 8-10 s a process, most of the suite's time). LORAPILOT_TEST_SUBPROCESS=1 runs
+# every call as a subprocess instead; tests that need a fresh process (signals, environment,
+# a killed run) use subprocess themselves or pass env/cwd.
+IN_PROCESS_VERBS = frozenset(
+    ("check", "data", "inspect", "baseline", "smoke", "probe", "budget", "train", "eval",
+     "export", "compare", "report", "runs", "run", "init", "schema")
+)  # fmt: skip
+
+
+def _in_process(args: tuple[str, ...]) -> subprocess.CompletedProcess:
+    import signal
+
+    import torch
+    from typer.testing import CliRunner
+
+    from lorapilot.cli import app
+
+    threads, environ = torch.get_num_threads(), dict(os.environ)
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        res = CliRunner().invoke(app, list(args), catch_exceptions=True)
+    finally:
+        torch.set_num_threads(threads)
+        os.environ.clear()
+        os.environ.update(environ)
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    stderr = res.stderr
+    if res.exception is not None and not isinstance(res.exception, SystemExit):
+        import traceback
+
+        stderr += "Traceback (in process):\n" + "".join(traceback.format_exception(res.exception))
+    return subprocess.CompletedProcess(["lorapilot", *args], res.exit_code, res.stdout, stderr)
+
+
 def run_cli(
     *args: str, cwd: Path | None = None, env: dict | None = None, timeout: int = 600
 ) -> subprocess.CompletedProcess:
-    """Run `python -m lorapilot ARGS` as a subprocess, the way a user would."""
+    """Run `lorapilot ARGS` the way a user would: in this process when it can (see
+    IN_PROCESS_VERBS), else as `python -m lorapilot ARGS` in a subprocess."""
+    if (
+        env is None
+        and cwd is None
+        and args
+        and args[0] in IN_PROCESS_VERBS
+        and os.environ.get("LORAPILOT_TEST_SUBPROCESS") != "1"
+    ):
+        return _in_process(args)
     return subprocess.run(
         [sys.executable, "-m", "lorapilot", *args],
         capture_output=True,
