@@ -18,6 +18,7 @@ $(BIN)/lorapilot: pyproject.toml
 
 model: $(BIN)/lorapilot
 	$(BIN)/lorapilot model fetch
+	$(BIN)/lorapilot model fetch --image
 
 test: model
 	$(BIN)/python -m pytest -q -x -n 2 --dist loadfile tests

@@ -41,6 +41,14 @@ def default_model_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def image_model_dir() -> Path:
+    """The default image model (EfficientNet-Lite0), fetched by `make test` (or here)."""
+    from lorapilot.image_models import fetch_image_model
+
+    return fetch_image_model().path
+
+
+@pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory, default_model_dir) -> Path:
     """A 2-layer 32-wide random Llama with the real SmolLM2 tokenizer and chat template."""
     from lorapilot.models import make_tiny_model

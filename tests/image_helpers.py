@@ -37,7 +37,13 @@ def image_pilot(tmp: Path, per_label: int = 8, layout: str = "folder", **image) 
         "task": {
             "kind": "image_classification",
             "labels": LABELS,
-            "image": {"size": 16, "normalize": "none", **image},
+            "image": {
+                "size": 16,
+                "resize": "stretch",
+                "crop": "none",
+                "normalize": "none",
+                **image,
+            },
         },
         "data": {
             **data,

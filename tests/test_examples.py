@@ -325,7 +325,7 @@ def test_fashion_build_script_writes_a_seeded_subset_per_class(tmp_path: Path) -
     )
 
 
-def test_fashion_example_data_is_balanced_clean_and_without_shortcuts() -> None:
+def test_fashion_example_data_is_balanced_clean_and_without_shortcuts(image_model_dir) -> None:
     from lorapilot.modality import modality_of
     from lorapilot.spec import load_pilot
 
@@ -339,3 +339,5 @@ def test_fashion_example_data_is_balanced_clean_and_without_shortcuts() -> None:
     assert report["images"]["all"]["mode"] == {"L": 1000}
     assert report["duplicates"]["counts"]["exact"] == 0 and report["shortcuts"] == []
     assert report["warnings"] == []
+    t = report["transforms"]  # size from the spec, the statistics from the model's processor
+    assert (t["size"], t["mean"], t["source"]) == (112, [0.485, 0.456, 0.406], "model")

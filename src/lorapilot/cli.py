@@ -189,13 +189,26 @@ def model_fetch(
     force: Annotated[
         bool, typer.Option("--force", help="Re-make the folder even if its hashes match.")
     ] = False,
+    image: Annotated[
+        bool,
+        typer.Option(
+            "--image", help="The default image model (EfficientNet-Lite0) instead of the text one."
+        ),
+    ] = False,
 ) -> Shown:
-    """Install the default base model (SmolLM2-135M-Instruct) as an HF folder with a hash
-    manifest."""
+    """Install the default base model (SmolLM2-135M-Instruct; with --image EfficientNet-Lite0)
+    as a safetensors folder with a hash manifest."""
     from lorapilot.models import fetch_default_model
 
-    log_console(as_json).print("[dim]checking the default base model...[/]")
-    res = fetch_default_model(force=force)
+    log_console(as_json).print(
+        f"[dim]checking the default {'image' if image else 'base'} model...[/]"
+    )
+    if image:
+        from lorapilot.image_models import fetch_image_model
+
+        res = fetch_image_model(force=force)
+    else:
+        res = fetch_default_model(force=force)
     out = {
         "ok": True,
         "path": str(res.path),

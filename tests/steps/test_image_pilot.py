@@ -17,7 +17,7 @@ def test_data_and_inspect_report_images_per_category(tmp_path):
     assert d["n_examples"] == 24 and set(d["per_category"]) == set(LABELS)
     cat = d["images"]["per_category"]["cat"]
     assert cat["n"] == 8 and cat["mode"] == {"RGB": 8} and cat["size"] == {"24x20": 8}
-    assert d["transforms"]["size"] == 16 and d["transforms"]["source"] == "defaults"
+    assert d["transforms"]["size"] == 16 and d["transforms"]["source"] == "spec"
     assert d["duplicates"]["counts"]["exact"] == 0 and d["shortcuts"] == []
     assert d["version"].startswith("dv-")
 

@@ -141,7 +141,12 @@ def resolve_pipeline(spec: ImageSpec, processor: dict | None) -> ImagePipeline:
             )
         mean, std = _fit(list(mean), channels, "mean"), _fit(list(std), channels, "std")
     resample = _RESAMPLE.get(proc.get("resample", 2), "bilinear")
-    unset = spec.size is None or spec.resize is None or spec.crop is None
+    unset = (
+        spec.size is None
+        or spec.resize is None
+        or spec.crop is None
+        or (spec.normalize == "from_model" and (spec.mean is None or spec.std is None))
+    )
     return ImagePipeline(
         size=int(size),
         resize=resize,
