@@ -683,7 +683,7 @@ def require_text(pilot: Pilot, what: str) -> None:
     if pilot.spec.task.modality == "image":
         raise UsageError(
             f"{pilot.spec_path}: task.kind: image_classification: {what} is not available for "
-            "image pilots yet (only `check`, `data` and `inspect` are)"
+            "image pilots yet (only `check`, `data`, `inspect` and `baseline` are)"
         )
 
 

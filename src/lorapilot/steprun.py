@@ -28,7 +28,7 @@ def record_kwargs(pilot: Pilot, env: dict | None = None) -> dict[str, Any]:
 
 def open_run(pilot: Pilot, kind: str, *, env: dict | None = None, **kwargs: Any):
     """registry.open_run for a step of this pilot (see record_kwargs)."""
-    if kind != "data":
+    if kind not in ("data", "baseline"):
         from lorapilot.models import require_text
 
         require_text(pilot, f"`{kind}`")

@@ -25,6 +25,11 @@ class Modality(Protocol):
         """The message of a check in the report that failed (the verb exits 1), or None."""
         ...
 
+    def baseline(self, *, limit: int | None, progress: bool, log: Any) -> dict[str, Any]:
+        """A `baseline` run: the unadapted model on val (images: a linear probe on the frozen
+        features, fitted on train), outputs and protocol kept."""
+        ...
+
     def inspect(
         self, prepared: PreparedData, split: str, per_category: int, seed: int, out: Path | None
     ) -> dict[str, Any]:

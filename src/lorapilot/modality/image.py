@@ -61,6 +61,21 @@ class ImageModality:
     def failed_check(self, report: dict[str, Any]) -> str | None:
         return None
 
+    def baseline(self, *, limit: int | None, progress: bool, log: Any) -> dict[str, Any]:
+        """A `baseline` run: the frozen base with a linear probe fitted on train, on val."""
+        from lorapilot.evaluate.image_session import evaluate_image_baseline
+        from lorapilot.steprun import open_run
+
+        with open_run(self.pilot, "baseline") as run:
+            prepared = self.prepare()
+            run.record.data_version = prepared.version
+            out = evaluate_image_baseline(
+                self.pilot, run, prepared, self.pipeline, limit=limit, progress=progress,
+                log=log,
+            )  # fmt: skip
+            run.update(**out)
+        return {"run_id": run.id, "status": run.record.status, **out}
+
     def inspect(
         self, prepared: PreparedData, split: str, per_category: int, seed: int, out: Path | None
     ) -> dict[str, Any]:

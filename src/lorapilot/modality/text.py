@@ -32,6 +32,14 @@ class TextModality:
     def failed_check(self, report: dict[str, Any]) -> str | None:
         return None if report["mask_audit"]["ok"] else "the loss-mask audit failed (see mask_audit)"
 
+    def baseline(self, *, limit: int | None, progress: bool, log: Any) -> dict[str, Any]:
+        """The unadapted model on val inside a `baseline` run."""
+        from lorapilot.evaluate.session import evaluate_split
+
+        return evaluate_split(
+            self.pilot, "baseline", split="val", limit=limit, progress=progress, log=log
+        )
+
     def inspect(
         self, prepared: PreparedData, split: str, per_category: int, seed: int, out: Path | None
     ) -> dict[str, Any]:

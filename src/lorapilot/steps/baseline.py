@@ -3,12 +3,13 @@ evaluation protocol kept, so every adapter is compared with the same procedure."
 
 from __future__ import annotations
 
-from lorapilot.evaluate.session import evaluate_split
+from lorapilot.modality import modality_of
 from lorapilot.spec import Pilot
 
 
 def run_baseline(
     pilot: Pilot, *, limit: int | None = None, progress: bool = True, log=None
 ) -> dict:
-    """Evaluate the base model on val inside a `baseline` run."""
-    return evaluate_split(pilot, "baseline", split="val", limit=limit, progress=progress, log=log)
+    """Evaluate the base model on val inside a `baseline` run (images: a linear probe on the
+    frozen features, fitted on train)."""
+    return modality_of(pilot).baseline(limit=limit, progress=progress, log=log)
