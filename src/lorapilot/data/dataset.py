@@ -83,6 +83,11 @@ def source_hashes(pilot: Pilot, datasets_only: bool = False) -> dict[str, str]:
             if saved_kind(path):
                 out[rel] = arrow_hash(saved_tables(path, rel, key, split))
                 continue
+            if not datasets_only:  # an image folder: every file's path and bytes
+                files = sorted(p for p in path.rglob("*") if p.is_file())
+                out[rel] = sha256_json([[p.relative_to(path).as_posix(), sha256_file(p)]
+                                        for p in files])  # fmt: skip
+            continue
         if not datasets_only:
             out[rel] = sha256_file(path)
     return out
