@@ -89,6 +89,15 @@ class ResolvedModel:
     source: Literal["default", "local", "hf_cache"]
     weights_format: Literal["safetensors", "pickle"] = "safetensors"
 
+    def record(self) -> dict[str, Any]:
+        """The base as run records and results name it."""
+        return {
+            "id": self.id,
+            "path": str(self.path),
+            "revision": self.revision,
+            "sha256": self.weights_sha256,
+        }
+
 
 # --- hashing and manifests ---------------------------------------------------------------
 
@@ -410,6 +419,16 @@ def _looks_like_path(base: str) -> bool:
     return base.startswith(("/", "./", "../", "~", ".\\")) or base.count("/") > 1 or "\\" in base
 
 
+# alias -> (id, what, folder, the command that installs it)
+_DEFAULTS: dict[str, tuple[str, str, Callable[[], Path], str]] = {
+    **{
+        a: (DEFAULT_MODEL, "base", default_model_dir, "lorapilot model fetch")
+        for a in DEFAULT_ALIASES
+    },
+    IMAGE_DEFAULT: (IMAGE_DEFAULT, "image", image_default_dir, "lorapilot model fetch --image"),
+}
+
+
 def resolve_base(
     base: str,
     revision: str | None = None,
@@ -427,24 +446,17 @@ def resolve_base(
     base = base.strip()
     if not base:
         raise UsageError("base model is empty")
-    if base in DEFAULT_ALIASES:
-        path = default_model_dir()
+    default = _DEFAULTS.get(base)
+    if default is not None:
+        name, what, folder, fetch = default
+        path = folder()
         if not (path / MANIFEST).is_file() or not (path / "config.json").is_file():
             raise UsageError(
-                f"the default base model {DEFAULT_MODEL} is not on this machine ({path}); "
-                "run `lorapilot model fetch` first"
+                f"the default {what} model {name} is not on this machine ({path}); "
+                f"run `{fetch}` first"
             )
         fmt, files = _weights_of(path, allow_pickle, str(path))
-        return ResolvedModel(path, DEFAULT_MODEL, None, _pin(path, files), "default", fmt)
-    if base == IMAGE_DEFAULT:
-        path = image_default_dir()
-        if not (path / MANIFEST).is_file() or not (path / "config.json").is_file():
-            raise UsageError(
-                f"the default image model {IMAGE_DEFAULT} is not on this machine ({path}); "
-                "run `lorapilot model fetch --image` first"
-            )
-        fmt, files = _weights_of(path, allow_pickle, str(path))
-        return ResolvedModel(path, IMAGE_DEFAULT, None, _pin(path, files), "default", fmt)
+        return ResolvedModel(path, name, None, _pin(path, files), "default", fmt)
 
     root = Path(root) if root is not None else Path.cwd()
     candidate = Path(base).expanduser()

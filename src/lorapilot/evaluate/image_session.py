@@ -162,12 +162,7 @@ def evaluate_image_baseline(
         "eval_protocol": protocol["eval_protocol"],
         "protocol": protocol,
         "data_version": prepared.version,
-        "base": {
-            "id": resolved.id,
-            "path": str(resolved.path),
-            "revision": resolved.revision,
-            "sha256": resolved.weights_sha256,
-        },
+        "base": resolved.record(),
         "adapter": None,
         "seconds": round(seconds, 3),
         "examples_per_s": round((len(train) + len(val)) / max(seconds, 1e-9), 3),

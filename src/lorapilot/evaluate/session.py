@@ -106,12 +106,7 @@ def evaluate_split(
             "peak_memory_bytes": result.peak_memory_bytes,
             "protocol": protocol,
             "data_version": prepared.version,
-            "base": {
-                "id": resolved.id,
-                "path": str(resolved.path),
-                "revision": resolved.revision,
-                "sha256": resolved.weights_sha256,
-            },
+            "base": resolved.record(),
             "adapter": str(adapter_dir) if adapter_dir else None,
             "seconds": round(result.seconds, 3),
             "examples_per_s": round(result.examples_per_s, 3),

@@ -130,13 +130,7 @@ def run_train(
             model, spec.adapter, seed=spec.train.seed,
             grad_checkpointing=spec.train.grad_checkpointing,
         )  # fmt: skip
-        base_info = {
-            "id": resolved.id,
-            "path": str(resolved.path),
-            "revision": resolved.revision,
-            "sha256": resolved.weights_sha256,
-            "source": resolved.source,
-        }
+        base_info = {**resolved.record(), "source": resolved.source}
         # The exact base: the adapter learned against these weights quantized this way.
         base_identity = identity(resolved.weights_sha256, spec.model.quantization)
         run.update(
