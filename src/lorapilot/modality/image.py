@@ -120,9 +120,14 @@ class ImageModality:
             caption = f"{rec.id[-28:]} {meta.width}x{meta.height} {meta.mode}"
             rows.setdefault(rec.category, []).append((img, shown, caption))
         per_category = {}
+        used: set[str] = set()
         for cat, cat_rows in sorted(rows.items()):
             sheet = contact_sheet(cat_rows, f"{cat} ({split}): original | model input")
-            path = out / f"contact-{_safe(cat)}.png"
+            name = _safe(cat)
+            while name in used:  # two labels with the same file-safe name ("a b", "a_b")
+                name += "_"
+            used.add(name)
+            path = out / f"contact-{name}.png"
             buf = io.BytesIO()
             sheet.save(buf, format="PNG")
             atomic_write_bytes(path, buf.getvalue())
