@@ -33,6 +33,13 @@ def test_data_and_inspect_report_images_per_category(tmp_path):
             assert sheet.format == "PNG" and sheet.height > 2 * 128
     assert [e["transformed"]["shape"] for e in r["examples"]] == [[3, 16, 16]] * 6
 
+    rep = run_json("report", str(pilot))
+    html = Path(rep["html"]).read_text()
+    assert "Images per category (all splits)" in html
+    for c in LABELS:  # the contact sheets travel inside the one HTML file
+        assert f'alt="contact sheet: {c}"' in html
+    assert "Images per category" in Path(rep["markdown"]).read_text()
+
 
 def test_a_class_converted_to_rgba_is_warned_about_by_name(tmp_path):
     pilot = image_pilot(tmp_path / "p")

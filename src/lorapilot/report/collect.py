@@ -267,6 +267,10 @@ def collect(pilot: Pilot) -> dict:
         "test": test,
         "test_ledger": ledger,
         "curves": curves,
+        # images: what `inspect` last drew (originals beside what the model sees)
+        "contact_sheets": sorted(str(p) for p in (pilot.dir / "inspect").glob("contact-*.png"))
+        if spec.task.modality == "image"
+        else [],
         "limitations": limitations(
             pilot, rows, chosen, ledger, latest["data"] and latest["data"].result
         ),

@@ -202,3 +202,17 @@ def length_histogram(data: Mapping | None) -> str | None:
     ax.legend(fontsize="small", ncol=4, loc="upper center")
     ax.grid(axis="y", alpha=0.3)
     return _png(fig)
+
+
+def png_file(path: str) -> str | None:
+    """A PNG written by lorapilot (an `inspect` contact sheet) as a data URI, or None when
+    the file is gone or is not a PNG."""
+    from pathlib import Path
+
+    try:
+        data = Path(path).read_bytes()
+    except OSError:
+        return None
+    if not data.startswith(b"\x89PNG\r\n\x1a\n"):
+        return None
+    return "data:image/png;base64," + base64.b64encode(data).decode("ascii")

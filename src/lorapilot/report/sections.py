@@ -317,6 +317,8 @@ def _data(s: dict) -> list:
                 [[c, *(fmt((n or {}).get(sp, 0)) for sp in cols)] for c, n in per.items()],
             ),
         ]
+    if isinstance(d.get("images"), dict):
+        out += _images(d, s.get("contact_sheets") or [])
     out.append(Sub("Duplicates and leaks"))
     counts = dups.get("counts") or {}
     cross = dups.get("cross_split") or []
@@ -400,6 +402,65 @@ def _data(s: dict) -> list:
                 "distribution: the bars show those three figures; the dotted line is max_length.",
             ),
         ]
+    return out
+
+
+def _images(d: dict, sheets: list[str]) -> list:
+    """Image pilots: properties per category, the shortcut warnings, the transforms, and the
+    contact sheets `inspect` drew."""
+    per = (d.get("images") or {}).get("per_category") or {}
+
+    def rng(v: Any) -> str:
+        if not isinstance(v, dict):
+            return "-"
+        return (
+            fmt(v.get("min"))
+            if v.get("min") == v.get("max")
+            else (f"{fmt(v.get('min'))}-{fmt(v.get('max'))}")
+        )
+
+    def counts(v: Any) -> str:
+        return ", ".join(f"{k} {n}" for k, n in (v or {}).items()) if isinstance(v, dict) else "-"
+
+    out: list = [
+        Sub("Images per category (all splits)"),
+        Table(
+            ["category", "images", "width", "height", "modes", "formats", "median bytes"],
+            [
+                [
+                    c,
+                    fmt(v.get("n")),
+                    rng(v.get("width")),
+                    rng(v.get("height")),
+                    counts(v.get("mode")),
+                    counts(v.get("format")),
+                    fmt((v.get("bytes") or {}).get("median")),
+                ]
+                for c, v in per.items()
+                if isinstance(v, dict)
+            ],
+        ),  # fmt: skip
+    ]
+    shortcuts = [w for w in d.get("warnings") or [] if "differs from the others" in str(w)]
+    out.append(
+        Items(shortcuts) if shortcuts else Para("No category differs from the others in size, "
+                                                "mode, format or file size.")
+    )  # fmt: skip
+    t = d.get("transforms")
+    if isinstance(t, dict):
+        out.append(
+            KV([(k, ", ".join(map(str, v)) if isinstance(v, list) else v) for k, v in t.items()])
+        )
+    for path in sheets:
+        name = path.rsplit("/", 1)[-1].removeprefix("contact-").removesuffix(".png")
+        out.append(
+            Image(
+                partial(plots.png_file, path),
+                f"contact sheet: {name}",
+                f"{name}: sampled originals (left) beside what the model sees (right), as "
+                "`lorapilot inspect` drew them",
+            )
+        )
     return out
 
 
