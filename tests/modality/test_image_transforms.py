@@ -31,8 +31,10 @@ def test_unset_keys_come_from_the_processor_and_spec_keys_win():
     )
     q = resolve_pipeline(ImageSpec(size=20, resize="pad", crop="center", mean=[0.1, 0.2, 0.3]), VIT)
     assert (q.size, q.resize, q.mean, q.std, q.source) == (
-        20, "pad", (0.1, 0.2, 0.3), (0.5, 0.5, 0.5), "spec",
+        20, "pad", (0.1, 0.2, 0.3), (0.5, 0.5, 0.5), "model",  # std from the processor
     )  # fmt: skip
+    full = ImageSpec(size=20, resize="pad", crop="none", mean=[0.1] * 3, std=[0.2] * 3)
+    assert resolve_pipeline(full, VIT).source == "spec"
 
 
 def test_what_nobody_states_is_an_error_naming_the_key():
