@@ -117,6 +117,7 @@ def test_the_cli_only_dispatches_to_steps():
         "lorapilot.errors",
         "lorapilot.spec",
         "lorapilot.models",
+        "lorapilot.image_models",  # `model fetch --image`, as `model fetch` uses models
         "lorapilot.scaffold",
     }
     deps = import_graph()["lorapilot.cli"]
