@@ -56,6 +56,32 @@ def resolve_image(pilot_dir: Path, rel: str) -> Path:
 
 def open_image(path: Path, shown: str, max_pixels: int) -> tuple[Any, ImageMeta]:
     """Decode one file -> (the PIL image, loaded, first frame; its ImageMeta)."""
+    img, data = _decode(path, shown, max_pixels)
+    meta = ImageMeta(
+        width=img.width,
+        height=img.height,
+        mode=img.mode,
+        format=img.format or "?",
+        bytes=len(data),
+        sha256=hashlib.sha256(data).hexdigest(),
+        pixel_hash=pixel_hash(img),
+        phash=perceptual_hash(img),
+        thumb=thumbnail(img),
+    )
+    return img, meta
+
+
+def load_record_image(pilot_dir: Path, record: Record, max_pixels: int) -> Any:
+    """A record's image again, for the model or a contact sheet, checked as at load time but
+    not re-hashed; a file that changed on disk since `data` read it is a UsageError."""
+    try:
+        return _decode(resolve_image(pilot_dir, record.text), record.text, max_pixels)[0]
+    except BadRow as e:
+        raise UsageError(f"{record.source}: {e}") from None
+
+
+def _decode(path: Path, shown: str, max_pixels: int) -> tuple[Any, bytes]:
+    """The checks of every image file, then its first frame, loaded -> (image, file bytes)."""
     Image = _pil()
     size = path.stat().st_size
     if size == 0:
@@ -76,7 +102,6 @@ def open_image(path: Path, shown: str, max_pixels: int) -> tuple[Any, ImageMeta]
                     f"image {shown!r} is {w}x{h} = {w * h} pixels, over task.image.max_pixels="
                     f"{max_pixels} (a decompression bomb, or raise the limit)"
                 )
-            fmt = img.format or "?"
             img.load()
     except BadRow:
         raise
@@ -88,18 +113,7 @@ def open_image(path: Path, shown: str, max_pixels: int) -> tuple[Any, ImageMeta]
         ) from None
     except (OSError, SyntaxError, ValueError, EOFError) as e:
         raise BadRow(f"image {shown!r} is corrupt or truncated: {e}") from None
-    meta = ImageMeta(
-        width=w,
-        height=h,
-        mode=img.mode,
-        format=fmt,
-        bytes=size,
-        sha256=hashlib.sha256(data).hexdigest(),
-        pixel_hash=pixel_hash(img),
-        phash=perceptual_hash(img),
-        thumb=thumbnail(img),
-    )
-    return img, meta
+    return img, data
 
 
 def pixel_hash(img: Any) -> str:

@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from lorapilot.data.images import open_image, resolve_image
-from lorapilot.data.rows import BadRow, Record
+from lorapilot.data.images import load_record_image
+from lorapilot.data.rows import Record
 from lorapilot.errors import UsageError
 from lorapilot.evaluate.linear_probe import L2, MAX_ITER, fit_linear_probe
 from lorapilot.evaluate.metrics import classification_metrics
@@ -52,16 +52,8 @@ def load_image_base(pilot: Pilot) -> tuple[Any, Any]:
 def image_batch(pilot: Pilot, pipe: ImagePipeline, records: list[Record]) -> np.ndarray:
     """The model inputs of `records`, (n, channels, size, size) float32."""
     assert pilot.spec.task.image is not None
-    out = []
-    for r in records:
-        try:
-            img, _ = open_image(
-                resolve_image(pilot.dir, r.text), r.text, pilot.spec.task.image.max_pixels
-            )
-        except BadRow as e:  # changed on disk since `data` read it
-            raise UsageError(f"{r.source}: {e}") from None
-        out.append(pipe(img))
-    return np.stack(out)
+    limit = pilot.spec.task.image.max_pixels
+    return np.stack([pipe(load_record_image(pilot.dir, r, limit)) for r in records])
 
 
 def features(

@@ -13,9 +13,8 @@ import numpy as np
 
 from lorapilot.data.audit import sample_per_category
 from lorapilot.data.dataset import PreparedData, prepare_image_data
-from lorapilot.data.images import open_image, resolve_image
+from lorapilot.data.images import load_record_image
 from lorapilot.data.imagestats import describe_shortcut, image_stats, shortcut_warnings
-from lorapilot.data.rows import BadRow
 from lorapilot.data.summary import shared_report
 from lorapilot.errors import UsageError
 from lorapilot.fsutil import atomic_write_bytes
@@ -90,12 +89,9 @@ class ImageModality:
         rows: dict[str, list] = {}
         examples = []
         for rec in sample_per_category(recs, per_category, seed):
-            try:
-                img, meta = open_image(
-                    resolve_image(self.pilot.dir, rec.text), rec.text, pipe_max(self.pilot)
-                )
-            except BadRow as e:  # changed on disk since `data` read it
-                raise UsageError(f"{rec.source}: {e}") from None
+            assert rec.image is not None  # read and checked by `prepare`
+            meta = rec.image
+            img = load_record_image(self.pilot.dir, rec, self.pilot.spec.task.image.max_pixels)
             x = pipe(img)
             shown = pipe.view(x)
             examples.append(
@@ -145,11 +141,6 @@ class ImageModality:
             "warnings": [describe_shortcut(w) for w in shortcuts],
             "shortcuts": shortcuts,
         }
-
-
-def pipe_max(pilot: Pilot) -> int:
-    assert pilot.spec.task.image is not None
-    return pilot.spec.task.image.max_pixels
 
 
 def _safe(name: str) -> str:
