@@ -39,6 +39,13 @@ CLEANING_RULES = (
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
+def _known_names(names: list[str], known: tuple[str, ...], what: str) -> list[str]:
+    for name in names:
+        if name not in known:
+            raise ValueError(f"unknown {what} {name!r}; known: {', '.join(known)}")
+    return names
+
+
 class _Strict(BaseModel):
     """Unknown keys are errors: a typo in a pre-registered criterion must not pass silently.
     Every float must be finite: `.inf`/`.nan` (YAML) or `inf` (--set) would validate as a
@@ -187,10 +194,7 @@ class ImageSpec(_Strict):
     @field_validator("augment")
     @classmethod
     def _augments(cls, v: list[str]) -> list[str]:
-        for name in v:
-            if name not in IMAGE_AUGMENTS:
-                raise ValueError(f"unknown augment {name!r}; known: {', '.join(IMAGE_AUGMENTS)}")
-        return v
+        return _known_names(v, IMAGE_AUGMENTS, "augment")
 
     @model_validator(mode="after")
     def _stats(self) -> ImageSpec:
@@ -523,12 +527,7 @@ class DataSpec(_Strict):
     @field_validator("cleaning")
     @classmethod
     def _rules(cls, v: list[str]) -> list[str]:
-        for rule in v:
-            if rule not in CLEANING_RULES:
-                raise ValueError(
-                    f"unknown cleaning rule {rule!r}; known: {', '.join(CLEANING_RULES)}"
-                )
-        return v
+        return _known_names(v, CLEANING_RULES, "cleaning rule")
 
     @model_validator(mode="after")
     def _one_source(self) -> DataSpec:
