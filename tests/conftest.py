@@ -49,6 +49,24 @@ def image_model_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_vit_dir(tmp_path_factory) -> Path:
+    """A random 2-layer ViT (16x16 images, 8x8 patches, 32 wide) saved as a local
+    AutoModelForImageClassification folder (safetensors, with an image processor config)."""
+    import torch
+    from transformers import ViTConfig, ViTForImageClassification
+
+    path = tmp_path_factory.mktemp("vit") / "model"
+    config = ViTConfig(image_size=16, patch_size=8, hidden_size=32, num_hidden_layers=2,
+                       num_attention_heads=2, intermediate_size=37, num_labels=5)  # fmt: skip
+    torch.manual_seed(0)
+    ViTForImageClassification(config).save_pretrained(path, safe_serialization=True)
+    processor = {"do_resize": True, "size": {"height": 16, "width": 16}, "do_normalize": True,
+                 "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}  # fmt: skip
+    (path / "preprocessor_config.json").write_text(json.dumps(processor))
+    return path
+
+
+@pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory, default_model_dir) -> Path:
     """A 2-layer 32-wide random Llama with the real SmolLM2 tokenizer and chat template."""
     from lorapilot.models import make_tiny_model

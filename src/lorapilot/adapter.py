@@ -17,7 +17,12 @@ from lorapilot.spec import AdapterSpec
 
 
 def build_adapter(
-    model, adapter: AdapterSpec, *, seed: int | None = None, grad_checkpointing: bool = False
+    model,
+    adapter: AdapterSpec,
+    *,
+    seed: int | None = None,
+    grad_checkpointing: bool = False,
+    task_type: str | None = "CAUSAL_LM",
 ) -> tuple[Any, dict]:
     """Attach the spec's adapter. Returns (model to train, info).
 
@@ -55,7 +60,7 @@ def build_adapter(
         lora_dropout=adapter.dropout,
         target_modules=adapter.target_modules,  # "all-linear" is understood by peft itself
         modules_to_save=list(adapter.modules_to_save) or None,
-        task_type="CAUSAL_LM",
+        task_type=task_type,  # None: a plain module (an image classifier)
     )
     try:
         if seed is None:

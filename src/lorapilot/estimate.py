@@ -40,10 +40,8 @@ from lorapilot.budget import (
     plans,
     steps_of,
 )
-from lorapilot.data.dataset import prepare_data
 from lorapilot.errors import CheckFailed, LorapilotError, UsageError
 from lorapilot.fsutil import read_jsonl
-from lorapilot.models import load_tokenizer
 from lorapilot.plan import step_shape, variant_pilots
 from lorapilot.spec import Pilot, variant_label
 
@@ -128,8 +126,9 @@ def data_sizes(pilot: Pilot) -> dict:
     rec = registry.latest_run(pilot.dir, "data")
     if rec is not None and rec.result.get("splits") and rec.config.get("data") == data_section:
         return {**rec.result["splits"], "source": rec.id}
-    _, tok = load_tokenizer(pilot)
-    prepared = prepare_data(pilot, tok, enforce_leakage=False)
+    from lorapilot.modality import modality_of
+
+    prepared = modality_of(pilot).prepare(enforce_leakage=False)
     return {**{s: len(v) for s, v in prepared.splits.items()}, "source": "prepared"}
 
 

@@ -33,12 +33,13 @@ def write_adapter_manifest(
     data_version: str,
     eval_protocol: dict,
     metrics: dict,
-    tokenizer_sha256: str,
-    template_sha256: str,
     adapter_info: dict,
     run_id: str,
     base_identity: dict | None = None,
+    **input_hashes: str,
 ) -> dict:
+    """`input_hashes`: what else the adapter's inputs are pinned by (text: tokenizer_sha256,
+    template_sha256; images: transforms_sha256)."""
     env = environment.snapshot()
     manifest: dict[str, Any] = {
         "manifest_version": 1,
@@ -47,8 +48,7 @@ def write_adapter_manifest(
         "base": base,
         "base_identity": base_identity,
         "needs_quantization": (base_identity or {}).get("quantization"),
-        "tokenizer_sha256": tokenizer_sha256,
-        "template_sha256": template_sha256,
+        **input_hashes,
         "method": adapter_info.get("method"),
         "adapter": {k: v for k, v in adapter_info.items() if k != "trainable_tensors"},
         "spec": spec,

@@ -702,12 +702,13 @@ def image_processor_config(pilot: Pilot) -> dict | None:
 
 
 def require_text(pilot: Pilot, what: str) -> None:
-    """The image path is built as far as `data` and `inspect`; every other verb refuses an
-    image pilot up front instead of reading its image paths as text."""
+    """What is not built for images (export, a text model) refuses an image pilot up front
+    instead of reading its image paths as text."""
     if pilot.spec.task.modality == "image":
         raise UsageError(
             f"{pilot.spec_path}: task.kind: image_classification: {what} is not available for "
-            "image pilots yet (only `check`, `data`, `inspect` and `baseline` are)"
+            "image pilots yet (check, data, inspect, baseline, smoke, probe, budget, train, "
+            "verify, eval, compare, report and run are)"
         )
 
 

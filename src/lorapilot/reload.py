@@ -14,14 +14,12 @@ from typing import Any
 
 from lorapilot import environment
 from lorapilot.compare import protocol_differences
-from lorapilot.data.dataset import formatter_for, prepare_data
-from lorapilot.data.format import template_hash, tokenizer_hash
 from lorapilot.errors import LorapilotError
 from lorapilot.evaluate.records import write_eval_files
-from lorapilot.evaluate.runner import evaluate_records, make_protocol
 from lorapilot.fsutil import atomic_write_json
 from lorapilot.manifest import adapter_files, read_manifest, weights_sha256
-from lorapilot.models import attach_adapter, load_model, quiet_transformers, resolve_base
+from lorapilot.modality import modality_of
+from lorapilot.models import quiet_transformers, resolve_base
 from lorapilot.quantize import identity, identity_differences, require
 from lorapilot.spec import Pilot, PilotSpec
 
@@ -40,6 +38,8 @@ def verify_child(pilot_dir: Path, adapter_dir: Path, out_dir: Path) -> dict:
             )
     spec = PilotSpec.model_validate(manifest["spec"])
     pilot = Pilot(Path(pilot_dir), Path(pilot_dir) / "pilot.yaml", spec, {})
+    modality = modality_of(pilot)
+    problems += modality.adapter_problems(Path(adapter_dir), manifest)  # an image head unsaved
     environment.apply_threads(spec.train.threads)
     m = spec.model
     resolved = resolve_base(m.base, m.revision, root=pilot.dir, allow_pickle=m.allow_pickle)
@@ -73,21 +73,17 @@ def verify_child(pilot_dir: Path, adapter_dir: Path, out_dir: Path) -> dict:
         return result
     if m.quantization is not None:
         require(m.quantization, "the adapter's manifest")
-    model, tok = load_model(resolved, m.dtype, m.trust_remote_code, m.quantization)
-    for what, now, then in (
-        ("tokenizer", tokenizer_hash(tok), manifest["tokenizer_sha256"]),
-        ("chat template", template_hash(tok, spec.task), manifest["template_sha256"]),
-    ):
-        if now != then:
-            problems.append(f"{what} sha256 {now} differs from the one trained with ({then})")
-    model = attach_adapter(model, Path(adapter_dir))
-    prepared = prepare_data(pilot, tok)
+    loaded = modality.load(Path(adapter_dir), manifest)
+    problems += loaded.problems
+    prepared = loaded.prepared
     if prepared.version != manifest["data_version"]:
         problems.append(
             f"data version {prepared.version} differs from the trained one "
             f"({manifest['data_version']})"
         )
-    protocol = make_protocol(spec, tok, prepared)
+    ev, protocol = loaded.evaluate(
+        loaded.model, prepared.splits["val"], label="verify", progress=False
+    )
     if protocol["eval_protocol"] != manifest["eval_protocol"]["eval_protocol"]:
         keys = protocol_differences(manifest["eval_protocol"], protocol)
         problems.append(
@@ -95,16 +91,6 @@ def verify_child(pilot_dir: Path, adapter_dir: Path, out_dir: Path) -> dict:
             f"{manifest['eval_protocol']['eval_protocol']}"
             + (f" (trained vs now: {', '.join(keys)})" if keys else "")
         )
-    ev = evaluate_records(
-        model,
-        tok,
-        formatter_for(pilot, tok),
-        spec,
-        prepared.splits["val"],
-        protocol,
-        progress=False,
-        label="verify",
-    )
     write_eval_files(out_dir, ev)
     result.update(
         ok=not problems,

@@ -22,7 +22,7 @@ from typing import Any
 
 from lorapilot.environment import usable_cores
 from lorapilot.memmeter import PeakMemory
-from lorapilot.train.batches import count_target_tokens
+from lorapilot.train.batches import batch_units, count_target_tokens
 from lorapilot.train.step import train_step
 
 # --------------------------------------------------------------------------- memory
@@ -206,7 +206,7 @@ def measure(
     if device.type == "cuda":
         torch.cuda.empty_cache()
     later = times[warmup:]
-    tokens = int(batch["attention_mask"].sum())
+    tokens = batch_units(batch)[0]  # tokens (text) or images
     out.update(
         first_step_s=times[0] if times else None,
         later_step_s=statistics.median(later) if later else None,

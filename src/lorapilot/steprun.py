@@ -26,9 +26,12 @@ def record_kwargs(pilot: Pilot, env: dict | None = None) -> dict[str, Any]:
     }
 
 
+IMAGE_READY = ("data", "baseline", "smoke", "probe", "eval", "verify")  # run kinds built for images
+
+
 def open_run(pilot: Pilot, kind: str, *, env: dict | None = None, **kwargs: Any):
     """registry.open_run for a step of this pilot (see record_kwargs)."""
-    if kind not in ("data", "baseline"):
+    if kind not in IMAGE_READY:
         from lorapilot.models import require_text
 
         require_text(pilot, f"`{kind}`")

@@ -84,9 +84,9 @@ def test_the_same_image_in_train_and_val_is_a_leak(tmp_path):
     )
 
 
-def test_verbs_past_inspect_refuse_an_image_pilot_up_front(tmp_path):
+def test_verbs_not_built_for_images_refuse_an_image_pilot_up_front(tmp_path):
     pilot = image_pilot(tmp_path / "p")
-    proc = run_cli("smoke", str(pilot))
+    proc = run_cli("probe", str(pilot))
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "not available for image pilots yet" in proc.stderr
 
@@ -99,8 +99,8 @@ def test_baseline_is_a_linear_probe_fitted_on_train_and_scored_on_val(tmp_path, 
     assert set(m["per_category"]) == set(LABELS) and 0 <= m["macro_f1"] <= 1
     assert m["confusion"]["labels"] == LABELS
     assert set(out["random_head_metrics"]) == {"accuracy", "macro_f1", "invalid_rate"}
-    assert out["protocol"]["kind"] == "linear_probe"
-    assert out["protocol"]["fitted_on"] == {"split": "train", "n": 12}
+    assert out["protocol"]["mode"] == "classify" and "probe" not in out["protocol"]
+    assert out["probe"]["fitted_on"] == {"split": "train", "n": 12}
     assert out["base"]["id"] == "efficientnet-lite0" and out["probe"]["iterations"] > 0
     rows = [json.loads(x) for x in Path(out["predictions"]).read_text().splitlines()]
     assert [r["gold"] for r in rows] == [r["category"] for r in rows]

@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from lorapilot.data.dataset import formatter_for, prepare_data
 from lorapilot.errors import UsageError
 from lorapilot.evaluate.records import (
     BASELINE_PREDICTIONS,
@@ -22,8 +21,7 @@ from lorapilot.evaluate.records import (
     write_eval_files,
     write_predictions,
 )
-from lorapilot.evaluate.runner import evaluate_records, make_protocol
-from lorapilot.models import attach_adapter, load_base
+from lorapilot.modality import modality_of
 from lorapilot.spec import Pilot
 from lorapilot.steprun import open_run
 
@@ -49,7 +47,6 @@ def evaluate_split(
     log: Callable[[str], None] | None = None,
 ) -> dict:
     """Evaluate the base (or base + adapter) on a split inside a run of `kind`."""
-    spec = pilot.spec
     if split == "test" and not final:
         raise UsageError(
             "the test split is reserved: use `lorapilot eval PILOT --split test --final`"
@@ -57,41 +54,27 @@ def evaluate_split(
     if split not in ("val", "test"):
         raise UsageError(f"--split {split!r}: must be val or test")
     with open_run(pilot, kind, parent=parent) as run:
-        resolved, model, tok = load_base(pilot)
-        if adapter_dir is not None:
-            model = attach_adapter(model, adapter_dir)
-        prepared = prepare_data(pilot, tok)
+        loaded = modality_of(pilot).load(adapter_dir)
+        resolved, model, prepared = loaded.resolved, loaded.model, loaded.prepared
         run.record.data_version = prepared.version
         records = _limit(prepared.splits[split], limit)
         if not records:
             raise UsageError(f"the {split} split is empty; nothing to evaluate")
-        protocol = make_protocol(spec, tok, prepared)
-        if limit is not None:
-            protocol["limit"] = limit
         if split == "test":
             earlier = record_test_access(pilot.dir, run.id, parent, adapter_dir)
-        fmt = formatter_for(pilot, tok)
-        result = evaluate_records(
-            model,
-            tok,
-            fmt,
-            spec,
-            records,
-            protocol,
-            progress=progress,
-            label=f"{kind} ({split})",
-            log=log,
+        result, protocol = loaded.evaluate(
+            model, records, label=f"{kind} ({split})", progress=progress, log=log
         )
+        if limit is not None:
+            protocol["limit"] = limit
         write_eval_files(run.dir, result)
         base_out = {}
         if split == "test" and adapter_dir is not None:
-            # The base on the same test rows, in the same access (adapter switched off, same
-            # protocol): the test gain is then paired example by example, like validation's.
-            with model.disable_adapter():
-                base_result = evaluate_records(
-                    model, tok, fmt, spec, records, protocol, progress=progress,
-                    label="baseline (test)", log=log,
-                )  # fmt: skip
+            # The base on the same test rows, in the same access (same protocol): the test
+            # gain is then paired example by example, like validation's.
+            base_result = loaded.evaluate_base(
+                records, protocol, label="baseline (test)", progress=progress, log=log
+            )
             write_predictions(run.dir / BASELINE_PREDICTIONS, base_result.predictions)
             base_out = {
                 "baseline_metrics": base_result.metrics,

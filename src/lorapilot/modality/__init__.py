@@ -1,7 +1,8 @@
-"""The one seam where text and image pilots differ: preparing the data (and its report) and
-inspecting examples after the exact preprocessing. Steps ask `modality_of(pilot)` and call
-the same three methods whatever the modality; registry, splits, leakage policy, budget,
-compare, decision and report stay shared."""
+"""The one seam where text and image pilots differ: preparing the data (and its report),
+inspecting examples after the exact preprocessing, the baseline, and the model a train run
+adapts with its data as training sets (`Trainee`). Steps ask `modality_of(pilot)` and call
+the same methods whatever the modality; the training loop, audit, registry, splits, leakage
+policy, budget, compare, decision and report stay shared."""
 
 from __future__ import annotations
 
@@ -9,10 +10,13 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from lorapilot.data.dataset import PreparedData
-from lorapilot.spec import Pilot
+from lorapilot.modality.trainee import Loaded, Trainee
+from lorapilot.spec import AdapterSpec, Pilot
 
 
 class Modality(Protocol):
+    pilot: Pilot
+
     def prepare(self, *, enforce_leakage: bool = True) -> PreparedData:
         """Load, validate, split, find duplicates/leaks, version (deterministic)."""
         ...
@@ -34,6 +38,23 @@ class Modality(Protocol):
         self, prepared: PreparedData, split: str, per_category: int, seed: int, out: Path | None
     ) -> dict[str, Any]:
         """Examples per category after the exact preprocessing (`ok` False: a mismatch)."""
+        ...
+
+    def trainee(
+        self, *, adapter: AdapterSpec | None = None, smoke_per_category: int | None = None
+    ) -> Trainee:
+        """The base with `adapter` (default the spec's) attached, seeded by train.seed, and
+        the data. `smoke_per_category`: train and validate on that many training examples
+        per category instead (the smoke test's memorisation set)."""
+        ...
+
+    def adapter_problems(self, adapter_dir: Path, manifest: dict) -> list[str]:
+        """What in a saved adapter would not reload as trained (images: a missing head)."""
+        ...
+
+    def load(self, adapter_dir: Path | None = None, manifest: dict | None = None) -> Loaded:
+        """The base, with the saved adapter at `adapter_dir` attached; with its `manifest`,
+        the pins beyond the base's weights checked (problems listed, never raised)."""
         ...
 
 

@@ -19,8 +19,9 @@ from lorapilot.data.summary import shared_report
 from lorapilot.errors import UsageError
 from lorapilot.fsutil import atomic_write_bytes
 from lorapilot.modality.image_transforms import ImagePipeline, contact_sheet, resolve_pipeline
+from lorapilot.modality.trainee import Loaded, Trainee
 from lorapilot.models import image_processor_config
-from lorapilot.spec import Pilot
+from lorapilot.spec import AdapterSpec, Pilot
 
 
 class ImageModality:
@@ -141,6 +142,148 @@ class ImageModality:
             "warnings": [describe_shortcut(w) for w in shortcuts],
             "shortcuts": shortcuts,
         }
+
+    def examples(self, records: list, *, augment: bool = False) -> Any:
+        """Records as an `ImageExamples` training set through this pilot's pipeline."""
+        from lorapilot.modality.image_examples import ImageExamples
+
+        task = self.pilot.spec.task
+        assert task.image is not None
+        return ImageExamples(
+            self.pilot.dir, records, self.pipeline, list(task.labels or []), task.image.max_pixels,
+            augment=augment,
+        )  # fmt: skip
+
+    def trainee(
+        self, *, adapter: AdapterSpec | None = None, smoke_per_category: int | None = None
+    ) -> Trainee:
+        """The classifier with a new head (seeded by train.seed), LoRA on the model's default
+        targets unless the spec names them, the head always trained and saved."""
+        from lorapilot.adapter import build_adapter
+        from lorapilot.evaluate.image_predict import evaluate_images, image_protocol
+        from lorapilot.fsutil import sha256_json
+        from lorapilot.modality.image_model import load_image_classifier, lora_targets
+
+        pilot, spec = self.pilot, self.pilot.spec
+        resolved, model = load_image_classifier(pilot)
+        prepared = self.prepare()
+        train_recs, val_recs = prepared.splits["train"], prepared.splits["val"]
+        if smoke_per_category is not None:
+            train_recs = val_recs = sample_per_category(
+                train_recs, smoke_per_category, spec.train.seed
+            )
+        adapter = adapter or spec.adapter
+        if adapter.method == "lora":
+            saved = list(dict.fromkeys([*adapter.modules_to_save, model.head_path]))
+            adapter = adapter.model_copy(
+                update={
+                    "target_modules": lora_targets(model, adapter.target_modules),
+                    "modules_to_save": saved,
+                }
+            )
+        model, info = build_adapter(model, adapter, seed=spec.train.seed, task_type=None)
+        info["head"] = model_head(model)
+        pipe = self.pipeline
+
+        def evaluate(model, records, *, label="eval", progress=True, log=None):
+            protocol = image_protocol(spec, pipe, prepared.version, resolved.weights_sha256)
+            ev = evaluate_images(
+                model, self.examples(records), protocol, progress=progress, label=label, log=log
+            )
+            return ev, protocol
+
+        return Trainee(
+            resolved=resolved,
+            model=model,
+            adapter_info=info,
+            prepared=prepared,
+            train_records=train_recs,
+            train_set=self.examples(train_recs, augment=smoke_per_category is None),
+            val_set=self.examples(val_recs),
+            evaluate=evaluate,
+            manifest_hashes={"transforms_sha256": sha256_json(pipe.to_dict())},
+        )
+
+    def load(self, adapter_dir: Path | None = None, manifest: dict | None = None) -> Loaded:
+        """The classifier with a new head, the saved adapter (and its saved head) on top."""
+        from lorapilot.evaluate.image_predict import evaluate_images, image_protocol
+        from lorapilot.evaluate.image_session import probe_predictions
+        from lorapilot.fsutil import sha256_json
+        from lorapilot.modality.image_model import load_image_classifier
+        from lorapilot.models import attach_adapter
+
+        pilot, spec, pipe = self.pilot, self.pilot.spec, self.pipeline
+        resolved, model = load_image_classifier(pilot)
+        problems = []
+        if manifest is not None:
+            now, then = sha256_json(pipe.to_dict()), manifest.get("transforms_sha256")
+            if now != then:
+                problems.append(
+                    f"image transforms sha256 {now} differ from the ones trained with ({then})"
+                )
+        if adapter_dir is not None:
+            model = attach_adapter(model, Path(adapter_dir))
+        prepared = self.prepare()
+
+        def evaluate(model, records, *, label="eval", progress=True, log=None):
+            protocol = image_protocol(spec, pipe, prepared.version, resolved.weights_sha256)
+            ev = evaluate_images(
+                model, self.examples(records), protocol, progress=progress, label=label, log=log
+            )
+            return ev, protocol
+
+        def evaluate_base(records, protocol, *, label="baseline", progress=True, log=None):
+            ev, _ = probe_predictions(
+                pilot, prepared, pipe, records, protocol, progress=progress, label=label, log=log
+            )
+            return ev
+
+        return Loaded(resolved, model, prepared, evaluate, evaluate_base, problems)
+
+    def adapter_problems(self, adapter_dir: Path, manifest: dict) -> list[str]:
+        """The head must be in the saved adapter: a head left out is re-initialised at random
+        on reload and gives chance accuracy (peft#2171, #577)."""
+        head = (manifest.get("adapter") or {}).get("head")
+        if manifest.get("method") != "lora":
+            return []
+        if not head:
+            return ["the adapter's manifest names no classification head (adapter.head)"]
+        return saved_head_problems(adapter_dir, head)
+
+
+def saved_head_problems(adapter_dir: Path, head: str) -> list[str]:
+    """Why the saved adapter would not restore the classification head (empty: it would)."""
+    import json
+
+    from safetensors import safe_open
+
+    problems = []
+    try:
+        config = json.loads((adapter_dir / "adapter_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        return [f"{adapter_dir / 'adapter_config.json'}: not readable ({e})"]
+    saved = config.get("modules_to_save") or []
+    if config.get("peft_type") == "LORA" and head not in saved:
+        problems.append(
+            f"the classification head {head} is not in the adapter's modules_to_save "
+            f"({saved}): it would be re-initialised at random on reload"
+        )
+    weights = adapter_dir / "adapter_model.safetensors"
+    if weights.is_file():
+        with safe_open(str(weights), "pt") as f:
+            keys = list(f.keys())
+        if not any(f".{head}." in f".{k}" for k in keys):
+            problems.append(
+                f"the classification head {head} is missing from {weights.name}: reloaded, it "
+                "would be a new random head (chance accuracy)"
+            )
+    return problems
+
+
+def model_head(model: Any) -> str:
+    """The classification head's module path in the base (what verify looks for)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return base.head_path
 
 
 def _safe(name: str) -> str:

@@ -11,8 +11,9 @@ from typing import Any
 from lorapilot.data.audit import example_view, sample_per_category
 from lorapilot.data.dataset import PreparedData, encode_records, formatter_for, prepare_data
 from lorapilot.data.summary import data_report
+from lorapilot.modality.trainee import Loaded, Trainee
 from lorapilot.models import load_tokenizer
-from lorapilot.spec import Pilot
+from lorapilot.spec import AdapterSpec, Pilot
 
 
 class TextModality:
@@ -57,3 +58,99 @@ class TextModality:
             "categories": sorted({r.category for r in recs}),
             "examples": views,
         }
+
+    def trainee(
+        self, *, adapter: AdapterSpec | None = None, smoke_per_category: int | None = None
+    ) -> Trainee:
+        """The base and tokenizer, the prompts encoded with their loss masks, LoRA attached."""
+        from lorapilot.adapter import build_adapter
+        from lorapilot.data.format import template_hash, tokenizer_hash
+        from lorapilot.evaluate.runner import evaluate_records, make_protocol
+        from lorapilot.models import load_base, pad_id_of
+        from lorapilot.train.examples import TextExamples
+
+        pilot, spec = self.pilot, self.pilot.spec
+        resolved, model, tok = load_base(pilot)
+        prepared = prepare_data(pilot, tok)
+        fmt = formatter_for(pilot, tok)
+        train_recs, val_recs = prepared.splits["train"], prepared.splits["val"]
+        if smoke_per_category is not None:
+            train_recs = val_recs = sample_per_category(
+                train_recs, smoke_per_category, spec.train.seed
+            )
+        pad_id = pad_id_of(tok)
+
+        def examples(records: list) -> TextExamples:
+            return TextExamples(
+                encode_records(fmt, spec.task, records, prepared.answer_budget), pad_id
+            )
+
+        train_set, val_set = examples(train_recs), examples(val_recs)
+        model, info = build_adapter(
+            model, adapter or spec.adapter, seed=spec.train.seed,
+            grad_checkpointing=spec.train.grad_checkpointing,
+        )  # fmt: skip
+
+        def evaluate(model, records, *, label="eval", progress=True, log=None):
+            protocol = make_protocol(spec, tok, prepared)
+            ev = evaluate_records(
+                model, tok, fmt, spec, records, protocol, progress=progress, label=label, log=log
+            )
+            return ev, protocol
+
+        return Trainee(
+            resolved=resolved,
+            model=model,
+            adapter_info=info,
+            prepared=prepared,
+            train_records=train_recs,
+            train_set=train_set,
+            val_set=val_set,
+            evaluate=evaluate,
+            manifest_hashes={
+                "tokenizer_sha256": tokenizer_hash(tok),
+                "template_sha256": template_hash(tok, spec.task),
+            },
+        )
+
+    def adapter_problems(self, adapter_dir: Path, manifest: dict) -> list[str]:
+        return []  # the tokenizer, template and files are checked where they are loaded
+
+    def load(self, adapter_dir: Path | None = None, manifest: dict | None = None) -> Loaded:
+        from lorapilot.data.format import template_hash, tokenizer_hash
+        from lorapilot.evaluate.runner import evaluate_records, make_protocol
+        from lorapilot.models import attach_adapter, load_base
+
+        pilot, spec = self.pilot, self.pilot.spec
+        resolved, model, tok = load_base(pilot)
+        problems = []
+        if manifest is not None:
+            for what, now, then in (
+                ("tokenizer", tokenizer_hash(tok), manifest.get("tokenizer_sha256")),
+                ("chat template", template_hash(tok, spec.task), manifest.get("template_sha256")),
+            ):
+                if now != then:
+                    problems.append(
+                        f"{what} sha256 {now} differs from the one trained with ({then})"
+                    )
+        if adapter_dir is not None:
+            model = attach_adapter(model, Path(adapter_dir))
+        prepared = prepare_data(pilot, tok)
+        fmt = formatter_for(pilot, tok)
+
+        def evaluate(model, records, *, label="eval", progress=True, log=None):
+            protocol = make_protocol(spec, tok, prepared)
+            ev = evaluate_records(
+                model, tok, fmt, spec, records, protocol, progress=progress, label=label, log=log
+            )
+            return ev, protocol
+
+        def evaluate_base(records, protocol, *, label="baseline", progress=True, log=None):
+            # the adapter switched off: the same model, the same protocol, the same rows
+            with model.disable_adapter():
+                return evaluate_records(
+                    model, tok, fmt, spec, records, protocol, progress=progress, label=label,
+                    log=log,
+                )  # fmt: skip
+
+        return Loaded(resolved, model, prepared, evaluate, evaluate_base, problems)

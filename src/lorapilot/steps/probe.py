@@ -159,7 +159,11 @@ def run_probe(
             variant=pilot.variant,
             step_shape=step_shape(pilot.spec.model_dump(mode="json")),
         )
-        if estimate_only:
+        if pilot.spec.task.modality == "image":  # one step shape; no memory model yet
+            from lorapilot.modality.image_probe import probe_images
+
+            out = probe_images(pilot, run, steps=steps, warmup=warmup, progress=progress, log=log)
+        elif estimate_only:
             out = _estimate_only(pilot, run, started, log)
         else:
             out = _measured(

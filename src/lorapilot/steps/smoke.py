@@ -3,20 +3,14 @@ wiring (labels aligned, loss mask right, eval prompt = training prompt), not qua
 
 from __future__ import annotations
 
-from lorapilot.adapter import build_adapter
-from lorapilot.data.audit import sample_per_category
-from lorapilot.data.dataset import encode_records, formatter_for, prepare_data
-from lorapilot.evaluate.runner import evaluate_records, make_protocol
-from lorapilot.models import load_base, pad_id_of
+from lorapilot.modality import modality_of
 from lorapilot.precision import autocast, resolve
 from lorapilot.spec import Pilot
 from lorapilot.steprun import open_run
-from lorapilot.train.batches import collate
 from lorapilot.train.loop import train
-from lorapilot.train.step import greedy_reproduces
 
-PASS_LOSS = 0.1  # mean loss per target token on the memorised examples after training
-STOP_LOSS = 0.01  # below this a step asks whether greedy decoding already writes every target
+PASS_LOSS = 0.1  # mean loss per target (token, or image) on the memorised examples after training
+STOP_LOSS = 0.01  # below this a step asks whether the model already gives every target
 
 
 def run_smoke(
@@ -30,21 +24,18 @@ def run_smoke(
 ) -> dict:
     """Overfit a few examples per category through the real training and evaluation code.
 
-    It proves wiring (labels aligned, mask right, eval prompt = training prompt), not
-    quality: a correct pipeline memorises a dozen examples in a few dozen steps.
+    It proves wiring (labels aligned, mask right, eval prompt = training prompt; for images
+    the labels and the head), not quality: a correct pipeline memorises a dozen examples in a
+    few dozen steps.
     """
     spec = pilot.spec
     with open_run(pilot, "smoke") as run:
-        _, model, tok = load_base(pilot)
-        prepared = prepare_data(pilot, tok)
-        run.record.data_version = prepared.version
-        fmt = formatter_for(pilot, tok)
-        records = sample_per_category(prepared.splits["train"], per_category, spec.train.seed)
-        examples = encode_records(fmt, spec.task, records, prepared.answer_budget)
-        pad_id = pad_id_of(tok)
-        model, _ = build_adapter(
-            model, spec.adapter.model_copy(update={"dropout": 0.0}), seed=spec.train.seed
+        tr = modality_of(pilot).trainee(
+            adapter=spec.adapter.model_copy(update={"dropout": 0.0}),
+            smoke_per_category=per_category,
         )
+        run.record.data_version = tr.prepared.version
+        model, records, examples = tr.model, tr.train_records, tr.train_set
         cfg = spec.train.model_copy(
             update={
                 "max_steps": max_steps,
@@ -61,11 +52,10 @@ def run_smoke(
         precision = resolve(spec.eval.precision, next(model.parameters()).device.type)
 
         def memorised(rec: dict) -> bool:
-            """Overfit: greedy decoding writes every target; steps beyond prove nothing. A
-            low mean loss alone can hide one wrong token of a long JSON answer."""
-            return rec["loss"] < STOP_LOSS and _writes_every_target(
-                model, examples, pad_id, precision
-            )
+            """Overfit: the model gives every target (greedy decoding writes every answer
+            token); steps beyond prove nothing. A low mean loss alone can hide one wrong
+            token of a long JSON answer."""
+            return rec["loss"] < STOP_LOSS and _reproduces_all(model, examples, precision)
 
         result = train(
             model,
@@ -73,15 +63,11 @@ def run_smoke(
             examples,
             cfg,
             run.dir,
-            pad_id=pad_id,
             stop_when=memorised,
             progress=progress,
             log=log,
         )
-        protocol = make_protocol(spec, tok, prepared)
-        ev = evaluate_records(
-            model, tok, fmt, spec, records, protocol, progress=progress, label="smoke eval"
-        )
+        ev, _ = tr.evaluate(model, records, label="smoke eval", progress=progress)
         n_correct = sum(bool(r["correct"]) for r in ev.predictions)
         final_loss = result.final_val_loss
         ok = final_loss < PASS_LOSS and n_correct == len(records)
@@ -101,15 +87,15 @@ def run_smoke(
     return {"run_id": run.id, "status": run.record.status, **out}
 
 
-def _writes_every_target(model, examples, pad_id: int, precision: str, batch: int = 16) -> bool:
+def _reproduces_all(model, examples, precision: str, batch: int = 16) -> bool:
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
     try:
         with autocast(device.type, precision):
             for i in range(0, len(examples), batch):
-                rows = collate(examples[i : i + batch], pad_id)
-                if not greedy_reproduces(model, {k: v.to(device) for k, v in rows.items()}).all():
+                rows = examples.collate(range(i, min(i + batch, len(examples))))
+                if not examples.reproduces(model, {k: v.to(device) for k, v in rows.items()}).all():
                     return False
         return True
     finally:

@@ -14,16 +14,12 @@ import time
 from pathlib import Path
 
 from lorapilot import registry, tracking
-from lorapilot.adapter import build_adapter
 from lorapilot.budget import limit_checks
-from lorapilot.data.dataset import encode_records, formatter_for, prepare_data
-from lorapilot.data.format import template_hash, tokenizer_hash
 from lorapilot.errors import CheckFailed, UsageError
 from lorapilot.estimate import checkpoint_policy, refuse_over_limits
 from lorapilot.evaluate.records import write_eval_files
-from lorapilot.evaluate.runner import evaluate_records, make_protocol
 from lorapilot.manifest import write_adapter_manifest
-from lorapilot.models import load_base, pad_id_of
+from lorapilot.modality import modality_of
 from lorapilot.plan import pilot_of_run
 from lorapilot.quantize import identity
 from lorapilot.spec import Pilot, load_pilot, load_spec_file, variant_label
@@ -38,7 +34,7 @@ from lorapilot.train.distributed import (
     open_train_run,
 )
 from lorapilot.train.loop import train
-from lorapilot.train.step import loss_fn_for, make_optimizer
+from lorapilot.train.step import make_optimizer
 
 
 def _why(pilot: Pilot) -> str | None:
@@ -118,18 +114,11 @@ def run_train(
         if not resume:
             run.record.variant = variant
             run.save()
-        resolved, model, tok = load_base(pilot)
-        prepared = prepare_data(pilot, tok)
+        tr = modality_of(pilot).trainee()
+        resolved, model, adapter_info, prepared = (tr.resolved, tr.model, tr.adapter_info,
+                                                   tr.prepared)  # fmt: skip
         run.record.data_version = prepared.version
-        fmt = formatter_for(pilot, tok)
-        train_ex = encode_records(fmt, spec.task, prepared.splits["train"], prepared.answer_budget)
-        val_ex = encode_records(fmt, spec.task, prepared.splits["val"], prepared.answer_budget)
-        pad_id = pad_id_of(tok)
-
-        model, adapter_info = build_adapter(
-            model, spec.adapter, seed=spec.train.seed,
-            grad_checkpointing=spec.train.grad_checkpointing,
-        )  # fmt: skip
+        train_ex, val_ex = tr.train_set, tr.val_set
         base_info = {**resolved.record(), "source": resolved.source}
         # The exact base: the adapter learned against these weights quantized this way.
         base_identity = identity(resolved.weights_sha256, spec.model.quantization)
@@ -145,12 +134,12 @@ def run_train(
         if not resume:
             audit = run_update_audit(
                 model,
-                audit_batches(train_ex, spec.train.micro_batch, pad_id),
+                audit_batches(train_ex, spec.train.micro_batch),
                 lambda m: make_optimizer(m, spec.train),
                 steps=2,
                 precision=spec.train.precision,
                 max_grad_norm=spec.train.max_grad_norm,
-                loss_fn=loss_fn_for(spec.train)[0],  # the path the training steps take
+                loss_fn=train_ex.loss_fn(spec.train)[0],  # the path the training steps take
             )
             run.update(update_audit=audit)
             if not audit["ok"]:
@@ -177,7 +166,6 @@ def run_train(
                     val_ex,
                     train_cfg,
                     run.dir,
-                    pad_id=pad_id,
                     resume=bool(resume),
                     deadline=deadline,
                     cost_check=cost_check,
@@ -204,17 +192,8 @@ def run_train(
         if distributed["mode"] == "fsdp":  # rank 0 cannot run the sharded model alone
             del model
             model = fsdp.model_for_final_eval(pilot, adapter_dir, init_distributed().device)
-        protocol = make_protocol(spec, tok, prepared)
-        ev = evaluate_records(
-            model,
-            tok,
-            fmt,
-            spec,
-            prepared.splits["val"],
-            protocol,
-            progress=progress,
-            label="eval (val)",
-            log=log,
+        ev, protocol = tr.evaluate(
+            model, prepared.splits["val"], label="eval (val)", progress=progress, log=log
         )
         write_eval_files(run.dir, ev)
         run.update(
@@ -232,11 +211,10 @@ def run_train(
             data_version=prepared.version,
             eval_protocol=protocol,
             metrics=ev.metrics,
-            tokenizer_sha256=tokenizer_hash(tok),
-            template_sha256=template_hash(tok, spec.task),
             adapter_info=adapter_info,
             run_id=run.id,
             base_identity=base_identity,
+            **tr.manifest_hashes,
         )
     rec = run.record
     return {

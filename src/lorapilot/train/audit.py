@@ -32,7 +32,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from lorapilot.quantize import quant_state
-from lorapilot.train.batches import collate
 
 MIN_AUDIT_STEPS = 2  # LoRA's zero-initialised B keeps A still on the first step
 
@@ -239,10 +238,14 @@ def run_update_audit(
     return result
 
 
-def audit_batches(examples, micro_batch: int, pad_id: int, steps: int = 2) -> list:
-    """Real batches for the update audit: the first micro-batches of the training data."""
+def audit_batches(data, micro_batch: int, steps: int = 2) -> list:
+    """Real batches for the update audit: the first micro-batches of a training set
+    (`train.examples`)."""
+    n = len(data)
     out = []
     for i in range(steps):
-        chunk = examples[i * micro_batch : (i + 1) * micro_batch] or examples[:micro_batch]
-        out.append(collate(chunk, pad_id))
+        idx = list(range(i * micro_batch, min((i + 1) * micro_batch, n))) or list(
+            range(min(micro_batch, n))
+        )
+        out.append(data.collate(idx))
     return out

@@ -35,8 +35,28 @@ def collate(examples: Sequence[Encoded], pad_id: int) -> Batch:
 
 
 def count_target_tokens(batch: Batch) -> int:
-    """Tokens that carry loss: label != -100 after the causal shift (position 0 never does)."""
-    return int((batch["labels"][:, 1:] != IGNORE_INDEX).sum())
+    """Terms that carry loss. Token labels (rows x positions): label != -100 after the causal
+    shift (position 0 never does). Class labels (one per row): every labelled row."""
+    labels = batch["labels"]
+    if labels.ndim == 1:
+        return int((labels != IGNORE_INDEX).sum())
+    return int((labels[:, 1:] != IGNORE_INDEX).sum())
+
+
+def batch_units(batch: Batch) -> tuple[int, int]:
+    """(real, padded) units of a batch, what a step's `tokens` and padding efficiency count:
+    tokens of a padded text batch; rows of a batch without padding (images)."""
+    mask = batch.get("attention_mask")
+    if mask is None:
+        rows = int(batch["labels"].shape[0])
+        return rows, rows
+    return int(mask.sum()), mask.numel()
+
+
+def batch_width(batch: Batch) -> int:
+    """Sequence width of a text batch (0 for a batch without token positions)."""
+    ids = batch.get("input_ids")
+    return int(ids.shape[-1]) if ids is not None else 0
 
 
 def example_target_tokens(e: Encoded) -> int:

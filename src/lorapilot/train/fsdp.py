@@ -82,19 +82,18 @@ def shard(loss_module: torch.nn.Module, device: torch.device, world_size: int) -
 
 @torch.no_grad()
 def validation_loss(
-    loss_module, examples: Sequence, micro_batch: int, pad_id: int, precision: str, accelerator
+    loss_module, examples, micro_batch: int, precision: str, accelerator
 ) -> float | None:
     """`train.validation_loss` on the sharded model: the same chunks and the same rank shares,
     but every forward goes through the root (which gathers the weights) and every rank runs
     the same number of forwards; a rank short of one repeats a chunk and drops its result."""
     from lorapilot.precision import autocast
-    from lorapilot.train.batches import collate
 
-    if not examples:
+    if not len(examples):
         return None
     world, rank = accelerator.num_processes, accelerator.process_index
     device = accelerator.device
-    order = sorted(range(len(examples)), key=lambda i: examples[i].n_tokens)
+    order = sorted(range(len(examples)), key=lambda i: examples.lengths[i])
     chunks = [order[i : i + micro_batch] for i in range(0, len(order), micro_batch)]
     mine = chunks[rank::world]
     rounds = -(-len(chunks) // world)  # every rank: ceil(chunks / world) forwards
@@ -103,7 +102,7 @@ def validation_loss(
     total = torch.zeros(2, dtype=torch.float64, device=device)
     for r in range(rounds):
         chunk = mine[r] if r < len(mine) else chunks[0]
-        batch = {k: v.to(device) for k, v in collate([examples[i] for i in chunk], pad_id).items()}
+        batch = {k: v.to(device) for k, v in examples.collate(chunk).items()}
         with autocast(device.type, precision):
             loss_sum, n = loss_module(batch)
         if r < len(mine):

@@ -34,7 +34,6 @@ everything else to JSON.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import math
 import random
 import time
@@ -45,7 +44,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from lorapilot.data.format import Encoded
 from lorapilot.environment import cpu_has_fast_bf16
 from lorapilot.errors import UsageError
 from lorapilot.fsutil import append_jsonl, read_jsonl
@@ -56,7 +54,7 @@ from lorapilot.quantize import is_quantized
 from lorapilot.registry import StoppedByLimit
 from lorapilot.spec import TrainSpec
 from lorapilot.train import fsdp
-from lorapilot.train.batches import MicroBatchStream, collate, example_target_tokens
+from lorapilot.train.batches import MicroBatchStream
 from lorapilot.train.checkpoint import (
     Log,
     find_checkpoint,
@@ -67,11 +65,11 @@ from lorapilot.train.checkpoint import (
     write_final,
 )
 from lorapilot.train.distributed import accelerator_for, check_distributed
+from lorapilot.train.examples import TrainingSet, as_training_set
 from lorapilot.train.step import (
     MIN_SHARED_PREFIX,
     LossModule,
     call_module,
-    loss_fn_for,
     make_optimizer,
     make_scheduler,
     shared_prefix_len,
@@ -91,7 +89,7 @@ class TrainResult:
     final_val_loss: float | None
     initial_val_loss: float | None  # at step 0: what "the val loss went down" is judged by
     final_eval: dict | None  # eval_fn's result at the last validation point
-    tokens: int  # real (unpadded) tokens seen, all calls
+    tokens: int  # real (unpadded) tokens seen, all calls (images: images seen)
     target_tokens: int
     wall_s: float  # this call
     train_wall_s: float  # step time of all calls (a resumed run adds up)
@@ -105,6 +103,7 @@ class TrainResult:
     # train.shared_prefix: {mode, path: shared | unshared, why, micro_batches,
     # shared_micro_batches, tokens_saved (prefix tokens not recomputed, all calls)}
     prefix: dict | None = None
+    unit: str = "tokens"  # what `tokens` counts: tokens, or images
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -115,6 +114,7 @@ class _Loop:
     """Everything a step, a validation point or a checkpoint needs, built by `_setup`."""
 
     cfg: TrainSpec
+    data: TrainingSet
     out_dir: Path
     acc: Any  # accelerate's Accelerator
     model: Any  # the (PEFT) model, unwrapped
@@ -168,18 +168,7 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)  # also seeds every CUDA device
 
 
-def _data_hash(examples: Sequence[Encoded]) -> str:
-    h = hashlib.sha256()
-    for e in examples:
-        h.update(np.asarray(e.input_ids, dtype=np.int64).tobytes())
-        h.update(np.asarray(e.labels, dtype=np.int64).tobytes())
-        h.update(b"|")
-    return h.hexdigest()
-
-
-def _setup(
-    model, train_examples: Sequence[Encoded], cfg: TrainSpec, out_dir: Path, log: Log
-) -> _Loop:
+def _setup(model, data: TrainingSet, cfg: TrainSpec, out_dir: Path, log: Log) -> _Loop:
     """Devices, seeds, FSDP/DDP wrapping, optimizer, schedule, data order."""
     acc = accelerator_for()
     world, device = acc.num_processes, acc.device
@@ -207,10 +196,10 @@ def _setup(
         # Non-reentrant checkpointing needs no input that requires grad (LoRA's inputs don't).
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     # FSDP: shard before the optimizer is built, the parameters become DTensors (train.fsdp).
-    sharded = fsdp.shard(LossModule(model), device, world) if use_fsdp else None
+    sharded = fsdp.shard(LossModule(model, data.loss_sum), device, world) if use_fsdp else None
     optimizer = make_optimizer(model, cfg)
     per_step = cfg.micro_batch * cfg.grad_accum * world
-    total_steps = cfg.max_steps or max(1, math.ceil(cfg.epochs * len(train_examples) / per_step))
+    total_steps = cfg.max_steps or max(1, math.ceil(cfg.epochs * len(data) / per_step))
     warmup = round(cfg.warmup_ratio * total_steps)
     # fp16 has too few exponent bits for small gradients: scale the loss up, unscale later.
     scaler = torch.amp.GradScaler(device.type) if cfg.precision == "fp16" else None
@@ -219,15 +208,16 @@ def _setup(
     if sharded is not None:
         step_model, loss_fn = sharded, call_module
     elif world > 1:
-        step_model, loss_fn = acc.prepare(LossModule(model)), call_module
+        step_model, loss_fn = acc.prepare(LossModule(model, data.loss_sum)), call_module
     else:
         step_model = model
-    one_process_loss, prefix_path = loss_fn_for(cfg, world)
+    one_process_loss, prefix_path = data.loss_fn(cfg, world)
     if world == 1:
         loss_fn = one_process_loss
-    stream = MicroBatchStream([e.n_tokens for e in train_examples], cfg.micro_batch, cfg.seed)
+    stream = MicroBatchStream(data.lengths, cfg.micro_batch, cfg.seed)
     return _Loop(
         cfg=cfg,
+        data=data,
         out_dir=out_dir,
         acc=acc,
         model=model,
@@ -241,7 +231,7 @@ def _setup(
         stream=stream,
         total_steps=total_steps,
         warmup=warmup,
-        data_hash=_data_hash(train_examples),
+        data_hash=data.data_hash(),
     )
 
 
@@ -277,20 +267,16 @@ def _resume(lp: _Loop, log: Log) -> int | None:
     return step
 
 
-def _validate(lp: _Loop, val_examples, pad_id: int, eval_fn, at_step: int) -> dict:
+def _validate(lp: _Loop, val_set: TrainingSet, eval_fn, at_step: int) -> dict:
     """Validation loss (+ eval_fn) at `at_step`, appended to val.jsonl. The RNG is forked so
     that evaluation never shifts the dropout draws of training (resumes must match exactly)."""
     device, cfg = lp.acc.device, lp.cfg
     fork = [device.index or 0] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=fork):
         if lp.sharded is not None:  # every rank must run the same forwards (collectives)
-            val = fsdp.validation_loss(
-                lp.sharded, val_examples, cfg.micro_batch, pad_id, cfg.precision, lp.acc
-            )
+            val = fsdp.validation_loss(lp.sharded, val_set, cfg.micro_batch, cfg.precision, lp.acc)
         else:
-            val = validation_loss(
-                lp.model, val_examples, cfg.micro_batch, pad_id, cfg.precision, lp.acc
-            )
+            val = validation_loss(lp.model, val_set, cfg.micro_batch, cfg.precision, lp.acc)
         record = {"step": at_step, "val_loss": val}
         if eval_fn is not None:
             lp.model.eval()
@@ -355,12 +341,12 @@ def _limit_reason(lp: _Loop, step: int, deadline, cost_check, t_call: float) -> 
 
 def train(
     model,
-    train_examples: list[Encoded],
-    val_examples: list[Encoded],
+    train_examples: TrainingSet | Sequence,
+    val_examples: TrainingSet | Sequence,
     cfg: TrainSpec,
     out_dir: Path,
     *,
-    pad_id: int,
+    pad_id: int | None = None,
     resume: bool = False,
     eval_fn: Callable[[Any], dict] | None = None,
     deadline: float | None = None,
@@ -370,6 +356,9 @@ def train(
     log: Log = print,
 ) -> TrainResult:
     """Train `model` (already adapted by adapter.build_adapter) and write the run folder.
+
+    The data are training sets (`train.examples`: text or images); a list of tokenised
+    examples is taken as text with `pad_id`.
 
     `stop_when(step record) -> bool` ends training early after that step, as if it were the
     last (final validation, checkpoint, adapter): the smoke test stops once it has overfit.
@@ -384,9 +373,11 @@ def train(
     t_call = time.time()
     out_dir = Path(out_dir)
     check_distributed(cfg)
-    if not train_examples:
+    data = as_training_set(train_examples, pad_id)
+    val_set = as_training_set(val_examples, pad_id)
+    if not len(data):
         raise UsageError("no training examples")
-    lp = _setup(model, train_examples, cfg, out_dir, log)
+    lp = _setup(model, data, cfg, out_dir, log)
     cfg = lp.cfg  # precision resolved for the device
     if lp.sharded is not None and eval_fn is not None:
         raise UsageError("train(eval_fn=...) is not supported with train.distributed: fsdp")
@@ -395,10 +386,10 @@ def train(
     resumed_from = _resume(lp, log) if resume else None
     lp.acc.wait_for_everyone()
     step = resumed_from or 0
-    n_targets = [example_target_tokens(e) for e in train_examples]
+    n_targets = data.targets
 
     def validate(at_step: int) -> dict:
-        return _validate(lp, val_examples, pad_id, eval_fn, at_step)
+        return _validate(lp, val_set, eval_fn, at_step)
 
     val_records = read_jsonl(lp.val_path) if resumed_from is not None else [validate(0)]
     initial_val = next((r["val_loss"] for r in val_records if r["step"] == 0), None)
@@ -426,9 +417,7 @@ def train(
             # slice, so ranks see distinct shards and agree on the step's target tokens.
             global_mbs = [lp.stream.next() for _ in range(cfg.grad_accum * world)]
             step_targets = sum(n_targets[i] for mb in global_mbs for i in mb)
-            mine = [
-                collate([train_examples[i] for i in mb], pad_id) for mb in global_mbs[rank::world]
-            ]
+            mine = [data.collate(mb) for mb in global_mbs[rank::world]]
             if lp.prefix_path[0] == "shared":  # what the shared path spares, for the record
                 for mb in mine:
                     n = shared_prefix_len(mb)
@@ -530,4 +519,5 @@ def train(
             "shared_micro_batches": lp.totals.get("shared_micro_batches", 0),
             "tokens_saved": lp.totals.get("prefix_tokens_saved", 0),
         },
+        unit=data.unit,
     )

@@ -17,11 +17,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from lorapilot.data.format import IGNORE_INDEX, Encoded
+from lorapilot.data.format import IGNORE_INDEX
 from lorapilot.errors import UsageError
 from lorapilot.precision import autocast
 from lorapilot.spec import TrainSpec
-from lorapilot.train.batches import Batch, collate
+from lorapilot.train.batches import Batch, batch_units, batch_width
 
 # Config keys that rescale or transform logits after the LM head. The chunked loss applies
 # the head alone, so a model with one of these set takes the full-logits path instead.
@@ -183,12 +183,13 @@ class LossModule(torch.nn.Module):
     loss calls the decoder and the head separately, so under DDP the whole loss is made
     one module's forward and that module is what DDP wraps."""
 
-    def __init__(self, model):
+    def __init__(self, model, loss_sum: Callable | None = None):
         super().__init__()
         self.model = model
+        self.loss_sum = loss_sum or causal_lm_loss_sum
 
     def forward(self, batch: Batch):
-        return causal_lm_loss_sum(self.model, batch)
+        return self.loss_sum(self.model, batch)
 
 
 def call_module(module, batch: Batch):
@@ -216,6 +217,7 @@ def short_sequence_attention(model, device_type: str, width: int):
     base = next((m for m in model.modules() if isinstance(m, PreTrainedModel)), None)
     if (
         device_type != "cpu"
+        or width == 0  # no token positions (images)
         or width > EAGER_ATTENTION_MAX_WIDTH
         or base is None
         or base.config._attn_implementation != "sdpa"
@@ -263,12 +265,12 @@ def train_step(
     lr = optimizer.param_groups[0]["lr"]
     loss_sum = torch.zeros((), dtype=torch.float32, device=device)
     tokens = padded = 0
-    width = max(mb["input_ids"].shape[-1] for mb in micro_batches)
+    width = max(batch_width(mb) for mb in micro_batches)
     # CPU and short sequences: eager attention, ~20% faster steps (see the function).
     with short_sequence_attention(model, device.type, width):
         for i, mb in enumerate(micro_batches):
-            tokens += int(mb["attention_mask"].sum())  # counted on the host, before the copy
-            padded += mb["attention_mask"].numel()
+            real, room = batch_units(mb)  # counted on the host, before the copy
+            tokens, padded = tokens + real, padded + room
             mb = {k: v.to(device, non_blocking=True) for k, v in mb.items()}
             last = i == len(micro_batches) - 1
             # Skip DDP's all-reduce on all but the last micro-batch: one sync per step.
@@ -346,17 +348,16 @@ def make_scheduler(optimizer, schedule: str, warmup_steps: int, total_steps: int
 @torch.no_grad()
 def validation_loss(
     model,
-    examples: Sequence[Encoded],
+    examples,
     micro_batch: int,
-    pad_id: int,
     precision: str,
     accelerator=None,
 ) -> float | None:
-    """Mean loss per target token over `examples` (None when there are none)."""
-    if not examples:
+    """Mean loss per target over a training set (`train.examples`); None when empty."""
+    if not len(examples):
         return None
     device = next(model.parameters()).device
-    order = sorted(range(len(examples)), key=lambda i: examples[i].n_tokens)
+    order = sorted(range(len(examples)), key=lambda i: examples.lengths[i])
     chunks = [order[i : i + micro_batch] for i in range(0, len(order), micro_batch)]
     world = accelerator.num_processes if accelerator is not None else 1
     if world > 1:
@@ -365,9 +366,9 @@ def validation_loss(
     model.eval()
     total = torch.zeros(2, dtype=torch.float64, device=device)
     for chunk in chunks:
-        batch = {k: v.to(device) for k, v in collate([examples[i] for i in chunk], pad_id).items()}
+        batch = {k: v.to(device) for k, v in examples.collate(chunk).items()}
         with autocast(device.type, precision):
-            loss_sum, n = causal_lm_loss_sum(model, batch)
+            loss_sum, n = examples.loss_sum(model, batch)
         total += torch.stack([loss_sum.double(), n.double()])
     model.train(was_training)
     if world > 1:

@@ -1,0 +1,86 @@
+"""Images as a training set (`train.examples.TrainingSet`): each image decoded, checked and
+put through the recorded transform pipeline when its batch is collated, and the
+cross-entropy of the classifier's logits as the loss (one term per image).
+
+Augments (`task.image.augment`) are drawn only for the training set, from a generator seeded
+by torch's RNG at each batch: the loop's seed fixes them and a checkpoint (which keeps the
+RNG state) resumes them exactly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from lorapilot.data.images import load_record_image
+from lorapilot.data.rows import Record
+from lorapilot.modality.image_transforms import ImagePipeline
+from lorapilot.spec import TrainSpec
+from lorapilot.train.batches import Batch
+
+
+class ImageExamples:
+    unit = "images"
+
+    def __init__(
+        self,
+        pilot_dir: Path,
+        records: Sequence[Record],
+        pipeline: ImagePipeline,
+        labels: Sequence[str],
+        max_pixels: int,
+        *,
+        augment: bool = False,
+    ):
+        self.pilot_dir, self.records, self.pipeline = Path(pilot_dir), list(records), pipeline
+        self.labels, self.max_pixels = list(labels), max_pixels
+        self.augment = augment and bool(pipeline.augment)
+        index = {lab: i for i, lab in enumerate(self.labels)}
+        self.label_ids = [index[r.label] for r in self.records]
+        self.lengths = [1] * len(self.records)  # every image is the same size after transforms
+        self.targets = [1] * len(self.records)
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def pixels(self, indices: Sequence[int]) -> torch.Tensor:
+        """(n, channels, size, size) float32 model inputs, augmented on the training set."""
+        rng = None
+        if self.augment:
+            rng = np.random.default_rng(int(torch.randint(0, 2**62, ())))
+        arrays = [
+            self.pipeline(load_record_image(self.pilot_dir, self.records[i], self.max_pixels), rng)
+            for i in indices
+        ]
+        return torch.from_numpy(np.stack(arrays))
+
+    def collate(self, indices: Sequence[int]) -> Batch:
+        labels = torch.tensor([self.label_ids[i] for i in indices], dtype=torch.long)
+        return {"pixel_values": self.pixels(indices), "labels": labels}
+
+    def loss_sum(self, model, batch: Batch):
+        logits = model(batch["pixel_values"])
+        labels = batch["labels"]
+        return F.cross_entropy(logits.float(), labels, reduction="sum"), labels.new_tensor(
+            labels.numel()
+        )
+
+    def loss_fn(self, cfg: TrainSpec, world: int = 1):
+        return self.loss_sum, ("unshared", "images have no prompt prefix to share")
+
+    @torch.no_grad()
+    def reproduces(self, model, batch: Batch) -> torch.Tensor:
+        return model(batch["pixel_values"]).argmax(-1) == batch["labels"]
+
+    def data_hash(self) -> str:
+        h = hashlib.sha256()
+        h.update(repr(sorted(self.pipeline.to_dict().items())).encode())
+        for r, y in zip(self.records, self.label_ids, strict=True):
+            sha = r.image.sha256 if r.image is not None else r.text
+            h.update(f"{r.id}|{sha}|{y}|{int(self.augment)}\n".encode())
+        return h.hexdigest()

@@ -1,0 +1,43 @@
+"""`Trainee`: what a train run gets from its modality (see `lorapilot.modality`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from lorapilot.data.dataset import PreparedData
+
+
+@dataclass
+class Trainee:
+    """What a train run needs from its modality: the base with the adapter attached, the data
+    as training sets (`train.examples`), how to evaluate a model on records of a split with
+    the pilot's protocol, and the hashes beyond the base that pin the adapter's inputs."""
+
+    resolved: Any  # models.ResolvedModel
+    model: Any
+    adapter_info: dict
+    prepared: PreparedData
+    train_records: list  # the records behind train_set (the smoke evaluates them)
+    train_set: Any  # train.examples.TrainingSet
+    val_set: Any
+    # (model, records, label=, progress=, log=) -> (EvalResult, protocol)
+    evaluate: Callable[..., tuple[Any, dict]]
+    manifest_hashes: dict  # text: tokenizer and chat template; images: the transforms
+
+
+@dataclass
+class Loaded:
+    """A model to evaluate, as `eval` and `verify` load it: the base (with a saved adapter
+    attached when one is given), the data, and the pilot's evaluation of records."""
+
+    resolved: Any
+    model: Any
+    prepared: PreparedData
+    # (model, records, label=, progress=, log=) -> (EvalResult, protocol)
+    evaluate: Callable[..., tuple[Any, dict]]
+    # (records, protocol, label=, progress=, log=) -> EvalResult of the unadapted baseline on
+    # the same rows (text: the adapter switched off; images: the linear probe refitted)
+    evaluate_base: Callable[..., Any]
+    problems: list[str]  # pins in the manifest that the loaded inputs do not match
