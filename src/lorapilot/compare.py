@@ -168,7 +168,7 @@ def bootstrap_for(
     for b, c in pairs:
         if b.get("gold") != c.get("gold"):
             raise ValueError(f"example {b['id']!r} has different gold answers in the two runs")
-    if task_kind == "classification":
+    if task_kind in ("classification", "image_classification"):  # one label per example
         if not labels:
             raise ValueError("classification metrics need the task's labels")
         golds = [b["gold"] for b, _ in pairs]

@@ -84,11 +84,11 @@ def test_the_same_image_in_train_and_val_is_a_leak(tmp_path):
     )
 
 
-def test_verbs_not_built_for_images_refuse_an_image_pilot_up_front(tmp_path):
-    pilot = image_pilot(tmp_path / "p")
+def test_an_image_too_small_for_the_default_base_is_a_usage_error(tmp_path, image_model_dir):
+    pilot = image_pilot(tmp_path / "p")  # 16 px
     proc = run_cli("probe", str(pilot))
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert "not available for image pilots yet" in proc.stderr
+    assert "task.image.size: 16 is too small for efficientnet-lite0" in proc.stderr
 
 
 def test_baseline_is_a_linear_probe_fitted_on_train_and_scored_on_val(tmp_path, image_model_dir):
@@ -107,3 +107,21 @@ def test_baseline_is_a_linear_probe_fitted_on_train_and_scored_on_val(tmp_path, 
     assert all(set(r["scores"]) == set(LABELS) and r["parsed"] in LABELS for r in rows)
     again = run_json("baseline", str(pilot), "--no-progress")
     assert again["metrics"] == m and again["eval_protocol"] == out["eval_protocol"]
+
+
+def test_settings_not_built_for_images_are_refused_by_key(tmp_path):
+    pilot = image_pilot(tmp_path / "p")
+    for setting, key in (
+        ("adapter.method=full", "adapter.method"),
+        ("train.grad_checkpointing=true", "train.grad_checkpointing"),
+    ):
+        proc = run_cli("train", str(pilot), "--set", setting)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr
+        assert f"{key}: " in proc.stderr and "not available for image pilots yet" in proc.stderr
+
+
+def test_export_refuses_an_image_pilot_up_front(tmp_path):
+    pilot = image_pilot(tmp_path / "p")
+    proc = run_cli("export", str(pilot), "--merge", "--out", str(tmp_path / "merged"))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "`export` is not available for image pilots yet" in proc.stderr

@@ -19,7 +19,7 @@ import numpy as np
 
 from lorapilot.data.rows import Record
 from lorapilot.errors import UsageError
-from lorapilot.evaluate.image_predict import image_protocol, prediction_rows
+from lorapilot.evaluate.image_predict import prediction_rows
 from lorapilot.evaluate.linear_probe import L2, MAX_ITER, fit_linear_probe
 from lorapilot.evaluate.metrics import classification_metrics
 from lorapilot.evaluate.runner import EvalResult
@@ -110,43 +110,3 @@ def probe_predictions(
     n_all = len(train) + len(data)
     result = EvalResult(metrics, rows, seconds, n_all / max(seconds, 1e-9), protocol, "cpu")
     return result, extras
-
-
-def evaluate_image_baseline(
-    pilot: Pilot,
-    run: Any,
-    prepared: Any,
-    pipe: ImagePipeline,
-    *,
-    limit: int | None = None,
-    progress: bool = True,
-    log: Callable[[str], None] | None = None,
-) -> dict:
-    """Fit the probe on train, predict val, write the files into `run`; -> the result."""
-    from lorapilot.evaluate.records import write_eval_files
-    from lorapilot.modality.image_model import resolve_image_base
-
-    val = prepared.splits["val"][:limit] if limit else prepared.splits["val"]
-    resolved = resolve_image_base(pilot)
-    protocol = image_protocol(pilot.spec, pipe, prepared.version, resolved.weights_sha256)
-    if limit is not None:
-        protocol["limit"] = limit
-    ev, extras = probe_predictions(
-        pilot, prepared, pipe, val, protocol, progress=progress, label="baseline", log=log
-    )
-    write_eval_files(run.dir, ev)
-    return {
-        "split": "val",
-        "n": len(val),
-        "metrics": ev.metrics,
-        **extras,
-        "eval_protocol": protocol["eval_protocol"],
-        "protocol": protocol,
-        "data_version": prepared.version,
-        "base": resolved.record(),
-        "adapter": None,
-        "seconds": round(ev.seconds, 3),
-        "examples_per_s": round(ev.examples_per_s, 3),
-        "device": "cpu",
-        "predictions": str(run.dir / "predictions.jsonl"),
-    }

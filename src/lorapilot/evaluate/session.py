@@ -62,9 +62,17 @@ def evaluate_split(
             raise UsageError(f"the {split} split is empty; nothing to evaluate")
         if split == "test":
             earlier = record_test_access(pilot.dir, run.id, parent, adapter_dir)
-        result, protocol = loaded.evaluate(
-            model, records, label=f"{kind} ({split})", progress=progress, log=log
-        )
+        label = f"{kind} ({split})"
+        extras: dict = {}
+        if adapter_dir is None:  # the baseline classifier (images: the linear probe)
+            result, extras = loaded.evaluate_base(
+                records, loaded.protocol, label=label, progress=progress, log=log
+            )
+            protocol = loaded.protocol
+        else:
+            result, protocol = loaded.evaluate(
+                model, records, label=label, progress=progress, log=log
+            )
         if limit is not None:
             protocol["limit"] = limit
         write_eval_files(run.dir, result)
@@ -72,7 +80,7 @@ def evaluate_split(
         if split == "test" and adapter_dir is not None:
             # The base on the same test rows, in the same access (same protocol): the test
             # gain is then paired example by example, like validation's.
-            base_result = loaded.evaluate_base(
+            base_result, _ = loaded.evaluate_base(
                 records, protocol, label="baseline (test)", progress=progress, log=log
             )
             write_predictions(run.dir / BASELINE_PREDICTIONS, base_result.predictions)
@@ -85,6 +93,7 @@ def evaluate_split(
             "split": split,
             "n": len(records),
             "metrics": result.metrics,
+            **extras,
             "eval_protocol": protocol["eval_protocol"],
             "peak_memory_bytes": result.peak_memory_bytes,
             "protocol": protocol,

@@ -1,8 +1,9 @@
 """The one seam where text and image pilots differ: preparing the data (and its report),
-inspecting examples after the exact preprocessing, the baseline, and the model a train run
-adapts with its data as training sets (`Trainee`). Steps ask `modality_of(pilot)` and call
-the same methods whatever the modality; the training loop, audit, registry, splits, leakage
-policy, budget, compare, decision and report stay shared."""
+inspecting examples after the exact preprocessing, the model a train run adapts with its
+data as training sets (`Trainee`), and a model as `eval`, `baseline` and `verify` load it,
+with the pilot's evaluation and its baseline classifier (`Loaded`). Steps ask
+`modality_of(pilot)` and call the same methods whatever the modality; the training loop,
+audit, registry, splits, leakage policy, budget, compare, decision and report stay shared."""
 
 from __future__ import annotations
 
@@ -27,11 +28,6 @@ class Modality(Protocol):
 
     def failed_check(self, report: dict[str, Any]) -> str | None:
         """The message of a check in the report that failed (the verb exits 1), or None."""
-        ...
-
-    def baseline(self, *, limit: int | None, progress: bool, log: Any) -> dict[str, Any]:
-        """A `baseline` run: the unadapted model on val (images: a linear probe on the frozen
-        features, fitted on train), outputs and protocol kept."""
         ...
 
     def inspect(

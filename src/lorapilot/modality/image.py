@@ -61,21 +61,6 @@ class ImageModality:
     def failed_check(self, report: dict[str, Any]) -> str | None:
         return None
 
-    def baseline(self, *, limit: int | None, progress: bool, log: Any) -> dict[str, Any]:
-        """A `baseline` run: the frozen base with a linear probe fitted on train, on val."""
-        from lorapilot.evaluate.image_session import evaluate_image_baseline
-        from lorapilot.steprun import open_run
-
-        with open_run(self.pilot, "baseline") as run:
-            prepared = self.prepare()
-            run.record.data_version = prepared.version
-            out = evaluate_image_baseline(
-                self.pilot, run, prepared, self.pipeline, limit=limit, progress=progress,
-                log=log,
-            )  # fmt: skip
-            run.update(**out)
-        return {"run_id": run.id, "status": run.record.status, **out}
-
     def inspect(
         self, prepared: PreparedData, split: str, per_category: int, seed: int, out: Path | None
     ) -> dict[str, Any]:
@@ -165,6 +150,7 @@ class ImageModality:
         from lorapilot.modality.image_model import load_image_classifier, lora_targets
 
         pilot, spec = self.pilot, self.pilot.spec
+        _refuse_unbuilt(pilot, adapter or spec.adapter)
         resolved, model = load_image_classifier(pilot)
         prepared = self.prepare()
         train_recs, val_recs = prepared.splits["train"], prepared.splits["val"]
@@ -233,12 +219,12 @@ class ImageModality:
             return ev, protocol
 
         def evaluate_base(records, protocol, *, label="baseline", progress=True, log=None):
-            ev, _ = probe_predictions(
+            return probe_predictions(
                 pilot, prepared, pipe, records, protocol, progress=progress, label=label, log=log
             )
-            return ev
 
-        return Loaded(resolved, model, prepared, evaluate, evaluate_base, problems)
+        protocol = image_protocol(spec, pipe, prepared.version, resolved.weights_sha256)
+        return Loaded(resolved, model, prepared, evaluate, evaluate_base, problems, protocol)
 
     def adapter_problems(self, adapter_dir: Path, manifest: dict) -> list[str]:
         """The head must be in the saved adapter: a head left out is re-initialised at random
@@ -278,6 +264,21 @@ def saved_head_problems(adapter_dir: Path, head: str) -> list[str]:
                 "would be a new random head (chance accuracy)"
             )
     return problems
+
+
+def _refuse_unbuilt(pilot: Pilot, adapter: AdapterSpec) -> None:
+    """Settings an image pilot cannot train with yet: refused up front (exit 2), by key."""
+    t = pilot.spec.train
+    for key, unbuilt, why in (
+        ("adapter.method", adapter.method == "full", "full fine-tuning of an image model"),
+        ("train.grad_checkpointing", t.grad_checkpointing, "activation checkpointing"),
+        ("train.distributed", t.distributed == "fsdp", "FSDP"),
+    ):
+        if unbuilt:
+            raise UsageError(
+                f"{pilot.spec_path}: {key}: {why} is not available for image pilots yet "
+                "(LoRA with the head saved, one process or DDP, is)"
+            )
 
 
 def model_head(model: Any) -> str:

@@ -30,6 +30,7 @@ from lorapilot.models import IMAGE_DEFAULT, ResolvedModel, resolve_base
 from lorapilot.spec import Pilot
 
 HEAD_NAMES = ("_fc", "classifier", "head", "fc")
+MIN_EFFICIENTNET_SIZE = 32
 EFFICIENTNET_TARGETS = ["_expand_conv", "_project_conv", "_conv_head"]
 
 
@@ -95,6 +96,12 @@ def load_image_classifier(
             net, kind = load_image_default(resolved.path, num_labels=len(labels)), "efficientnet"
         else:
             net, kind = _load_transformers(pilot, resolved.path, labels), "transformers"
+    size = (pilot.spec.task.image.size if pilot.spec.task.image else None) or 0
+    if kind == "efficientnet" and 0 < size < MIN_EFFICIENTNET_SIZE:
+        raise UsageError(
+            f"{pilot.spec_path}: task.image.size: {size} is too small for {IMAGE_DEFAULT}: its "
+            f"five stride-2 stages need at least {MIN_EFFICIENTNET_SIZE} pixels a side"
+        )
     model = ImageClassifier(net, _find_head(net, len(labels)), kind)
     for p in model.parameters():
         p.requires_grad_(False)

@@ -4,6 +4,7 @@ answer."""
 
 from __future__ import annotations
 
+import contextlib
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -32,14 +33,6 @@ class TextModality:
 
     def failed_check(self, report: dict[str, Any]) -> str | None:
         return None if report["mask_audit"]["ok"] else "the loss-mask audit failed (see mask_audit)"
-
-    def baseline(self, *, limit: int | None, progress: bool, log: Any) -> dict[str, Any]:
-        """The unadapted model on val inside a `baseline` run."""
-        from lorapilot.evaluate.session import evaluate_split
-
-        return evaluate_split(
-            self.pilot, "baseline", split="val", limit=limit, progress=progress, log=log
-        )
 
     def inspect(
         self, prepared: PreparedData, split: str, per_category: int, seed: int, out: Path | None
@@ -146,11 +139,14 @@ class TextModality:
             return ev, protocol
 
         def evaluate_base(records, protocol, *, label="baseline", progress=True, log=None):
-            # the adapter switched off: the same model, the same protocol, the same rows
-            with model.disable_adapter():
-                return evaluate_records(
+            # an attached adapter switched off: the same model, protocol and rows
+            off = model.disable_adapter() if adapter_dir is not None else contextlib.nullcontext()
+            with off:
+                ev = evaluate_records(
                     model, tok, fmt, spec, records, protocol, progress=progress, label=label,
                     log=log,
                 )  # fmt: skip
+            return ev, {}
 
-        return Loaded(resolved, model, prepared, evaluate, evaluate_base, problems)
+        protocol = make_protocol(spec, tok, prepared)
+        return Loaded(resolved, model, prepared, evaluate, evaluate_base, problems, protocol)

@@ -37,7 +37,9 @@ class Loaded:
     prepared: PreparedData
     # (model, records, label=, progress=, log=) -> (EvalResult, protocol)
     evaluate: Callable[..., tuple[Any, dict]]
-    # (records, protocol, label=, progress=, log=) -> EvalResult of the unadapted baseline on
-    # the same rows (text: the adapter switched off; images: the linear probe refitted)
-    evaluate_base: Callable[..., Any]
+    # (records, protocol, label=, progress=, log=) -> (EvalResult, extras) of the baseline on
+    # these rows: text the unadapted model (an attached adapter switched off); images the
+    # linear probe fitted on the training split (extras: its settings, the random head)
+    evaluate_base: Callable[..., tuple[Any, dict]]
     problems: list[str]  # pins in the manifest that the loaded inputs do not match
+    protocol: dict  # the pilot's evaluation protocol for this base and data version

@@ -3,7 +3,7 @@ evaluation protocol kept, so every adapter is compared with the same procedure."
 
 from __future__ import annotations
 
-from lorapilot.modality import modality_of
+from lorapilot.evaluate.session import evaluate_split
 from lorapilot.spec import Pilot
 
 
@@ -12,4 +12,4 @@ def run_baseline(
 ) -> dict:
     """Evaluate the base model on val inside a `baseline` run (images: a linear probe on the
     frozen features, fitted on train)."""
-    return modality_of(pilot).baseline(limit=limit, progress=progress, log=log)
+    return evaluate_split(pilot, "baseline", split="val", limit=limit, progress=progress, log=log)

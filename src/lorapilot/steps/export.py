@@ -13,7 +13,7 @@ from lorapilot.errors import CheckFailed, UsageError
 from lorapilot.evaluate.runner import evaluate_records, make_protocol
 from lorapilot.fsutil import atomic_write_json
 from lorapilot.manifest import MANIFEST, adapter_files, read_manifest, weights_sha256
-from lorapilot.models import attach_adapter, load_base
+from lorapilot.models import attach_adapter, load_base, require_text
 from lorapilot.quantize import describe, identity, identity_differences
 
 MERGE_TOLERANCE = 1e-3
@@ -32,6 +32,7 @@ def run_export(pilot, run_id: str | None, out: Path, merge: bool = True) -> dict
     the validation split's predictions (`merge_agreement`)."""
     import torch
 
+    require_text(pilot, "`export`")  # merging into an image model is not built yet
     if not merge:
         raise UsageError(
             "export writes a merged model; pass --merge (the adapter itself is in the train run)"

@@ -406,6 +406,7 @@ def train(
         field_names=("loss", "tps"),
     )
     call_tokens, call_train_s = 0, 0.0
+    rate_unit = {"tokens": "tok/s", "images": "img/s"}.get(data.unit, f"{data.unit}/s")
     rank, world = lp.acc.process_index, lp.world
 
     # -- the loop -----------------------------------------------------------------------
@@ -461,7 +462,7 @@ def train(
             phase.advance(
                 step,
                 loss=f"loss {out['loss']:.4f}",
-                tps=f"{call_tokens / max(call_train_s, 1e-9):,.0f} tok/s",
+                tps=f"{call_tokens / max(call_train_s, 1e-9):,.0f} {rate_unit}",
             )
             if cfg.eval_every and step % cfg.eval_every == 0 and step < lp.total_steps:
                 val_records.append(validate(step))
