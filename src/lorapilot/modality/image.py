@@ -19,7 +19,7 @@ from lorapilot.data.summary import shared_report
 from lorapilot.errors import UsageError
 from lorapilot.fsutil import atomic_write_bytes
 from lorapilot.modality.image_transforms import ImagePipeline, contact_sheet, resolve_pipeline
-from lorapilot.modality.trainee import Loaded, Trainee
+from lorapilot.modality.trainee import Loaded, Trainee, training_records
 from lorapilot.models import image_processor_config
 from lorapilot.spec import AdapterSpec, Pilot
 
@@ -139,13 +139,27 @@ class ImageModality:
             augment=augment,
         )  # fmt: skip
 
+    def _evaluator(self, prepared: PreparedData, resolved: Any):
+        """(model, records, label=, progress=, log=) -> (EvalResult, protocol)."""
+        from lorapilot.evaluate.image_predict import evaluate_images, image_protocol
+
+        def evaluate(model, records, *, label="eval", progress=True, log=None):
+            protocol = image_protocol(
+                self.pilot.spec, self.pipeline, prepared.version, resolved.weights_sha256
+            )
+            ev = evaluate_images(
+                model, self.examples(records), protocol, progress=progress, label=label, log=log
+            )
+            return ev, protocol
+
+        return evaluate
+
     def trainee(
         self, *, adapter: AdapterSpec | None = None, smoke_per_category: int | None = None
     ) -> Trainee:
         """The classifier with a new head (seeded by train.seed), LoRA on the model's default
         targets unless the spec names them, the head always trained and saved."""
         from lorapilot.adapter import build_adapter
-        from lorapilot.evaluate.image_predict import evaluate_images, image_protocol
         from lorapilot.fsutil import sha256_json
         from lorapilot.modality.image_model import load_image_classifier, lora_targets
 
@@ -153,11 +167,7 @@ class ImageModality:
         _refuse_unbuilt(pilot, adapter or spec.adapter)
         resolved, model = load_image_classifier(pilot)
         prepared = self.prepare()
-        train_recs, val_recs = prepared.splits["train"], prepared.splits["val"]
-        if smoke_per_category is not None:
-            train_recs = val_recs = sample_per_category(
-                train_recs, smoke_per_category, spec.train.seed
-            )
+        train_recs, val_recs = training_records(prepared, smoke_per_category, spec.train.seed)
         adapter = adapter or spec.adapter
         if adapter.method == "lora":
             saved = list(dict.fromkeys([*adapter.modules_to_save, model.head_path]))
@@ -171,12 +181,7 @@ class ImageModality:
         info["head"] = model_head(model)
         pipe = self.pipeline
 
-        def evaluate(model, records, *, label="eval", progress=True, log=None):
-            protocol = image_protocol(spec, pipe, prepared.version, resolved.weights_sha256)
-            ev = evaluate_images(
-                model, self.examples(records), protocol, progress=progress, label=label, log=log
-            )
-            return ev, protocol
+        evaluate = self._evaluator(prepared, resolved)
 
         return Trainee(
             resolved=resolved,
@@ -192,7 +197,7 @@ class ImageModality:
 
     def load(self, adapter_dir: Path | None = None, manifest: dict | None = None) -> Loaded:
         """The classifier with a new head, the saved adapter (and its saved head) on top."""
-        from lorapilot.evaluate.image_predict import evaluate_images, image_protocol
+        from lorapilot.evaluate.image_predict import image_protocol
         from lorapilot.evaluate.image_session import probe_predictions
         from lorapilot.fsutil import sha256_json
         from lorapilot.modality.image_model import load_image_classifier
@@ -211,12 +216,7 @@ class ImageModality:
             model = attach_adapter(model, Path(adapter_dir))
         prepared = self.prepare()
 
-        def evaluate(model, records, *, label="eval", progress=True, log=None):
-            protocol = image_protocol(spec, pipe, prepared.version, resolved.weights_sha256)
-            ev = evaluate_images(
-                model, self.examples(records), protocol, progress=progress, label=label, log=log
-            )
-            return ev, protocol
+        evaluate = self._evaluator(prepared, resolved)
 
         def evaluate_base(records, protocol, *, label="baseline", progress=True, log=None):
             return probe_predictions(

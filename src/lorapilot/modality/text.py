@@ -12,7 +12,7 @@ from typing import Any
 from lorapilot.data.audit import example_view, sample_per_category
 from lorapilot.data.dataset import PreparedData, encode_records, formatter_for, prepare_data
 from lorapilot.data.summary import data_report
-from lorapilot.modality.trainee import Loaded, Trainee
+from lorapilot.modality.trainee import Loaded, Trainee, training_records
 from lorapilot.models import load_tokenizer
 from lorapilot.spec import AdapterSpec, Pilot
 
@@ -52,13 +52,27 @@ class TextModality:
             "examples": views,
         }
 
+    def _evaluator(self, tok: Any, fmt: Any, prepared: PreparedData):
+        """(model, records, label=, progress=, log=) -> (EvalResult, protocol)."""
+        from lorapilot.evaluate.runner import evaluate_records, make_protocol
+
+        spec = self.pilot.spec
+
+        def evaluate(model, records, *, label="eval", progress=True, log=None):
+            protocol = make_protocol(spec, tok, prepared)
+            ev = evaluate_records(
+                model, tok, fmt, spec, records, protocol, progress=progress, label=label, log=log
+            )
+            return ev, protocol
+
+        return evaluate
+
     def trainee(
         self, *, adapter: AdapterSpec | None = None, smoke_per_category: int | None = None
     ) -> Trainee:
         """The base and tokenizer, the prompts encoded with their loss masks, LoRA attached."""
         from lorapilot.adapter import build_adapter
         from lorapilot.data.format import template_hash, tokenizer_hash
-        from lorapilot.evaluate.runner import evaluate_records, make_protocol
         from lorapilot.models import load_base, pad_id_of
         from lorapilot.train.examples import TextExamples
 
@@ -66,11 +80,7 @@ class TextModality:
         resolved, model, tok = load_base(pilot)
         prepared = prepare_data(pilot, tok)
         fmt = formatter_for(pilot, tok)
-        train_recs, val_recs = prepared.splits["train"], prepared.splits["val"]
-        if smoke_per_category is not None:
-            train_recs = val_recs = sample_per_category(
-                train_recs, smoke_per_category, spec.train.seed
-            )
+        train_recs, val_recs = training_records(prepared, smoke_per_category, spec.train.seed)
         pad_id = pad_id_of(tok)
 
         def examples(records: list) -> TextExamples:
@@ -84,12 +94,7 @@ class TextModality:
             grad_checkpointing=spec.train.grad_checkpointing,
         )  # fmt: skip
 
-        def evaluate(model, records, *, label="eval", progress=True, log=None):
-            protocol = make_protocol(spec, tok, prepared)
-            ev = evaluate_records(
-                model, tok, fmt, spec, records, protocol, progress=progress, label=label, log=log
-            )
-            return ev, protocol
+        evaluate = self._evaluator(tok, fmt, prepared)
 
         return Trainee(
             resolved=resolved,
@@ -131,12 +136,7 @@ class TextModality:
         prepared = prepare_data(pilot, tok)
         fmt = formatter_for(pilot, tok)
 
-        def evaluate(model, records, *, label="eval", progress=True, log=None):
-            protocol = make_protocol(spec, tok, prepared)
-            ev = evaluate_records(
-                model, tok, fmt, spec, records, protocol, progress=progress, label=label, log=log
-            )
-            return ev, protocol
+        evaluate = self._evaluator(tok, fmt, prepared)
 
         def evaluate_base(records, protocol, *, label="baseline", progress=True, log=None):
             # an attached adapter switched off: the same model, protocol and rows

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from lorapilot.data.audit import sample_per_category
 from lorapilot.data.dataset import PreparedData
 
 
@@ -43,3 +44,12 @@ class Loaded:
     evaluate_base: Callable[..., tuple[Any, dict]]
     problems: list[str]  # pins in the manifest that the loaded inputs do not match
     protocol: dict  # the pilot's evaluation protocol for this base and data version
+
+
+def training_records(prepared: PreparedData, smoke_per_category: int | None, seed: int):
+    """(train, val) records of a train run; for the smoke, both are the same few training
+    examples per category (what it memorises is what it is checked on)."""
+    if smoke_per_category is None:
+        return prepared.splits["train"], prepared.splits["val"]
+    few = sample_per_category(prepared.splits["train"], smoke_per_category, seed)
+    return few, few
