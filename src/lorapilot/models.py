@@ -659,12 +659,15 @@ def quiet_transformers() -> None:
     logging.disable_progress_bar()
 
 
-def load_base(pilot: Pilot):
-    """(resolved, model, tokenizer) of the pilot's base model, offline, eval mode."""
+def load_base(pilot: Pilot, resolved: ResolvedModel | None = None):
+    """(resolved, model, tokenizer) of the pilot's base model, offline, eval mode. `resolved`:
+    the base already resolved by the caller (resolving a folder without a manifest hashes
+    every weight file)."""
     require_text(pilot, "a text model")
     quiet_transformers()
     m = pilot.spec.model
-    resolved = resolve_base(m.base, m.revision, root=pilot.dir, allow_pickle=m.allow_pickle)
+    if resolved is None:
+        resolved = resolve_base(m.base, m.revision, root=pilot.dir, allow_pickle=m.allow_pickle)
     model, tok = load_model(resolved, m.dtype, m.trust_remote_code, m.quantization)
     return resolved, model, tok
 

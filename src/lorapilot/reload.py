@@ -73,7 +73,7 @@ def verify_child(pilot_dir: Path, adapter_dir: Path, out_dir: Path) -> dict:
         return result
     if m.quantization is not None:
         require(m.quantization, "the adapter's manifest")
-    loaded = modality.load(Path(adapter_dir), manifest)
+    loaded = modality.load(Path(adapter_dir), manifest, resolved)
     problems += loaded.problems
     prepared = loaded.prepared
     if prepared.version != manifest["data_version"]:

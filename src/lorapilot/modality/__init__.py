@@ -48,9 +48,12 @@ class Modality(Protocol):
         """What in a saved adapter would not reload as trained (images: a missing head)."""
         ...
 
-    def load(self, adapter_dir: Path | None = None, manifest: dict | None = None) -> Loaded:
+    def load(
+        self, adapter_dir: Path | None = None, manifest: dict | None = None, resolved: Any = None
+    ) -> Loaded:
         """The base, with the saved adapter at `adapter_dir` attached; with its `manifest`,
-        the pins beyond the base's weights checked (problems listed, never raised)."""
+        the pins beyond the base's weights checked (problems listed, never raised).
+        `resolved`: the base as the caller already resolved it (not resolved again)."""
         ...
 
 

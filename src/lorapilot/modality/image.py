@@ -195,7 +195,9 @@ class ImageModality:
             manifest_hashes={"transforms_sha256": sha256_json(pipe.to_dict())},
         )
 
-    def load(self, adapter_dir: Path | None = None, manifest: dict | None = None) -> Loaded:
+    def load(
+        self, adapter_dir: Path | None = None, manifest: dict | None = None, resolved: Any = None
+    ) -> Loaded:
         """The classifier with a new head, the saved adapter (and its saved head) on top."""
         from lorapilot.evaluate.image_predict import image_protocol
         from lorapilot.evaluate.image_session import probe_predictions
@@ -204,7 +206,7 @@ class ImageModality:
         from lorapilot.models import attach_adapter
 
         pilot, spec, pipe = self.pilot, self.pilot.spec, self.pipeline
-        resolved, model = load_image_classifier(pilot)
+        resolved, model = load_image_classifier(pilot, resolved)
         problems = []
         if manifest is not None:
             now, then = sha256_json(pipe.to_dict()), manifest.get("transforms_sha256")

@@ -114,13 +114,15 @@ class TextModality:
     def adapter_problems(self, adapter_dir: Path, manifest: dict) -> list[str]:
         return []  # the tokenizer, template and files are checked where they are loaded
 
-    def load(self, adapter_dir: Path | None = None, manifest: dict | None = None) -> Loaded:
+    def load(
+        self, adapter_dir: Path | None = None, manifest: dict | None = None, resolved: Any = None
+    ) -> Loaded:
         from lorapilot.data.format import template_hash, tokenizer_hash
         from lorapilot.evaluate.runner import evaluate_records, make_protocol
         from lorapilot.models import attach_adapter, load_base
 
         pilot, spec = self.pilot, self.pilot.spec
-        resolved, model, tok = load_base(pilot)
+        resolved, model, tok = load_base(pilot, resolved)
         problems = []
         if manifest is not None:
             for what, now, then in (
