@@ -62,6 +62,14 @@ def logits_of(model: Any, data: ImageExamples, precision: str, tick=None) -> np.
     return np.concatenate(out) if out else np.zeros((0, len(data.labels)))
 
 
+def scored(data: ImageExamples, logits: np.ndarray) -> tuple[list[dict], dict]:
+    """(predictions.jsonl rows, classification metrics with `n`) from per-image logits."""
+    preds, rows = prediction_rows(data, logits)
+    metrics = classification_metrics([r.label for r in data.records], preds, data.labels)
+    metrics["n"] = len(data)
+    return rows, metrics
+
+
 def prediction_rows(data: ImageExamples, logits: np.ndarray) -> tuple[list[str], list[dict]]:
     """(predicted labels, predictions.jsonl rows) from per-image logits."""
     labels = data.labels
@@ -98,9 +106,7 @@ def evaluate_images(
     with meter, Phase(label, len(data), bar=progress, log=log if progress else None) as phase:
         logits = logits_of(model, data, protocol["precision"], lambda n: phase.advance(n=n))
     seconds = time.perf_counter() - t0
-    preds, rows = prediction_rows(data, logits)
-    metrics = classification_metrics([r.label for r in data.records], preds, data.labels)
-    metrics["n"] = len(data)
+    rows, metrics = scored(data, logits)
     device = str(next(model.parameters()).device)
     return EvalResult(
         metrics, rows, seconds, len(data) / max(seconds, 1e-9), protocol, device,

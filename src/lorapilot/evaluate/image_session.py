@@ -11,6 +11,7 @@ an adapter refits the same probe to score the base on the test rows (`probe_pred
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from typing import Any
@@ -19,12 +20,11 @@ import numpy as np
 
 from lorapilot.data.rows import Record
 from lorapilot.errors import UsageError
-from lorapilot.evaluate.image_predict import prediction_rows
+from lorapilot.evaluate.image_predict import scored
 from lorapilot.evaluate.linear_probe import L2, MAX_ITER, fit_linear_probe
 from lorapilot.evaluate.metrics import classification_metrics
 from lorapilot.evaluate.runner import EvalResult
 from lorapilot.modality.image_examples import ImageExamples
-from lorapilot.modality.image_model import load_image_classifier
 from lorapilot.modality.image_transforms import ImagePipeline
 from lorapilot.progress import Phase
 from lorapilot.spec import Pilot
@@ -42,9 +42,12 @@ def features(
 
     from lorapilot.modality.image_model import head_features
 
-    head = model.head_module()
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    head = base.head_module()
+    # an attached adapter switched off: the frozen base's features, its own head untouched
+    off = model.disable_adapter() if hasattr(model, "disable_adapter") else contextlib.nullcontext()
     out = []
-    with torch.inference_mode():
+    with torch.inference_mode(), off:
         for i in range(0, len(data), FEATURE_BATCH):
             idx = list(range(i, min(i + FEATURE_BATCH, len(data))))
             out.append(head_features(model, head, data.pixels(idx)).double().numpy())
@@ -54,6 +57,7 @@ def features(
 
 
 def probe_predictions(
+    model: Any,
     pilot: Pilot,
     prepared: Any,
     pipe: ImagePipeline,
@@ -64,8 +68,9 @@ def probe_predictions(
     label: str = "baseline",
     log: Callable[[str], None] | None = None,
 ) -> tuple[EvalResult, dict]:
-    """The linear probe (fitted on the training split's features of the frozen base) on
-    `split_records` -> (its evaluation, {probe, random_head_metrics, fitted_on})."""
+    """The linear probe (fitted on the training split's features of the frozen base: `model`,
+    any adapter switched off) on `split_records` -> (its evaluation, {probe,
+    random_head_metrics})."""
     import torch
 
     spec = pilot.spec
@@ -75,17 +80,14 @@ def probe_predictions(
     data = ImageExamples(pilot.dir, split_records, pipe, labels, limit)
     if not len(train) or not len(data):
         raise UsageError("the image baseline needs images in the train split and the one evaluated")
-    _, model = load_image_classifier(pilot)
+    model.eval()
     t0 = time.perf_counter()
     with Phase(f"{label}: features", len(train) + len(data), bar=progress, log=log) as bar:
         f_train = features(model, train, lambda n: bar.advance(n=n))
         f_eval = features(model, data, lambda n: bar.advance(n=n))
     probe = fit_linear_probe(f_train, np.array(train.label_ids), len(labels))
-    logits = probe.logits(f_eval)
-    preds, rows = prediction_rows(data, logits)
+    rows, metrics = scored(data, probe.logits(f_eval))
     gold = [r.label for r in data.records]
-    metrics = classification_metrics(gold, preds, labels)
-    metrics["n"] = len(data)
     torch.manual_seed(RANDOM_HEAD_SEED)
     head = torch.nn.Linear(f_eval.shape[1], len(labels)).double()
     with torch.no_grad():

@@ -222,8 +222,9 @@ class ImageModality:
 
         def evaluate_base(records, protocol, *, label="baseline", progress=True, log=None):
             return probe_predictions(
-                pilot, prepared, pipe, records, protocol, progress=progress, label=label, log=log
-            )
+                model, pilot, prepared, pipe, records, protocol, progress=progress, label=label,
+                log=log,
+            )  # fmt: skip
 
         protocol = image_protocol(spec, pipe, prepared.version, resolved.weights_sha256)
         return Loaded(resolved, model, prepared, evaluate, evaluate_base, problems, protocol)
