@@ -223,6 +223,24 @@ def measure(
     return out
 
 
+def checkpoint_seconds(model, batch: dict, tcfg, root, precision: str, loss_fn=None) -> float:
+    """One checkpoint as the training loop writes it (weights, optimizer state after a real
+    step, RNG) into `root`, timed, then removed."""
+    from lorapilot.train.checkpoint import save_checkpoint
+    from lorapilot.train.step import make_optimizer, make_scheduler
+
+    optimizer = make_optimizer(model, tcfg)
+    train_step(model, optimizer, None, [batch], count_target_tokens(batch), precision,
+               tcfg.max_grad_norm, loss_fn=loss_fn)  # fmt: skip
+    scheduler = make_scheduler(optimizer, "constant", 0, 1)
+    try:
+        t0 = time.perf_counter()
+        save_checkpoint(root, 1, model, optimizer, scheduler, None, {"step": 1, "probe": True})
+        return time.perf_counter() - t0
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def set_checkpointing(model, on: bool) -> None:
     """Non-reentrant activation checkpointing on or off, as the training loop sets it (LoRA's
     inputs do not require grad). transformers 5 renamed gradient_checkpointing_* to

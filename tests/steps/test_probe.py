@@ -205,7 +205,7 @@ def test_estimate_only_loads_no_weights_and_honours_set(tmp_path, tiny_model_dir
         raise AssertionError("--estimate-only must not load model weights")
 
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", no_weights)
-    monkeypatch.setattr(probe, "train_step", no_weights)
+    # every step the probe takes (measure, checkpoint_seconds) is stepmeasure's train_step
     monkeypatch.setattr(stepmeasure, "train_step", no_weights)
     pilot = tiny_pilot(tmp_path, tiny_model_dir)
     out = probe.run_probe(

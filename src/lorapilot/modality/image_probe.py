@@ -10,16 +10,15 @@ for images yet: `estimated_peak_memory_bytes` is None and the measured peak is t
 
 from __future__ import annotations
 
-import shutil
 import time
 from typing import Any
 
 from lorapilot.memmeter import PeakMemory
+from lorapilot.precision import resolve
 from lorapilot.spec import Pilot
-from lorapilot.stepmeasure import make_resident, measure
-from lorapilot.train.checkpoint import save_checkpoint
+from lorapilot.stepmeasure import checkpoint_seconds, make_resident, measure
 from lorapilot.train.loop import seed_everything
-from lorapilot.train.step import make_optimizer, make_scheduler, train_step
+from lorapilot.train.step import make_optimizer
 
 EVAL_EXAMPLES = 64
 
@@ -53,12 +52,13 @@ def probe_images(pilot: Pilot, run: Any, *, steps: int, warmup: int, progress: b
     mb = min(tcfg.micro_batch, len(data))
     batch = data.collate(list(range(mb)))
     loss_fn, _ = data.loss_fn(tcfg)
+    precision = resolve(tcfg.precision, device.type)  # `auto` as the loop resolves it
     model.train()
     m = measure(
         model,
         batch,
         make_opt=lambda: make_optimizer(model, tcfg),
-        precision=tcfg.precision if tcfg.precision != "auto" else "fp32",
+        precision=precision,
         max_grad_norm=tcfg.max_grad_norm,
         steps=steps,
         warmup=warmup,
@@ -85,7 +85,9 @@ def probe_images(pilot: Pilot, run: Any, *, steps: int, warmup: int, progress: b
             f"{m['later_step_s']:.3f} s ({row['images_per_s']:.1f} images/s), peak "
             f"{format_gib(m['peak_total_bytes'])}"
         )
-    checkpoint_s = _checkpoint_seconds(model, batch, tcfg, run.dir, loss_fn)
+    checkpoint_s = checkpoint_seconds(
+        model, batch, tcfg, run.dir / ".probe-checkpoint", precision, loss_fn
+    )
     records = tr.prepared.splits.get("val", [])[:EVAL_EXAMPLES]
     eval_eps = eval_peak = None
     if records:
@@ -108,18 +110,3 @@ def probe_images(pilot: Pilot, run: Any, *, steps: int, warmup: int, progress: b
         "load_check": None,
         "disturbed": False,
     }
-
-
-def _checkpoint_seconds(model, batch, tcfg, run_dir, loss_fn) -> float:
-    """One checkpoint as the training loop writes it (weights, optimizer, RNG), timed."""
-    optimizer = make_optimizer(model, tcfg)
-    train_step(model, optimizer, None, [batch], int(batch["labels"].numel()), "fp32",
-               tcfg.max_grad_norm, loss_fn=loss_fn)  # fmt: skip
-    scheduler = make_scheduler(optimizer, "constant", 0, 1)
-    root = run_dir / ".probe-checkpoint"
-    try:
-        t0 = time.perf_counter()
-        save_checkpoint(root, 1, model, optimizer, scheduler, None, {"step": 1, "probe": True})
-        return time.perf_counter() - t0
-    finally:
-        shutil.rmtree(root, ignore_errors=True)

@@ -52,7 +52,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import shutil
 import time
 from collections.abc import Callable
 from typing import Any
@@ -81,6 +80,7 @@ from lorapilot.sizing import (
 from lorapilot.spec import Pilot
 from lorapilot.stepmeasure import (
     CpuLoad,
+    checkpoint_seconds,
     make_resident,
     measure,
     other_processes,
@@ -88,14 +88,11 @@ from lorapilot.stepmeasure import (
 )
 from lorapilot.steprun import open_run, snapshot
 from lorapilot.train.batches import collate, count_target_tokens, example_target_tokens
-from lorapilot.train.checkpoint import save_checkpoint
 from lorapilot.train.loop import seed_everything
 from lorapilot.train.step import (
     loss_fn_for,
     make_optimizer,
-    make_scheduler,
     prefix_path,
-    train_step,
 )
 
 MIN_STEPS, MIN_WARMUP = 5, 1
@@ -416,28 +413,13 @@ def _load_phase(pilot: Pilot, device) -> tuple[Any, Any, Any, dict, dict]:
 
 
 def _checkpoint_seconds(pr: _Probe) -> float:
-    """One checkpoint as the training loop writes it (weights, optimizer, RNG), timed."""
+    """One checkpoint as the training loop writes it, on a typical micro-batch, timed."""
     tcfg = pr.pilot.spec.train
-    optimizer = make_optimizer(pr.model, tcfg)
     idx = pick_examples(pr.lengths, pr.targets["typical"], tcfg.micro_batch)
     batch = collate([pr.train_ex[i] for i in idx], pr.pad_id)
-    train_step(
-        pr.model,
-        optimizer,
-        None,
-        [batch],
-        count_target_tokens(batch),
-        tcfg.precision,
-        tcfg.max_grad_norm,
+    return checkpoint_seconds(
+        pr.model, batch, tcfg, pr.run.dir / ".probe-checkpoint", tcfg.precision
     )
-    scheduler = make_scheduler(optimizer, "constant", 0, 1)
-    root = pr.run.dir / ".probe-checkpoint"
-    try:
-        t0 = time.perf_counter()
-        save_checkpoint(root, 1, pr.model, optimizer, scheduler, None, {"step": 1, "probe": True})
-        return time.perf_counter() - t0
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def _measured(
