@@ -507,14 +507,22 @@ def verify(pilot: PilotArg, as_json: JsonFlag = False, run: RunOpt = None) -> Sh
 @verb
 def export(
     pilot: PilotArg,
-    out: Annotated[Path, typer.Option("--out", help="New folder for the merged model.")],
+    out: Annotated[
+        Path, typer.Option("--out", help="New (or empty) folder for the adapter or merged model.")
+    ],
     as_json: JsonFlag = False,
     run: RunOpt = None,
     merge: Annotated[
-        bool, typer.Option("--merge", help="Merge the adapter into the base weights.")
+        bool,
+        typer.Option(
+            "--merge",
+            help="Merge the adapter into the base weights and check the merged model's "
+            "outputs against the adapter's (default: export the adapter with its manifest).",
+        ),
     ] = False,
 ) -> Shown:
-    """Write a merged model folder that plain transformers loads (outputs checked)."""
+    """Export the adapter (files checked against its manifest), or with --merge a merged
+    model folder that loads without PEFT (outputs checked against the adapter)."""
     from lorapilot.steps.export import run_export
 
     return Shown(run_export(_pilot(pilot), run, out, merge), views.export)

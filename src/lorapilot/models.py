@@ -673,16 +673,48 @@ def load_base(pilot: Pilot, resolved: ResolvedModel | None = None):
 
 
 def attach_adapter(model: Any, adapter_dir: Path) -> Any:
-    """Base + saved PEFT adapter (safetensors only), ready for evaluation."""
+    """Base + saved PEFT adapter (safetensors only), ready for evaluation. A full fine-tune's
+    folder (model*.safetensors, no adapter) loads its weights into `model` instead, every
+    tensor accounted for."""
     from peft import PeftModel
 
     if not (adapter_dir / "adapter_model.safetensors").is_file():
+        if is_full_finetune(adapter_dir):
+            load_full_weights(model, adapter_dir)
+            return model.eval()
         raise UsageError(
             f"{adapter_dir}: no adapter_model.safetensors (was the train run completed?)"
         )
     peft_model = PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=False)
     peft_model.eval()
     return peft_model
+
+
+def is_full_finetune(folder: Path) -> bool:
+    """A saved full fine-tune: whole weights and no PEFT adapter config."""
+    return not (folder / "adapter_config.json").is_file() and any(
+        folder.glob("model*.safetensors")
+    )
+
+
+def load_full_weights(model: Any, folder: Path) -> None:
+    """Load a full fine-tune's model*.safetensors into `model`: a tensor missing (other than a
+    tied one, saved once) or unexpected is an error naming the folder."""
+    from safetensors.torch import load_file
+
+    loaded: dict = {}
+    for f in sorted(folder.glob("model*.safetensors")):
+        loaded.update(load_file(f))
+    missing, unexpected = model.load_state_dict(loaded, strict=False)
+    # A tied tensor (lm_head = embeddings) is saved once; it is "missing" but loaded.
+    own = model.state_dict()
+    loaded_ptrs = {own[k].data_ptr() for k in loaded if k in own}
+    really_missing = [k for k in missing if own[k].data_ptr() not in loaded_ptrs]
+    if really_missing or unexpected:
+        raise UsageError(
+            f"{folder} does not fit this model: missing {really_missing[:5]}, unexpected "
+            f"{list(unexpected)[:5]}"
+        )
 
 
 def image_processor_config(pilot: Pilot) -> dict | None:

@@ -121,7 +121,18 @@ def verify(r: dict) -> None:
 
 
 def export(r: dict) -> None:
-    stdout.print(f"[green]exported[/] {r['out']} (max logit diff {r['max_logit_diff']:.1e})")
+    if not r.get("merged"):
+        q = r.get("needs_quantization")
+        needs = f"; needs the base quantized as {q}" if q else ""
+        stdout.print(f"[green]exported the adapter[/] to {esc(r['out'])}{esc(needs)}")
+        return
+    agree = r.get("merge_agreement")
+    also = ""
+    if agree is not None:
+        also = f", agreement {agree:.1%} of {r['merge_agreement_examples']}"
+    stdout.print(
+        f"[green]exported[/] {esc(r['out'])} (max logit diff {r['max_logit_diff']:.1e}{also})"
+    )
 
 
 def _decision(r: dict) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -125,3 +126,57 @@ def test_perceptual_hash_is_close_for_a_resized_copy_and_far_for_another_image()
     other = noise(6, (64, 64)).resize((16, 16)).resize((64, 64), Image.Resampling.BICUBIC)
     assert bin(perceptual_hash(smooth) ^ perceptual_hash(near)).count("1") <= 4
     assert bin(perceptual_hash(smooth) ^ perceptual_hash(other)).count("1") >= 16
+
+
+def _image_dataset(tmp_path: Path, extra: list | None = None) -> Path:
+    """An image pilot whose data is a `save_to_disk` DatasetDict with an `Image` column (the
+    bytes embedded in the arrow files) and a ClassLabel label."""
+    import yaml
+    from datasets import ClassLabel, Dataset, DatasetDict, Features
+    from datasets import Image as HFImage
+
+    folder = image_pilot(tmp_path, per_label=2)
+    shutil.rmtree(folder / "data" / "images")
+    features = Features({"image": HFImage(), "label": ClassLabel(names=LABELS)})
+
+    def part(seed: int, n: int) -> Dataset:
+        rows = [{"bytes": _png(noise(seed + i)), "path": f"img{seed + i}.png"} for i in range(n)]
+        return Dataset.from_dict(
+            {"image": rows, "label": [i % len(LABELS) for i in range(n)]}, features=features
+        )
+
+    train = part(0, 6)
+    if extra:
+        train = Dataset.from_dict(
+            {"image": [*train["image"], *extra], "label": [*train["label"], 0]}, features=features
+        )
+    DatasetDict({"train": train, "validation": part(50, 3)}).save_to_disk(folder / "data" / "ds")
+    spec = yaml.safe_load((folder / "pilot.yaml").read_text())
+    spec["data"]["file"] = "data/ds"
+    spec["data"].pop("split")
+    (folder / "pilot.yaml").write_text(yaml.safe_dump(spec))
+    return folder
+
+
+def test_an_hf_image_column_is_read_like_image_files(tmp_path):
+    folder = _image_dataset(tmp_path)
+    records, skipped = load_all(load_pilot(folder))
+    assert skipped == [] and len(records) == 9
+    assert {r.split for r in records} == {"train", "val"}
+    r = records[0]
+    assert r.text.startswith(".cache/hf-images/") and r.text.endswith(".png")
+    assert (folder / r.text).read_bytes() == _png(noise(0))  # the embedded bytes, unchanged
+    assert (r.image.width, r.image.height, r.image.format) == (24, 20, "PNG")
+    assert r.source == "data/ds/train:row 1" and r.label == LABELS[0]
+    again, _ = load_all(load_pilot(folder))  # the stored file is reused, records identical
+    assert [x.text for x in again] == [x.text for x in records]
+
+
+def test_a_corrupt_image_in_an_hf_column_names_its_row(tmp_path):
+    bad = {"bytes": b"\x89PNG\r\n\x1a\nnot", "path": "bad.png"}
+    folder = _image_dataset(tmp_path, extra=[bad])
+    with pytest.raises(UsageError, match=r"data/ds/train:row 7: .*not an image Pillow can read"):
+        load_all(load_pilot(folder))
+    records, skipped = load_all(load_pilot(folder, sets=["data.on_error=skip"]))
+    assert len(records) == 9 and len(skipped) == 1
+    assert skipped[0].file == "data/ds/train" and skipped[0].line == 7

@@ -98,3 +98,30 @@ def test_contact_sheet_has_a_row_per_example():
     rows = [(Image.new("L", (28, 28), 200), Image.new("RGB", (112, 112)), "x") for _ in range(3)]
     sheet = contact_sheet(rows, "coat")
     assert sheet.mode == "RGB" and sheet.height > 3 * 128 and sheet.width >= 256
+
+
+@pytest.mark.parametrize(
+    "image",
+    [
+        {
+            "size": 32,
+            "resize": "shorter_side",
+            "crop": "center",
+            "mean": [0.5] * 3,
+            "std": [0.2] * 3,
+        },
+        {"size": 20, "resize": "stretch", "crop": "none", "normalize": "none"},
+    ],
+)
+def test_an_exported_processor_config_resolves_to_the_same_pipeline(image):
+    """What export writes as preprocessor_config.json gives back the pipeline it was measured
+    with when read as a base's processor (every key from the config, none from the spec)."""
+    from lorapilot.modality.image_export import processor_config_of
+
+    pipe = resolve_pipeline(ImageSpec(**image), None)
+    config = processor_config_of(pipe, {"image_processor_type": "ViTImageProcessor"})
+    again = resolve_pipeline(ImageSpec(), config)
+    assert config["image_processor_type"] == "ViTImageProcessor"
+    assert config["lorapilot_transforms"] == pipe.to_dict()
+    for key in ("size", "resize", "crop", "mode", "mean", "std", "resample"):
+        assert getattr(again, key) == getattr(pipe, key), key

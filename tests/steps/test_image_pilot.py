@@ -111,17 +111,7 @@ def test_baseline_is_a_linear_probe_fitted_on_train_and_scored_on_val(tmp_path, 
 
 def test_settings_not_built_for_images_are_refused_by_key(tmp_path):
     pilot = image_pilot(tmp_path / "p")
-    for setting, key in (
-        ("adapter.method=full", "adapter.method"),
-        ("train.grad_checkpointing=true", "train.grad_checkpointing"),
-    ):
+    for setting, key in (("train.grad_checkpointing=true", "train.grad_checkpointing"),):
         proc = run_cli("train", str(pilot), "--set", setting)
         assert proc.returncode == 2 and "Traceback" not in proc.stderr
         assert f"{key}: " in proc.stderr and "not available for image pilots yet" in proc.stderr
-
-
-def test_export_refuses_an_image_pilot_up_front(tmp_path):
-    pilot = image_pilot(tmp_path / "p")
-    proc = run_cli("export", str(pilot), "--merge", "--out", str(tmp_path / "merged"))
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert "`export` is not available for image pilots yet" in proc.stderr

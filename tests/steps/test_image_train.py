@@ -46,6 +46,25 @@ def test_smoke_train_verify_and_test_on_a_tiny_vit_and_a_missing_head_fails_veri
     # the base on the same rows is the baseline's classifier (the probe), not a random head
     assert set(test["baseline_metrics"]["per_category"]) == set(LABELS)
 
+    # Merged: plain transformers loads it with the pilot's labels and the trained head.
+    ex = run_json("export", str(pilot), "--merge", "--out", str(tmp_path / "merged"))
+    assert ex["ok"] and ex["merged"] and ex["max_logit_diff"] <= ex["tolerance"]
+    assert ex["merge_agreement"] == 1.0 and ex["merge_agreement_examples"] == 6
+    from transformers import AutoModelForImageClassification
+
+    plain = AutoModelForImageClassification.from_pretrained(tmp_path / "merged")
+    assert [plain.config.id2label[i] for i in range(len(LABELS))] == LABELS
+    assert not list((tmp_path / "merged").glob("adapter_*"))
+    proc_cfg = json.loads((tmp_path / "merged" / "preprocessor_config.json").read_text())
+    # the pilot's own transforms (normalize: none), not the base's processor (mean 0.5)
+    assert proc_cfg["lorapilot_transforms"]["size"] == 16 and proc_cfg["image_mean"] == [0.0] * 3
+    # Unmerged: the adapter and its manifest, re-hashed.
+    ad = run_json("export", str(pilot), "--out", str(tmp_path / "adapter"))
+    assert ad["ok"] and ad["merged"] is False and ad["needs_quantization"] is None
+    assert {"adapter_model.safetensors", "adapter_config.json", "lorapilot.json"} <= set(
+        ad["files"]
+    )
+
     # A saved adapter without its head (peft#2171): reloaded it would be a random head.
     weights = pilot / "runs" / tr["run_id"] / "adapter" / "adapter_model.safetensors"
     save_file({k: v for k, v in load_file(weights).items() if "classifier" not in k}, weights)
@@ -53,6 +72,11 @@ def test_smoke_train_verify_and_test_on_a_tiny_vit_and_a_missing_head_fails_veri
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     problems = json.loads(proc.stdout)["problems"]
     assert any("head net.classifier is missing" in p for p in problems), problems
+    for args, what in (("--merge",), "head net.classifier is missing"), ((), "differ from"):
+        proc = run_cli("export", str(pilot), *args, "--out", str(tmp_path / "again"), "--json")
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+        assert what in json.loads(proc.stdout)["error"]
+        assert not (tmp_path / "again").exists()  # nothing half-written
 
 
 def test_efficientnet_lora_on_its_pointwise_convs_keeps_batchnorm_frozen(tmp_path, image_model_dir):
@@ -63,3 +87,52 @@ def test_efficientnet_lora_on_its_pointwise_convs_keeps_batchnorm_frozen(tmp_pat
     assert kinds == {"_expand_conv", "_project_conv", "_conv_head"}
     shutil.rmtree(pilot / "runs" / tr["run_id"] / "checkpoints")  # verify needs the adapter only
     assert run_json("verify", str(pilot))["ok"] is True
+
+    ex = run_json("export", str(pilot), "--merge", "--out", str(tmp_path / "merged"))
+    assert ex["ok"] and ex["max_logit_diff"] <= ex["tolerance"] and ex["merge_agreement"] == 1.0
+    # The package's own model class loads the merged weights, strictly, and computes what
+    # lorapilot's reading of the folder computes.
+    import torch
+    from efficientnet_lite_pytorch import EfficientNet
+
+    from lorapilot.modality.image_export import load_exported
+
+    own = EfficientNet.from_name("efficientnet-lite0", num_classes=len(LABELS))
+    own.load_state_dict(load_file(tmp_path / "merged" / "model.safetensors"), strict=True)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(
+            own.eval()(x), load_exported(tmp_path / "merged", "efficientnet")(x)
+        )
+    # ... and lorapilot takes the folder as a base (a new head on the merged backbone)
+    from lorapilot.modality.image_model import load_image_classifier
+    from lorapilot.spec import load_pilot
+
+    _, again = load_image_classifier(load_pilot(pilot, sets=[f"model.base={tmp_path / 'merged'}"]))
+    merged_conv = own._conv_head.weight
+    torch.testing.assert_close(again.net._conv_head.weight, merged_conv, rtol=0, atol=0)
+
+
+def test_full_fine_tune_of_a_tiny_vit_verifies_tests_and_exports(tmp_path, tiny_vit_dir):
+    pilot = _on_model(image_pilot(tmp_path / "p"), tiny_vit_dir, max_steps=2)
+    tr = run_json("train", str(pilot), "--no-progress", "--set", "adapter.method=full")
+    assert tr["status"] == "completed" and tr["update_audit"]["ok"] is True
+    assert tr["trainable_params"] == tr["total_params"]
+    adapter = pilot / "runs" / tr["run_id"] / "adapter"
+    assert (adapter / "model.safetensors").is_file()
+    assert not (adapter / "adapter_config.json").exists()
+    v = run_json("verify", str(pilot))
+    assert v["ok"] is True and v["n_mismatched_predictions"] == 0
+    test = run_json("eval", str(pilot), "--split", "test", "--final", "--no-progress")
+    # the baseline on the test rows is the probe on the *base's* features (the base loaded
+    # beside the fine-tune), as the unadapted base computes it in this process
+    from lorapilot.modality import modality_of
+    from lorapilot.spec import load_pilot
+
+    loaded = modality_of(load_pilot(pilot)).load()
+    base, _ = loaded.evaluate_base(loaded.prepared.splits["test"], loaded.protocol, progress=False)
+    assert test["baseline_metrics"] == base.metrics
+    proc = run_cli("export", str(pilot), "--merge", "--out", str(tmp_path / "m"))
+    assert proc.returncode == 2 and "without --merge" in proc.stderr
+    ex = run_json("export", str(pilot), "--out", str(tmp_path / "whole"))
+    assert ex["ok"] and ex["method"] == "full" and "model.safetensors" in ex["files"]

@@ -103,6 +103,12 @@ def test_run_whole_pilot_then_rerun_reuses_every_phase(tmp_path, default_model_d
         "test",
         "report",
     ]
+    # the train phase on the real default model: audit ok, validation loss down, adapter saved
+    # (what test_train_step's 20 steps on the default model checked, inside the whole pilot)
+    train = json.loads((pilot / "runs" / first["train_run"] / "run.json").read_text())["result"]
+    assert train["update_audit"]["ok"] and train["train"]["steps"] >= 20
+    assert train["final_val_loss"] < train["initial_val_loss"]
+    assert (pilot / "runs" / first["train_run"] / "adapter" / "adapter_model.safetensors").is_file()
     t0 = time.time()
     second = run_json("run", str(pilot), "--no-progress")
     assert time.time() - t0 < 60

@@ -95,6 +95,49 @@ def test_export_merge_loads_with_plain_transformers(trained, tmp_path):
     assert "not empty" in again["error"]
 
 
+def test_full_fine_tune_verifies_tests_against_the_base_and_exports(tmp_path, tiny_model_dir):
+    pilot = tmp_path / "tt"
+    shutil.copytree(EXAMPLES / "ticket-triage", pilot, ignore=shutil.ignore_patterns("runs"))
+    spec = yaml.safe_load((pilot / "pilot.yaml").read_text())
+    spec["model"] = {"base": str(tiny_model_dir)}
+    spec["adapter"] = {"method": "full"}
+    spec["train"].update(max_steps=2, lr=1e-2, precision="fp32")
+    (pilot / "pilot.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    tr = run_json("train", str(pilot), "--no-progress")
+    assert tr["status"] == "completed" and tr["update_audit"]["ok"] is True
+    v = run_json("verify", str(pilot))
+    assert v["ok"] and v["n_mismatched_predictions"] == 0
+    test = run_json("eval", str(pilot), "--split", "test", "--final", "--no-progress")
+
+    # the base on the test rows is the base itself (loaded again), not the fine-tune
+    def scores(name: str) -> dict:
+        lines = (pilot / "runs" / test["run_id"] / name).read_text().splitlines()
+        return {json.loads(x)["id"]: json.loads(x)["scores"] for x in lines}
+
+    base_rows, ft_rows = scores("baseline_predictions.jsonl"), scores("predictions.jsonl")
+    assert set(base_rows) == set(ft_rows) and base_rows != ft_rows
+    from lorapilot.modality import modality_of
+    from lorapilot.spec import load_pilot
+
+    loaded = modality_of(load_pilot(pilot)).load()
+    base, _ = loaded.evaluate_base(loaded.prepared.splits["test"], loaded.protocol, progress=False)
+    assert test["baseline_metrics"] == base.metrics
+    ex = run_json("export", str(pilot), "--out", str(tmp_path / "whole"))
+    assert ex["ok"] and ex["merged"] is False and "model.safetensors" in ex["files"]
+    proc = run_json("export", str(pilot), "--merge", "--out", str(tmp_path / "m"), expect=2)
+    assert "without --merge" in proc["error"]
+
+
+def test_unmerged_export_copies_the_adapter_and_names_its_base(trained, tmp_path):
+    pilot, _, train = trained
+    out = run_json("export", str(pilot), "--out", str(tmp_path / "adapter"))
+    assert out["ok"] and out["merged"] is False and out["needs_quantization"] is None
+    assert out["base"]["sha256"]
+    src = pilot / "runs" / train["run_id"] / "adapter"
+    for name in out["files"]:
+        assert (tmp_path / "adapter" / name).read_bytes() == (src / name).read_bytes()
+
+
 def test_changed_base_is_refused_then_restored(trained):
     pilot, base, _ = trained
     weights = base / "model.safetensors"

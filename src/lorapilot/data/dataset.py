@@ -52,7 +52,9 @@ def load_all(pilot: Pilot) -> tuple[list[Record], list[Skipped]]:
     skipped: list[Skipped] = []
     for key, rel, split in file_sources(pilot):
         path = pilot.path(rel, key)
-        recs, skips = load_records(path, spec.task, data, split=split, display_path=rel, key=key)
+        recs, skips = load_records(
+            path, spec.task, data, split=split, display_path=rel, key=key, pilot_dir=pilot.dir
+        )
         records += recs
         skipped += skips
     if spec.task.modality == "image":

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lorapilot.data.images import embedded_image_path
 from lorapilot.data.rows import (
     BadRow,
     Record,
@@ -227,8 +228,11 @@ def cache_tables(hf: HFDataset, pilot_dir: Path | None = None) -> list[Table]:
 # --------------------------------------------------------------------------- rows -> records
 
 
-def _rows(table: Table, data: DataSpec, task: TaskSpec) -> Iterator[tuple[int, dict | BadRow]]:
-    """(row number, column -> JSON value); ClassLabel integers become their names."""
+def _rows(
+    table: Table, data: DataSpec, task: TaskSpec, pilot_dir: Path | None = None
+) -> Iterator[tuple[int, dict | BadRow]]:
+    """(row number, column -> JSON value); ClassLabel integers become their names; an `Image`
+    column's embedded bytes become a file in the pilot folder, named by its path."""
     import pyarrow as pa
 
     ds = table.ds
@@ -240,9 +244,11 @@ def _rows(table: Table, data: DataSpec, task: TaskSpec) -> Iterator[tuple[int, d
                 "set data.fields to map your column names"
             )
     fm = data.fields
-    wanted = list(
-        dict.fromkeys(c for c in (fm.text, fm.label, fm.target, fm.id) if c and c in names)
-    )
+    first = fm.image if task.modality == "image" else fm.text
+    wanted = list(dict.fromkeys(c for c in (first, fm.label, fm.target, fm.id) if c and c in names))
+    image_cols = [c for c, f in ds.features.items() if c in wanted and type(f).__name__ == "Image"]
+    if image_cols and pilot_dir is None:
+        raise UsageError(f"{table.shown}: an Image column is read only inside a pilot folder")
     class_names = {
         c: f.names
         for c, f in ds.features.items()
@@ -258,13 +264,16 @@ def _rows(table: Table, data: DataSpec, task: TaskSpec) -> Iterator[tuple[int, d
                     v = values.get(c)
                     if isinstance(v, int):
                         values[c] = labels[v] if 0 <= v < len(labels) else None
+                for c in image_cols:
+                    assert pilot_dir is not None
+                    values[c] = embedded_image_path(pilot_dir, values.get(c))
                 yield row, {k: jsonable(v) for k, v in values.items()}
     except pa.ArrowException as e:
         raise UsageError(f"{table.shown}:row {row + 1}: cannot read the data: {e}") from None
 
 
 def table_records(
-    tables: list[Table], task: TaskSpec, data: DataSpec
+    tables: list[Table], task: TaskSpec, data: DataSpec, pilot_dir: Path | None = None
 ) -> tuple[list[Record], list[Skipped]]:
     """Every table through the same record builder and policies as a data file."""
     records: list[Record] = []
@@ -272,7 +281,7 @@ def table_records(
     for t in tables:
         builder = RecordBuilder(task, data, t.shown, t.stem, t.split, row_numbers=True)
         recs, skips = collect_rows(
-            _rows(t, data, task),
+            _rows(t, data, task, pilot_dir),
             builder,
             data,
             t.shown,
@@ -291,14 +300,15 @@ def load_saved(
     split: str | None,
     shown: str,
     key: str = "data.file",
+    pilot_dir: Path | None = None,
 ) -> tuple[list[Record], list[Skipped]]:
-    return table_records(saved_tables(path, shown, key, split), task, data)
+    return table_records(saved_tables(path, shown, key, split), task, data, pilot_dir)
 
 
 def load_cached(
     hf: HFDataset, task: TaskSpec, data: DataSpec, pilot_dir: Path | None = None
 ) -> tuple[list[Record], list[Skipped]]:
-    return table_records(cache_tables(hf, pilot_dir), task, data)
+    return table_records(cache_tables(hf, pilot_dir), task, data, pilot_dir)
 
 
 # --------------------------------------------------------------------------- version

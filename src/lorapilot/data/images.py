@@ -36,6 +36,34 @@ def _pil() -> Any:
     return Image
 
 
+EMBEDDED_DIR = ".cache/hf-images"
+"""Where the images embedded in an HF dataset's `Image` column are stored, by sha256, inside
+the pilot folder: from there every step reads, checks and hashes them as it does files."""
+
+
+def embedded_image_path(pilot_dir: Path, value: Any) -> Any:
+    """An HF `Image` column's value (`{"bytes", "path"}`) as a path relative to the pilot
+    folder: embedded bytes are written once under PILOT/.cache/hf-images/ (atomically, named
+    by their sha256, so two runs or ranks write the same file); a value with no bytes is its
+    path (which must then lie inside the pilot folder). Anything else is returned as is, for
+    the record builder to judge."""
+    from lorapilot.fsutil import atomic_write_bytes
+
+    if not isinstance(value, dict):
+        return value
+    data, path = value.get("bytes"), value.get("path")
+    if not data:
+        return path
+    sha = hashlib.sha256(data).hexdigest()
+    ext = Path(path).suffix.lower() if isinstance(path, str) else ""
+    rel = f"{EMBEDDED_DIR}/{sha[:2]}/{sha}{ext if ext in IMAGE_EXTENSIONS else '.img'}"
+    full = pilot_dir / rel
+    if not full.is_file():
+        full.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(full, bytes(data))
+    return rel
+
+
 def resolve_image(pilot_dir: Path, rel: str) -> Path:
     """The file an image path names, which must stay inside the pilot folder once symlinks
     are followed (BadRow otherwise)."""

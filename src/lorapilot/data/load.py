@@ -60,6 +60,7 @@ def load_records(
     split: str | None = None,
     display_path: str | None = None,
     key: str | None = None,
+    pilot_dir: Path | None = None,
 ) -> tuple[list[Record], list[Skipped]]:
     """Read and validate every record of one file -> (valid records, skipped records).
 
@@ -77,7 +78,7 @@ def load_records(
         from lorapilot.data import hf  # `datasets` is an optional extra
 
         if hf.saved_kind(path):
-            return hf.load_saved(path, task, data, split, shown, key or "data.file")
+            return hf.load_saved(path, task, data, split, shown, key or "data.file", pilot_dir)
         if task.modality == "image":
             from lorapilot.data.images import folder_records
 

@@ -164,7 +164,7 @@ class ImageModality:
         from lorapilot.modality.image_model import load_image_classifier, lora_targets
 
         pilot, spec = self.pilot, self.pilot.spec
-        _refuse_unbuilt(pilot, adapter or spec.adapter)
+        _refuse_unbuilt(pilot)
         resolved, model = load_image_classifier(pilot)
         prepared = self.prepare()
         train_recs, val_recs = training_records(prepared, smoke_per_category, spec.train.seed)
@@ -203,10 +203,11 @@ class ImageModality:
         from lorapilot.evaluate.image_session import probe_predictions
         from lorapilot.fsutil import sha256_json
         from lorapilot.modality.image_model import load_image_classifier
-        from lorapilot.models import attach_adapter
+        from lorapilot.models import attach_adapter, is_full_finetune
 
         pilot, spec, pipe = self.pilot, self.pilot.spec, self.pipeline
         resolved, model = load_image_classifier(pilot, resolved)
+        full = adapter_dir is not None and is_full_finetune(Path(adapter_dir))
         problems = []
         if manifest is not None:
             now, then = sha256_json(pipe.to_dict()), manifest.get("transforms_sha256")
@@ -221,8 +222,11 @@ class ImageModality:
         evaluate = self._evaluator(prepared, resolved)
 
         def evaluate_base(records, protocol, *, label="baseline", progress=True, log=None):
+            # the probe reads the base's features: an adapter is switched off for them; a full
+            # fine-tune replaced the weights, so the base is loaded again beside it
+            base = load_image_classifier(pilot, resolved)[1] if full else model
             return probe_predictions(
-                model, pilot, prepared, pipe, records, protocol, progress=progress, label=label,
+                base, pilot, prepared, pipe, records, protocol, progress=progress, label=label,
                 log=log,
             )  # fmt: skip
 
@@ -269,18 +273,17 @@ def saved_head_problems(adapter_dir: Path, head: str) -> list[str]:
     return problems
 
 
-def _refuse_unbuilt(pilot: Pilot, adapter: AdapterSpec) -> None:
+def _refuse_unbuilt(pilot: Pilot) -> None:
     """Settings an image pilot cannot train with yet: refused up front (exit 2), by key."""
     t = pilot.spec.train
     for key, unbuilt, why in (
-        ("adapter.method", adapter.method == "full", "full fine-tuning of an image model"),
         ("train.grad_checkpointing", t.grad_checkpointing, "activation checkpointing"),
         ("train.distributed", t.distributed == "fsdp", "FSDP"),
     ):
         if unbuilt:
             raise UsageError(
                 f"{pilot.spec_path}: {key}: {why} is not available for image pilots yet "
-                "(LoRA with the head saved, one process or DDP, is)"
+                "(LoRA with the head saved, or full fine-tuning, in one process or DDP, is)"
             )
 
 

@@ -60,6 +60,22 @@ class ImageClassifier(nn.Module):
     def head_module(self) -> nn.Module:
         return self.net.get_submodule(self.head_name)
 
+    def save_pretrained(self, folder: Path, state_dict: dict | None = None, **_: Any) -> None:
+        """A full fine-tune's weights, as the training loop saves a model: model.safetensors
+        (this wrapper's keys, `net.*`) and a config naming the kind and head."""
+        from safetensors.torch import save_file
+
+        from lorapilot.fsutil import atomic_write_json
+
+        state = self.state_dict() if state_dict is None else state_dict
+        Path(folder).mkdir(parents=True, exist_ok=True)  # as transformers' save_pretrained does
+        save_file({k: v.detach().contiguous() for k, v in state.items()},
+                  str(Path(folder) / "model.safetensors"))  # fmt: skip
+        atomic_write_json(
+            Path(folder) / "config.json",
+            {"lorapilot_full_finetune": self.kind, "head": self.head_path},
+        )
+
 
 def _find_head(net: nn.Module, num_labels: int) -> str:
     for name in HEAD_NAMES:

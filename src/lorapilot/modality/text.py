@@ -119,10 +119,11 @@ class TextModality:
     ) -> Loaded:
         from lorapilot.data.format import template_hash, tokenizer_hash
         from lorapilot.evaluate.runner import evaluate_records, make_protocol
-        from lorapilot.models import attach_adapter, load_base
+        from lorapilot.models import attach_adapter, is_full_finetune, load_base
 
         pilot, spec = self.pilot, self.pilot.spec
         resolved, model, tok = load_base(pilot, resolved)
+        full = adapter_dir is not None and is_full_finetune(Path(adapter_dir))
         problems = []
         if manifest is not None:
             for what, now, then in (
@@ -141,11 +142,13 @@ class TextModality:
         evaluate = self._evaluator(tok, fmt, prepared)
 
         def evaluate_base(records, protocol, *, label="baseline", progress=True, log=None):
-            # an attached adapter switched off: the same model, protocol and rows
-            off = model.disable_adapter() if adapter_dir is not None else contextlib.nullcontext()
-            with off:
+            # an attached adapter switched off: the same model, protocol and rows; a full
+            # fine-tune replaced the weights, so the base is loaded again beside it
+            base = load_base(pilot, resolved)[1] if full else model
+            lora = adapter_dir is not None and not full
+            with model.disable_adapter() if lora else contextlib.nullcontext():
                 ev = evaluate_records(
-                    model, tok, fmt, spec, records, protocol, progress=progress, label=label,
+                    base, tok, fmt, spec, records, protocol, progress=progress, label=label,
                     log=log,
                 )  # fmt: skip
             return ev, {}

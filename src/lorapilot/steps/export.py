@@ -1,10 +1,12 @@
-"""`lorapilot export`: a merged model folder that plain transformers loads, checked against
-the adapter on validation prompts."""
+"""`lorapilot export`: the adapter as a folder of its own, or (`--merge`) a merged model folder
+that plain transformers (images: the model's own package or transformers) loads, checked
+against the adapter on the validation split."""
 
 from __future__ import annotations
 
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from lorapilot import registry
@@ -13,7 +15,7 @@ from lorapilot.errors import CheckFailed, UsageError
 from lorapilot.evaluate.runner import evaluate_records, make_protocol
 from lorapilot.fsutil import atomic_write_json
 from lorapilot.manifest import MANIFEST, adapter_files, read_manifest, weights_sha256
-from lorapilot.models import attach_adapter, load_base, require_text
+from lorapilot.models import attach_adapter, load_base
 from lorapilot.quantize import describe, identity, identity_differences
 
 MERGE_TOLERANCE = 1e-3
@@ -26,22 +28,61 @@ MERGE_AGREEMENT_MIN = 0.99
 predictions as the adapter on that base for at least this share of examples."""
 
 
-def run_export(pilot, run_id: str | None, out: Path, merge: bool = True) -> dict:
-    """A merged model folder (safetensors, config, tokenizer) that plain transformers loads,
-    checked against the adapter: on validation prompts' logits, and for a quantized base on
-    the validation split's predictions (`merge_agreement`)."""
-    import torch
-
-    require_text(pilot, "`export`")  # merging into an image model is not built yet
-    if not merge:
-        raise UsageError(
-            "export writes a merged model; pass --merge (the adapter itself is in the train run)"
-        )
+def run_export(pilot, run_id: str | None, out: Path, merge: bool = False) -> dict:
+    """The adapter folder, its files checked against its manifest (`merge` False), or a merged
+    model folder checked against the adapter: logits on validation inputs, and for a quantized
+    base (and for images) the validation split's predictions (`merge_agreement`)."""
     out = Path(out).resolve()
-    if out.exists() and any(out.iterdir()):
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UsageError(f"--out {out}: exists and is not empty; choose a new folder")
     train_id, adapter_dir = registry.adapter_of(pilot.dir, run_id)
     manifest = read_manifest(adapter_dir)
+    if not merge:
+        return _export_adapter(train_id, adapter_dir, manifest, out)
+    if manifest.get("method") != "lora":
+        raise UsageError(
+            f"--merge: train run {train_id} is a {manifest.get('method')} fine-tune, its "
+            "weights are already whole; export it without --merge"
+        )
+    if pilot.spec.task.modality == "image":
+        return _merge_image(pilot, train_id, adapter_dir, manifest, out)
+    return _merge_text(pilot, train_id, adapter_dir, manifest, out)
+
+
+def _export_adapter(train_id: str, adapter_dir: Path, manifest: dict, out: Path) -> dict:
+    """A copy of the adapter with its manifest, each file re-hashed against it first: what
+    base it needs (weights sha256) and, for a quantized base, the quantization it needs."""
+    now = adapter_files(adapter_dir)
+    if now != manifest.get("files"):
+        changed = sorted(
+            n for n in set(now) | set(manifest.get("files") or {})
+            if now.get(n) != (manifest.get("files") or {}).get(n)
+        )  # fmt: skip
+        raise CheckFailed(
+            f"{adapter_dir}: the adapter's files differ from its manifest ({', '.join(changed)}); "
+            "not exported"
+        )
+
+    def write(tmp: Path) -> None:
+        for name in [*now, MANIFEST]:
+            shutil.copy2(adapter_dir / name, tmp / name)
+
+    files = _write_folder(out, write)
+    return {
+        "ok": True,
+        "out": str(out),
+        "train_run": train_id,
+        "merged": False,
+        "method": manifest.get("method"),
+        "base": manifest["base"],
+        "needs_quantization": manifest.get("needs_quantization"),
+        "files": sorted([*files, MANIFEST]),
+    }
+
+
+def _merge_text(pilot, train_id: str, adapter_dir: Path, manifest: dict, out: Path) -> dict:
+    import torch
+
     resolved, base, tok = load_base(pilot)
     if weights_sha256(resolved.path, pilot.spec.model.allow_pickle) != manifest["base"]["sha256"]:
         raise CheckFailed(
@@ -76,32 +117,19 @@ def run_export(pilot, run_id: str | None, out: Path, merge: bool = True) -> dict
         )
         tolerance = None  # logits are reported; the gate is the predictions' agreement
     max_diff = max(float((a - b).abs().max()) for a, b in zip(before, after, strict=True))
-    files = _write_merged(out, merged, tok, {
-        "manifest_version": 1,
-        "kind": "merged",
-        "train_run": train_id,
-        "base": manifest["base"],
-        "base_identity": manifest.get("base_identity"),
-        "adapter_manifest": {
-            k: manifest[k] for k in ("data_version", "eval_protocol", "metrics", "method")
-        },
-        "merge_max_logit_diff": max_diff,
-        "merge_tolerance": tolerance,
-        **extra,
-    })  # fmt: skip
+
+    def write(tmp: Path) -> None:
+        merged.save_pretrained(tmp, safe_serialization=True)
+        tok.save_pretrained(tmp)
+
+    files = _write_folder(out, write, _merged_manifest(
+        train_id, manifest, max_diff=max_diff, tolerance=tolerance, **extra
+    ))  # fmt: skip
     if quantized:
         ok = extra["merge_agreement"] >= MERGE_AGREEMENT_MIN
     else:
         ok = max_diff <= MERGE_TOLERANCE
-    result = {
-        "ok": ok,
-        "out": str(out),
-        "train_run": train_id,
-        "max_logit_diff": max_diff,
-        "tolerance": tolerance,
-        "files": sorted(files),
-        **extra,
-    }
+    result = _merged_result(out, train_id, files, max_diff, tolerance, extra) | {"ok": ok}
     if not ok:
         why = (
             f"the merged model agrees with the adapter on {extra['merge_agreement']:.1%} of the "
@@ -111,6 +139,104 @@ def run_export(pilot, run_id: str | None, out: Path, merge: bool = True) -> dict
         )
         raise CheckFailed(why, result)
     return result
+
+
+def _merge_image(pilot, train_id: str, adapter_dir: Path, manifest: dict, out: Path) -> dict:
+    """LoRA folded into the classifier, the trained head in place; the folder written is read
+    back from its files and must give the adapter's logits on the whole validation split."""
+    import numpy as np
+
+    from lorapilot.evaluate.image_predict import logits_of
+    from lorapilot.modality import modality_of
+    from lorapilot.modality.image_export import load_exported, merged_classifier, save_classifier
+
+    modality = modality_of(pilot)
+    problems = modality.adapter_problems(adapter_dir, manifest)  # before PEFT trips on them
+    if not problems:
+        loaded = modality.load(adapter_dir, manifest)
+        problems = loaded.problems
+        if loaded.resolved.weights_sha256 != manifest["base"]["sha256"]:
+            problems.append(
+                f"the base weights in {loaded.resolved.path} are not the ones the adapter was "
+                "trained on"
+            )
+    if problems:
+        raise CheckFailed("; ".join(problems) + "; not exported")
+    data = modality.examples(loaded.prepared.splits["val"])  # type: ignore[attr-defined]
+    adapted = loaded.model.float()
+    before = logits_of(adapted, data, "fp32")
+    merged = merged_classifier(adapted)
+    labels = list(pilot.spec.task.labels or [])
+    pipe = modality.pipeline  # type: ignore[attr-defined]
+    kind = merged.kind
+    after: list = []
+
+    def write(tmp: Path) -> None:
+        save_classifier(merged, tmp, labels, pipe, loaded.resolved.path)
+        after.append(logits_of(load_exported(tmp, kind), data, "fp32"))  # from the files alone
+
+    checks: dict = {}
+
+    def measured() -> dict:
+        """The manifest, once the written folder was read back; a failed check raises here,
+        before the rename, so a failed export leaves nothing at --out."""
+        diff = float(np.abs(before - after[0]).max()) if len(data) else 0.0
+        agree = float((before.argmax(1) == after[0].argmax(1)).mean()) if len(data) else 1.0
+        checks.update(
+            merge_agreement=agree,
+            merge_agreement_examples=len(data),
+            loads_with=(
+                "efficientnet_lite_pytorch EfficientNet.from_name('efficientnet-lite0', "
+                f"num_classes={len(labels)}).load_state_dict(safetensors)"
+                if kind == "efficientnet"
+                else "transformers AutoModelForImageClassification.from_pretrained"
+            ),
+        )
+        if diff > MERGE_TOLERANCE or agree < 1.0:
+            result = _merged_result(out, train_id, [], diff, MERGE_TOLERANCE, checks)
+            raise CheckFailed(
+                f"the exported model, read back, differs from the adapter by {diff:.2e} in "
+                f"logits (tolerance {MERGE_TOLERANCE}) and agrees on {agree:.1%} of the "
+                "validation predictions; not exported",
+                result | {"ok": False},
+            )
+        checks["max_logit_diff"] = diff
+        return _merged_manifest(
+            train_id, manifest, max_diff=diff, tolerance=MERGE_TOLERANCE, **checks
+        )
+
+    files = _write_folder(out, write, measured)
+    diff = checks.pop("max_logit_diff")
+    return _merged_result(out, train_id, files, diff, MERGE_TOLERANCE, checks)
+
+
+def _merged_manifest(train_id: str, manifest: dict, *, max_diff=None, tolerance, **extra):
+    return {
+        "manifest_version": 1,
+        "kind": "merged",
+        "train_run": train_id,
+        "base": manifest["base"],
+        "base_identity": manifest.get("base_identity"),
+        "adapter_manifest": {
+            k: manifest.get(k) for k in ("data_version", "eval_protocol", "metrics", "method")
+        },
+        "merge_max_logit_diff": max_diff,
+        "merge_tolerance": tolerance,
+        **extra,
+    }
+
+
+def _merged_result(out: Path, train_id: str, files, max_diff, tolerance, extra) -> dict:
+    return {
+        "ok": True,
+        "out": str(out),
+        "train_run": train_id,
+        "merged": True,
+        "max_logit_diff": max_diff,
+        "tolerance": tolerance,
+        "files": sorted(files),
+        **extra,
+    }
 
 
 def _last_logits(model, prompt: list[int]):
@@ -172,16 +298,18 @@ def _merge_quantized(pilot, base, tok, fmt, prompts: list, adapter_dir: Path, pr
     )
 
 
-def _write_merged(out: Path, merged, tok, manifest: dict) -> dict:
-    """Save the merged model, tokenizer and manifest into a temp folder, then rename it into
-    place (a killed export leaves no half folder)."""
+def _write_folder(out: Path, write: Callable[[Path], None], manifest=None) -> dict:
+    """Fill a temp folder beside `out` with `write`, add the manifest (a dict, or a callable
+    giving it once `write` ran), then rename it into place: a killed export leaves no half
+    folder. Returns the files' sha256 (the manifest excluded)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        merged.save_pretrained(tmp, safe_serialization=True)
-        tok.save_pretrained(tmp)
+        write(tmp)
         files = adapter_files(tmp)
-        atomic_write_json(tmp / MANIFEST, {**manifest, "files": files})
+        if manifest is not None:
+            body = manifest() if callable(manifest) else manifest
+            atomic_write_json(tmp / MANIFEST, {**body, "files": files})
         if out.exists():
             out.rmdir()
         tmp.rename(out)

@@ -36,6 +36,7 @@ import torch
 from lorapilot.adapter import is_peft
 from lorapilot.errors import UsageError
 from lorapilot.fsutil import atomic_write_json, atomic_write_text, read_jsonl, sha256_file, to_json
+from lorapilot.models import load_full_weights
 from lorapilot.train import fsdp
 
 KEEP_CHECKPOINTS = 2
@@ -226,7 +227,7 @@ def load_checkpoint(folder: Path, model, optimizer, scheduler, scaler, sharded=N
                 f"unexpected keys {result.unexpected_keys[:5]}"
             )
     else:
-        _load_full_weights(model, folder)
+        load_full_weights(model, folder)
     names = param_names(model, optimizer)
     if state.get("param_names") != names:
         raise UsageError(
@@ -253,24 +254,6 @@ def load_checkpoint(folder: Path, model, optimizer, scheduler, scaler, sharded=N
         scaler.load_state_dict(state["scaler"])
     _set_rng_state(state["rng"])
     return state
-
-
-def _load_full_weights(model, folder: Path) -> None:
-    from safetensors.torch import load_file
-
-    loaded: dict[str, torch.Tensor] = {}
-    for f in sorted(folder.glob("model*.safetensors")):
-        loaded.update(load_file(f))
-    missing, unexpected = model.load_state_dict(loaded, strict=False)
-    # A tied tensor (lm_head = embeddings) is saved once; it is "missing" but loaded.
-    own = model.state_dict()
-    loaded_ptrs = {own[k].data_ptr() for k in loaded if k in own}
-    really_missing = [k for k in missing if own[k].data_ptr() not in loaded_ptrs]
-    if really_missing or unexpected:
-        raise UsageError(
-            f"checkpoint {folder} does not fit this model: missing "
-            f"{really_missing[:5]}, unexpected {list(unexpected)[:5]}"
-        )
 
 
 def param_names(model, optimizer) -> list[str]:
