@@ -117,3 +117,14 @@ def locked(path: str | os.PathLike):
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def follow_umask(folder: Path) -> None:
+    """mkdtemp makes 0700 folders and safetensors 0600 files: a folder handed to users (an
+    export, the model cache) gets what a plain mkdir and open would give under their umask."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(folder, 0o777 & ~umask)
+    for p in folder.rglob("*"):
+        if not p.is_symlink():
+            os.chmod(p, (0o777 if p.is_dir() else 0o666) & ~umask)

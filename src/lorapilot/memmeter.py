@@ -94,3 +94,33 @@ class PeakMemory:
     def total(self) -> int:
         """What a memory limit is checked against: CUDA max reserved, CPU the peak RSS."""
         return self.cuda_reserved if self.cuda_reserved is not None else self.rss_peak
+
+
+@contextlib.contextmanager
+def live_tensor_peak():
+    """Peak bytes of CPU tensors allocated and not yet freed inside the block, from torch's
+    profiler memory events (yields a dict; `peak_bytes` is set on exit).
+
+    What a CPU's RSS cannot say: glibc keeps freed blocks in its heaps, so the RSS increase of
+    the same step on the same model varies with the heap's history (1.4-2.2 GiB for one
+    configuration of the default model, bench/README.md), while the bytes torch holds live
+    are the same every time: the figure to hold an analytic memory model to, as CUDA's max
+    allocated is. Tensors live before the block (weights, optimizer states) are not counted;
+    memory that libraries allocate outside torch's allocator (oneDNN scratch) is not seen."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    out: dict = {"peak_bytes": None}
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        yield out
+    cpu = torch.autograd.DeviceType.CPU
+    events = sorted(
+        (e.start_ns(), e.nbytes())
+        for e in prof.profiler.kineto_results.events()
+        if e.name() == "[memory]" and e.device_type() == cpu
+    )
+    live = peak = 0
+    for _, n in events:
+        live += n
+        peak = max(peak, live)
+    out["peak_bytes"] = peak

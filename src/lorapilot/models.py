@@ -296,11 +296,9 @@ def _check_saved(folder: Path, expected_model) -> None:
 
 def _default_permissions(folder: Path) -> None:
     """safetensors writes 0600 files; a shared model cache should follow the user's umask."""
-    umask = os.umask(0)
-    os.umask(umask)
-    for p in folder.rglob("*"):
-        if p.is_file():
-            os.chmod(p, 0o666 & ~umask)
+    from lorapilot.fsutil import follow_umask
+
+    follow_umask(folder)
 
 
 def _swap_into_place(new: Path, target: Path) -> None:
@@ -692,9 +690,7 @@ def attach_adapter(model: Any, adapter_dir: Path) -> Any:
 
 def is_full_finetune(folder: Path) -> bool:
     """A saved full fine-tune: whole weights and no PEFT adapter config."""
-    return not (folder / "adapter_config.json").is_file() and any(
-        folder.glob("model*.safetensors")
-    )
+    return not (folder / "adapter_config.json").is_file() and any(folder.glob("model*.safetensors"))
 
 
 def load_full_weights(model: Any, folder: Path) -> None:

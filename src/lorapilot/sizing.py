@@ -132,13 +132,16 @@ def estimate_row(
         workspace_fraction=workspace,
         **quantized_memory(spec.model.quantization),
     )
+    grown = sum(est[k] for k in STEP_GROWTH)
     if basis == STEP_INCREASE:
-        grown = sum(est[k] for k in STEP_GROWTH)
         compared = int(grown * (1 + workspace))
     else:
         compared = est["total"]
     return {
         "estimated_peak_memory_bytes": compared,
+        # what the step's own tensors hold at once, no allocator overhead: the CPU probe's
+        # peak_live_bytes is measured against it
+        "estimated_live_bytes": grown if basis == STEP_INCREASE else None,
         "estimated_total_bytes": est["total"],
         "estimate_basis": basis,
         "estimate_components": est,

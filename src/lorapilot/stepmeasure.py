@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from lorapilot.environment import usable_cores
-from lorapilot.memmeter import PeakMemory
+from lorapilot.memmeter import PeakMemory, live_tensor_peak
 from lorapilot.train.batches import batch_units, count_target_tokens
 from lorapilot.train.step import train_step
 
@@ -163,34 +163,52 @@ def measure(
     warmup: int,
     device,
     loss_fn: Callable | None = None,
+    live: bool = False,
 ) -> dict:
     """Fresh optimizer, `warmup` + `steps` train_steps on one batch, timed and peak-measured
     (with the training loop's `loss_fn`: the shared-prefix path when it is the one that
-    will run). An out-of-memory error is caught and returned as ok=False."""
+    will run). An out-of-memory error is caught and returned as ok=False.
+
+    `live` (CPU): the last measured step also runs under the profiler's memory events and is
+    left out of the times: `peak_live_bytes` is the most its tensors held at once, plus the
+    optimizer states it kept (see `memmeter.live_tensor_peak`)."""
     import torch
 
     total_targets = count_target_tokens(batch)
     times: list[float] = []
-    out: dict[str, Any] = {"ok": True, "error": None}
+    out: dict[str, Any] = {"ok": True, "error": None, "peak_live_bytes": None}
     optimizer = None
+    n_steps = warmup + steps
     with PeakMemory(device) as mem:
         try:
             optimizer = make_opt()
-            for _ in range(warmup + steps):
+            for k in range(n_steps):
+                profiled = live and k == n_steps - 1 and steps > 1
                 t0 = time.perf_counter()
-                res = train_step(
-                    model,
-                    optimizer,
-                    None,
-                    [batch],
-                    total_targets,
-                    precision,
-                    max_grad_norm,
-                    loss_fn=loss_fn,
-                )
+                with live_tensor_peak() if profiled else contextlib.nullcontext({}) as seen:
+                    res = train_step(
+                        model,
+                        optimizer,
+                        None,
+                        [batch],
+                        total_targets,
+                        precision,
+                        max_grad_norm,
+                        loss_fn=loss_fn,
+                    )
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)
-                times.append(time.perf_counter() - t0)
+                if profiled:
+                    states = sum(
+                        t.nbytes
+                        for st in optimizer.state.values()
+                        for t in st.values()
+                        if torch.is_tensor(t)
+                    )
+                    out["peak_live_bytes"] = seen["peak_bytes"] + states
+                    out["profiled_step_s"] = time.perf_counter() - t0
+                else:
+                    times.append(time.perf_counter() - t0)
                 out["loss"] = res["loss"]
         except Exception as e:
             if not is_out_of_memory(e):
@@ -211,7 +229,7 @@ def measure(
         first_step_s=times[0] if times else None,
         later_step_s=statistics.median(later) if later else None,
         later_step_max_s=max(later) if later else None,
-        steps_run=len(times),
+        steps_run=len(times) + (out["peak_live_bytes"] is not None),
         tokens=tokens,
         target_tokens=total_targets,
         tokens_per_s=tokens / statistics.median(later) if later else None,

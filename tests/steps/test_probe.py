@@ -96,6 +96,12 @@ def test_probe_measures_two_lengths_with_checkpointing_off_and_on(probed):
         assert r["estimate_components"]["weights"] > 0  # kept, only left out of the comparison
         if r["peak_memory_bytes"] > 0:
             assert r["estimate_error"] is not None
+        # what the step's tensors held at once (profiled last step, not timed) beside the
+        # memory model's count of them
+        assert r["peak_live_bytes"] > 0 and r["estimated_live_bytes"] > 0
+        assert r["live_estimate_error"] == pytest.approx(
+            r["estimated_live_bytes"] / r["peak_live_bytes"] - 1
+        )
     typical = next(r for r in rows if r["length"] == "typical")
     long = next(r for r in rows if r["length"] == "long")
     assert typical["seq_len"] < long["seq_len"] <= 256  # data.max_length of ticket-triage
@@ -130,6 +136,33 @@ def test_probe_measures_two_lengths_with_checkpointing_off_and_on(probed):
         assert ev["estimate_error"] == pytest.approx(
             ev["estimated_peak_memory_bytes"] / ev["measured_peak_memory_bytes"] - 1
         )
+
+
+def test_live_tensor_bytes_are_the_same_every_time_and_grow_with_the_batch(probed):
+    """Unlike a CPU's RSS (which depends on what the heap kept from earlier work), the bytes
+    torch holds live during a step are a property of the step: measured twice, the same."""
+    from lorapilot.modality import modality_of
+    from lorapilot.train.batches import collate
+    from lorapilot.train.step import make_optimizer
+
+    pilot, _, _ = probed
+    p = load_pilot(pilot)
+    tr = modality_of(p).trainee()
+    tr.model.train()
+    ex = tr.train_set.examples
+
+    def live(n: int) -> int:
+        batch = collate(ex[:n], tr.train_set.pad_id)
+        m = stepmeasure.measure(
+            tr.model, batch, make_opt=lambda: make_optimizer(tr.model, p.spec.train),
+            precision="fp32", max_grad_norm=1.0, steps=2, warmup=1, device=torch.device("cpu"),
+            live=True,
+        )  # fmt: skip
+        assert m["steps_run"] == 3 and m["profiled_step_s"] > 0
+        return m["peak_live_bytes"]
+
+    four = live(4)
+    assert live(4) == four and live(8) > four
 
 
 def test_search_batch_records_an_injected_oom_and_goes_on(tmp_path, tiny_model_dir, monkeypatch):

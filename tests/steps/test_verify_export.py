@@ -136,6 +136,16 @@ def test_unmerged_export_copies_the_adapter_and_names_its_base(trained, tmp_path
     src = pilot / "runs" / train["run_id"] / "adapter"
     for name in out["files"]:
         assert (tmp_path / "adapter" / name).read_bytes() == (src / name).read_bytes()
+    # a folder for users: the permissions of a plain mkdir/open under their umask, not
+    # mkdtemp's 0700 and safetensors' 0600
+    import os
+    import stat
+
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE((tmp_path / "adapter").stat().st_mode) == 0o777 & ~umask
+    weights = tmp_path / "adapter" / "adapter_model.safetensors"
+    assert stat.S_IMODE(weights.stat().st_mode) == 0o666 & ~umask
 
 
 def test_changed_base_is_refused_then_restored(trained):

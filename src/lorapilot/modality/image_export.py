@@ -70,7 +70,12 @@ def save_classifier(
         save_file(state, str(folder / "model.safetensors"))
         atomic_write_json(
             folder / "config.json",
-            {**image_config(), "num_labels": len(labels), **_label_maps(labels)},
+            {
+                **image_config(),
+                "num_labels": len(labels),
+                "image_size": pipe.size,
+                **_label_maps(labels),
+            },  # fmt: skip
         )
     else:
         # its config already maps the pilot's labels (set when the new head was made)

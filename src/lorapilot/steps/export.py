@@ -13,7 +13,7 @@ from lorapilot import registry
 from lorapilot.data.dataset import formatter_for, prepare_data
 from lorapilot.errors import CheckFailed, UsageError
 from lorapilot.evaluate.runner import evaluate_records, make_protocol
-from lorapilot.fsutil import atomic_write_json
+from lorapilot.fsutil import atomic_write_json, follow_umask
 from lorapilot.manifest import MANIFEST, adapter_files, read_manifest, weights_sha256
 from lorapilot.models import attach_adapter, load_base
 from lorapilot.quantize import describe, identity, identity_differences
@@ -310,6 +310,7 @@ def _write_folder(out: Path, write: Callable[[Path], None], manifest=None) -> di
         if manifest is not None:
             body = manifest() if callable(manifest) else manifest
             atomic_write_json(tmp / MANIFEST, {**body, "files": files})
+        follow_umask(tmp)
         if out.exists():
             out.rmdir()
         tmp.rename(out)

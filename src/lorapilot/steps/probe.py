@@ -201,11 +201,17 @@ def _describe(row: dict) -> str:
         return f"probe: {what}: estimate {format_gib(row['estimated_peak_memory_bytes'])}" + (
             f" ({row['error']})" if row.get("error") else ""
         )
+    live = ""
+    if row.get("peak_live_bytes"):
+        live = (
+            f"; tensors live {format_gib(row['peak_live_bytes'])} (estimate "
+            f"{format_gib(row['estimated_live_bytes'])})"
+        )
     return (
         f"probe: {what}: first {row['first_step_s']:.3f} s, "
         f"later {row['later_step_s'] or 0:.3f} s, "
         f"peak {format_gib(row['peak_memory_bytes'])} (estimate "
-        f"{format_gib(row['estimated_peak_memory_bytes'])})"
+        f"{format_gib(row['estimated_peak_memory_bytes'])}){live}"
         + ("" if row["ok"] else f" FAILED {row['error']}")
     )
 
@@ -335,6 +341,7 @@ def _measure_config(pr: _Probe, name: str, mb: int, ckpt: bool, search: bool = F
         warmup=pr.warmup,
         device=pr.device,
         loss_fn=loss_fn,
+        live=pr.on_cpu,
     )
     del batch
     row = {
@@ -367,6 +374,11 @@ def _measure_config(pr: _Probe, name: str, mb: int, ckpt: bool, search: bool = F
     row["estimate_error"] = (
         relative_error(row["estimated_peak_memory_bytes"], m["peak_memory_bytes"])
         if m["ok"]
+        else None
+    )
+    row["live_estimate_error"] = (
+        relative_error(row["estimated_live_bytes"], m["peak_live_bytes"])
+        if m["ok"] and row["estimated_live_bytes"] and m["peak_live_bytes"]
         else None
     )
     pr.rows.append(row)
