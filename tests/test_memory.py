@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from lorapilot.memory import (
@@ -135,6 +137,26 @@ def test_activations_are_linear_in_batch_and_length_with_sdpa():
     a = step(micro_batch=2, seq_len=256)["activations"]
     assert step(micro_batch=4, seq_len=256)["activations"] == pytest.approx(2 * a, rel=1e-6)
     assert step(micro_batch=2, seq_len=512)["activations"] == pytest.approx(2 * a, rel=1e-6)
+
+
+def test_a_shared_prefix_saves_the_rows_copies_of_it_but_not_their_keys_and_values():
+    """The prefix runs once: a layer keeps n + b(s - n) tokens' activations, plus each row's
+    keys and values over the whole length (the prefix's, concatenated with its own)."""
+    from lorapilot.memory import layer_activation_bytes
+
+    b, s, n = 4, 256, 192
+    base = step(micro_batch=b, seq_len=s)
+    assert step(micro_batch=b, seq_len=s, shared_prefix_tokens=0) == base
+    assert step(micro_batch=1, seq_len=s, shared_prefix_tokens=n) == step(micro_batch=1, seq_len=s)
+    shared = step(micro_batch=b, seq_len=s, shared_prefix_tokens=n)
+    layer = layer_activation_bytes(
+        TINY, micro_batch=b, seq_len=s, precision="bf16", weight_dtype_bytes=4
+    )["total"]
+    computed = n + b * (s - n)
+    kv = 2 * 2 * TINY.kv_dim * (b * s - computed)  # bf16 keys and values of the prefix, per row
+    per_layer = math.ceil(layer * computed / (b * s) + kv)
+    assert shared["activations"] == TINY.n_layers * per_layer + 4 * TINY.hidden * computed
+    assert shared["activations"] < base["activations"] and shared["logits"] == base["logits"]
 
 
 def test_eager_attention_grows_quadratically_in_length():

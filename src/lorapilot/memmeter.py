@@ -97,6 +97,23 @@ class PeakMemory:
 
 
 @contextlib.contextmanager
+def _stderr_muted():
+    """fd 2 pointed at /dev/null for the block (C++ code writes there, not to sys.stderr)."""
+    import os
+    import sys
+
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+@contextlib.contextmanager
 def live_tensor_peak():
     """Peak bytes of CPU tensors allocated and not yet freed inside the block, from torch's
     profiler memory events (yields a dict; `peak_bytes` is set on exit).
@@ -111,8 +128,14 @@ def live_tensor_peak():
     from torch.profiler import ProfilerActivity, profile
 
     out: dict = {"peak_bytes": None}
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+    with _stderr_muted():  # kineto prints "profiler_start"/"profiler_stop" lines on fd 2
+        prof.start()
+    try:
         yield out
+    finally:
+        with _stderr_muted():
+            prof.stop()
     cpu = torch.autograd.DeviceType.CPU
     events = sorted(
         (e.start_ns(), e.nbytes())

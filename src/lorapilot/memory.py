@@ -347,8 +347,15 @@ def estimate_step_memory(
     workspace_fraction: float = DEFAULT_WORKSPACE_FRACTION,
     quantized_bytes_per_param: float | None = None,
     dequantize_bytes: int = 2,
+    shared_prefix_tokens: int = 0,
 ) -> dict[str, int]:
     """Estimated peak bytes of one micro-batch step, by component (COMPONENTS) and "total".
+
+    `shared_prefix_tokens` > 0: the shared-prefix path (train/step.py), where the rows'
+    common prefix runs once and each row only its own tokens: a layer saves activations
+    for n + micro_batch x (seq_len - n) tokens (per-token bytes as in the unshared step:
+    exact for sdpa, approximate for eager attention's probabilities), plus, per row, the keys
+    and values of the prefix, which the rows' attention concatenates with their own.
 
     An estimate, to be compared with the probe's measurement (the probe reports the
     error). Activations: every layer's saved tensors (`layer_activation_bytes`) plus the
@@ -369,6 +376,8 @@ def estimate_step_memory(
     if loss_positions_per_example is not None and loss_positions_per_example <= 0:
         raise ValueError("loss_positions_per_example must be positive (None = every position)")
     tokens = micro_batch * seq_len
+    n_prefix = min(max(shared_prefix_tokens, 0), seq_len)
+    computed = tokens - (micro_batch - 1) * n_prefix  # the prefix once, every row's rest
     layer = layer_activation_bytes(
         shape,
         micro_batch=micro_batch,
@@ -382,9 +391,12 @@ def estimate_step_memory(
         lora_dropout=lora_dropout,
         dropout_mask_bytes=dropout_mask_bytes,
     )["total"]
-    final_norm = 4 * shape.hidden * tokens
+    if computed < tokens:
+        prefix_kv = compute_bytes(precision, weight_dtype_bytes) * 2 * shape.kv_dim
+        layer = math.ceil(layer * computed / tokens + prefix_kv * (tokens - computed))
+    final_norm = 4 * shape.hidden * computed
     if grad_checkpointing:
-        kept = shape.n_layers * residual_bytes(weight_dtype_bytes) * shape.hidden * tokens
+        kept = shape.n_layers * residual_bytes(weight_dtype_bytes) * shape.hidden * computed
         activations = kept + layer + final_norm
     else:
         activations = shape.n_layers * layer + final_norm

@@ -106,8 +106,10 @@ def estimate_row(
     loss_positions: int,
     on_cpu: bool,
     basis: str,
+    shared_prefix: int = 0,
 ) -> dict:
-    """The memory model's figure for one configuration, on the basis it is compared on."""
+    """The memory model's figure for one configuration, on the basis it is compared on
+    (`shared_prefix`: tokens the rows share when the shared-prefix path runs, else 0)."""
     spec = pilot.spec
     workspace = DEFAULT_WORKSPACE_FRACTION
     if on_cpu:
@@ -131,6 +133,7 @@ def estimate_row(
         dropout_mask_bytes=4 if on_cpu else 1,  # CPUs keep a float mask (see memory.py)
         workspace_fraction=workspace,
         **quantized_memory(spec.model.quantization),
+        shared_prefix_tokens=shared_prefix,
     )
     grown = sum(est[k] for k in STEP_GROWTH)
     if basis == STEP_INCREASE:

@@ -184,6 +184,8 @@ def test_torchrun_two_ranks_one_run_matching_single_process(pilot):
     )
     assert out["distributed"] == dist
     assert rec["result"]["train"]["world_size"] == 2
+    # each rank trains through its rows' shared prefix once, inside the module DDP wraps
+    assert rec["result"]["train"]["prefix"]["path"] == "shared", rec["result"]["train"]["prefix"]
     assert rec["environment"]["libraries"]["torch"]
     ddp_steps = _steps(runs[0])
     assert [s["step"] for s in ddp_steps] == [1, 2, 3]

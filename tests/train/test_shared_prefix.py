@@ -152,3 +152,29 @@ def test_train_records_which_prefix_path_ran(tmp_path, tiny_model_dir):
     off = run_json("train", str(pilot), "--set", "train.shared_prefix=off", "--no-progress")
     assert off["prefix"]["path"] == "unshared" and off["prefix"]["tokens_saved"] == 0
     assert "off" in off["prefix"]["why"]
+
+
+def test_on_the_default_model_with_real_prompts_loss_and_gradients_equal_unshared(
+    default_model_dir,
+):
+    """The issue's second case: SmolLM2-135M in fp32 with ticket-triage's LoRA (r 16, every
+    linear), three real training rows of different lengths encoded as training encodes them
+    (chat template, system prompt with the label list: the shared prefix), loss on answers."""
+    from conftest import EXAMPLES
+
+    from lorapilot.modality import modality_of
+    from lorapilot.spec import load_pilot
+    from lorapilot.train.batches import collate
+
+    trainee = modality_of(load_pilot(EXAMPLES / "ticket-triage")).trainee()
+    model = trainee.model.float().train()
+    torch.manual_seed(0)
+    for name, p in model.named_parameters():  # B starts at 0; give the gradient of A a value
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.02)
+    rows = sorted(trainee.train_set.examples, key=lambda e: e.n_tokens)
+    batch = collate([rows[0], rows[len(rows) // 2], rows[-1]], trainee.train_set.pad_id)
+    assert shared_prefix_len(batch) >= 32 and prefix_path(model, batch)[0] == "shared"
+    assert_same(
+        grads(model, batch, shared_prefix_loss_sum), grads(model, batch, causal_lm_loss_sum)
+    )

@@ -20,8 +20,8 @@ training examples:
   would exceed the number of training examples.
 - timing: each configuration gets a fresh optimizer, `warmup` warm-up steps and `steps`
   measured steps; first_step_s is its very first (cold) step, later_step_s the median
-  and later_step_max_s the max of the measured ones. One step = one micro-batch and one
-  optimizer update.
+  and later_step_max_s the max of the measured ones (on CPU all but the profiled last).
+  One step = one micro-batch and one optimizer update.
 - memory, CUDA: torch.cuda.max_memory_allocated (and _reserved) after
   reset_peak_memory_stats; compared with the estimate's *total* (weights included).
   CPU: the peak RSS over the RSS just before the configuration's first step (a psutil
@@ -34,6 +34,12 @@ training examples:
   `peak_total_bytes` is the whole figure
   (CPU: the process's peak RSS; CUDA: max reserved), what a memory limit is checked
   against. estimate_error = (estimate - measured) / measured: positive overestimates.
+  CPU, also: the last measured step runs under torch's profiler memory events (and is left
+  out of the times): `peak_live_bytes`, what the step's tensors held at once, beside the
+  model's `estimated_live_bytes` (`live_estimate_error`). The RSS depends on what glibc's
+  heap kept from earlier work; the live bytes are the same every time, as CUDA's are.
+- the path: with the shared-prefix path (`prefix_path`, the loop's), the estimate counts
+  it too (`shared_prefix_tokens`).
 
 Besides the steps: the model-load phase (time, peak RSS/VRAM), the memory available at the
 start, other processes on the device, the checkpoint save time
@@ -93,6 +99,7 @@ from lorapilot.train.step import (
     loss_fn_for,
     make_optimizer,
     prefix_path,
+    shared_prefix_len,
 )
 
 MIN_STEPS, MIN_WARMUP = 5, 1
@@ -331,6 +338,7 @@ def _measure_config(pr: _Probe, name: str, mb: int, ckpt: bool, search: bool = F
     loss_fn, path = loss_fn_for(tcfg.model_copy(update={"grad_checkpointing": ckpt}))
     if path[0] == "shared":
         path = prefix_path(pr.model, batch)
+    shared = shared_prefix_len(batch) if path[0] == "shared" else 0
     m = measure(
         pr.model,
         batch,
@@ -354,6 +362,7 @@ def _measure_config(pr: _Probe, name: str, mb: int, ckpt: bool, search: bool = F
         "search": search,
         "loss_positions_per_example": positions,
         "prefix_path": path[0],
+        "shared_prefix_tokens": shared,
         **m,
     }
     row.update(
@@ -369,6 +378,7 @@ def _measure_config(pr: _Probe, name: str, mb: int, ckpt: bool, search: bool = F
             loss_positions=positions,
             on_cpu=pr.on_cpu,
             basis=STEP_INCREASE if pr.on_cpu else TOTAL,
+            shared_prefix=shared,
         )
     )
     row["estimate_error"] = (

@@ -205,15 +205,15 @@ def _setup(model, data: TrainingSet, cfg: TrainSpec, out_dir: Path, log: Log) ->
     scaler = torch.amp.GradScaler(device.type) if cfg.precision == "fp16" else None
     if scaler is not None and sharded is not None:
         scaler = fsdp.grad_scaler(device)  # inf checks agree across shards
+    # the rank's own loss: the shared-prefix path where it applies (one process and DDP,
+    # where it runs inside the module DDP wraps), else the data's plain loss
+    rank_loss, prefix_path = data.loss_fn(cfg, world)
     if sharded is not None:
         step_model, loss_fn = sharded, call_module
     elif world > 1:
-        step_model, loss_fn = acc.prepare(LossModule(model, data.loss_sum)), call_module
+        step_model, loss_fn = acc.prepare(LossModule(model, rank_loss)), call_module
     else:
-        step_model = model
-    one_process_loss, prefix_path = data.loss_fn(cfg, world)
-    if world == 1:
-        loss_fn = one_process_loss
+        step_model, loss_fn = model, rank_loss
     stream = MicroBatchStream(data.lengths, cfg.micro_batch, cfg.seed)
     return _Loop(
         cfg=cfg,

@@ -170,8 +170,9 @@ def loss_fn_for(cfg: TrainSpec, world: int = 1) -> tuple[Callable, tuple[str, st
     the update audit and the probe take the same path."""
     if cfg.shared_prefix == "off":
         return causal_lm_loss_sum, ("unshared", "train.shared_prefix: off")
-    if world > 1:
-        return causal_lm_loss_sum, ("unshared", "not yet under DDP/FSDP: each rank runs its rows")
+    if world > 1 and cfg.distributed == "fsdp":
+        why = "not yet under FSDP: each rank runs its rows"
+        return causal_lm_loss_sum, ("unshared", why)
     if cfg.grad_checkpointing:
         why = "activation checkpointing recomputes layers, which would re-append the cache"
         return causal_lm_loss_sum, ("unshared", why)
