@@ -83,11 +83,11 @@ def test_compare_lists_failed_and_interrupted_runs_with_reasons(tmp_path, tiny_m
 def test_run_whole_pilot_then_rerun_reuses_every_phase(tmp_path, default_model_dir):
     run_json("init", "q", "--dir", str(tmp_path))
     pilot = tmp_path / "q"
-    # One epoch of micro-batches of 4 instead of the template's six of 8: the whole protocol
-    # on the real model within
-    # the suite's time on a CPU without fast bf16 (fp32 there: `precision: auto`).
+    # 20 steps of micro-batches of 4 instead of the template's six epochs of 8: the whole
+    # protocol on the real model within the suite's time on a CPU without fast bf16 (fp32
+    # there: `precision: auto`).
     spec = yaml.safe_load((pilot / "pilot.yaml").read_text())
-    spec["train"].update(epochs=1, micro_batch=4)
+    spec["train"].update(epochs=1, micro_batch=4, max_steps=20)  # 20: the train acceptance
     (pilot / "pilot.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
     first = run_json("run", str(pilot), "--no-progress", timeout=1800)
     assert first["decision"] in ("GO", "NO-GO", "INCONCLUSIVE") and first["reasons"]
@@ -106,7 +106,7 @@ def test_run_whole_pilot_then_rerun_reuses_every_phase(tmp_path, default_model_d
     # the train phase on the real default model: audit ok, validation loss down, adapter saved
     # (what test_train_step's 20 steps on the default model checked, inside the whole pilot)
     train = json.loads((pilot / "runs" / first["train_run"] / "run.json").read_text())["result"]
-    assert train["update_audit"]["ok"] and train["train"]["steps"] >= 20
+    assert train["update_audit"]["ok"] and train["train"]["steps"] == 20
     assert train["final_val_loss"] < train["initial_val_loss"]
     assert (pilot / "runs" / first["train_run"] / "adapter" / "adapter_model.safetensors").is_file()
     t0 = time.time()
