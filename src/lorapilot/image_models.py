@@ -24,13 +24,12 @@ from pathlib import Path
 from typing import Any
 
 from lorapilot.errors import UsageError
-from lorapilot.fsutil import atomic_write_json, locked, sha256_file
+from lorapilot.fsutil import atomic_write_json, follow_umask, locked, sha256_file
 from lorapilot.models import (
     IMAGE_DEFAULT,
     FetchResult,
     Progress,
     _clean_leftovers,
-    _default_permissions,
     _reusable,
     image_default_dir,
     install_folder,
@@ -161,7 +160,7 @@ def fetch_image_model(force: bool = False, progress: Progress | None = None) -> 
             save_file(state, str(tmp / "model.safetensors"))
             atomic_write_json(tmp / "config.json", image_config())
             atomic_write_json(tmp / "preprocessor_config.json", processor_config())
-            _default_permissions(tmp)
+            follow_umask(tmp)
             _check_saved(tmp, state)
 
         manifest = install_folder(target, write, source)

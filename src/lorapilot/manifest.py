@@ -25,6 +25,22 @@ def adapter_files(adapter_dir: Path) -> dict[str, str]:
     }
 
 
+def file_problems(adapter_dir: Path, manifest: dict, *, unlisted: bool = False) -> list[str]:
+    """Each file the manifest pins whose bytes are not the ones it recorded (empty: all are);
+    `unlisted`: also each file in the folder that the manifest does not pin."""
+    now = adapter_files(adapter_dir)
+    problems = [
+        f"adapter file {name}: sha256 {now.get(name, 'missing')} != manifest {sha}"
+        for name, sha in manifest["files"].items()
+        if now.get(name) != sha
+    ]
+    if unlisted:
+        problems += [
+            f"adapter file {n}: not in the manifest" for n in now if n not in manifest["files"]
+        ]
+    return problems
+
+
 def write_adapter_manifest(
     adapter_dir: Path,
     *,

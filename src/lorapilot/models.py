@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from lorapilot import __version__
 from lorapilot.errors import LorapilotError, UsageError
-from lorapilot.fsutil import atomic_write_json, locked, sha256_file
+from lorapilot.fsutil import atomic_write_json, follow_umask, locked, sha256_file
 
 if TYPE_CHECKING:
     from lorapilot.spec import Pilot
@@ -294,13 +294,6 @@ def _check_saved(folder: Path, expected_model) -> None:
         )
 
 
-def _default_permissions(folder: Path) -> None:
-    """safetensors writes 0600 files; a shared model cache should follow the user's umask."""
-    from lorapilot.fsutil import follow_umask
-
-    follow_umask(folder)
-
-
 def _swap_into_place(new: Path, target: Path) -> None:
     """Rename the old folder away, the new one in, then delete the old: a reader sees either
     the complete old model or the complete new one, never a half-written folder."""
@@ -382,7 +375,7 @@ def fetch_default_model(force: bool = False, progress: Progress | None = None) -
             say(f"saving safetensors to {target}")
             plain.save_pretrained(tmp, safe_serialization=True)
             tokenizer.save_pretrained(tmp)
-            _default_permissions(tmp)
+            follow_umask(tmp)
             say("checking the saved folder reloads to identical weights")
             _check_saved(tmp, plain)
 
@@ -634,7 +627,7 @@ def make_tiny_model(
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path, safe_serialization=True)
     tokenizer.save_pretrained(path)
-    _default_permissions(path)
+    follow_umask(path)
     source = {
         "kind": "tiny-random",
         "seed": seed,

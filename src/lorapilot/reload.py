@@ -17,7 +17,7 @@ from lorapilot.compare import protocol_differences
 from lorapilot.errors import LorapilotError
 from lorapilot.evaluate.records import write_eval_files
 from lorapilot.fsutil import atomic_write_json
-from lorapilot.manifest import adapter_files, read_manifest, weights_sha256
+from lorapilot.manifest import file_problems, read_manifest, weights_sha256
 from lorapilot.modality import modality_of
 from lorapilot.models import quiet_transformers, resolve_base
 from lorapilot.quantize import identity, identity_differences, require
@@ -29,13 +29,7 @@ def verify_child(pilot_dir: Path, adapter_dir: Path, out_dir: Path) -> dict:
 
     quiet_transformers()
     manifest = read_manifest(adapter_dir)
-    problems: list[str] = []
-    files_now = adapter_files(adapter_dir)
-    for name, sha in manifest["files"].items():
-        if files_now.get(name) != sha:
-            problems.append(
-                f"adapter file {name}: sha256 {files_now.get(name, 'missing')} != manifest {sha}"
-            )
+    problems = file_problems(adapter_dir, manifest)
     spec = PilotSpec.model_validate(manifest["spec"])
     pilot = Pilot(Path(pilot_dir), Path(pilot_dir) / "pilot.yaml", spec, {})
     modality = modality_of(pilot)

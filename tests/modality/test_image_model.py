@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 
 from lorapilot.errors import UsageError
-from lorapilot.modality.image_model import ImageClassifier, _find_head, lora_targets
+from lorapilot.modality.image_model import ImageClassifier, find_head, lora_targets
 
 
 class _Net(nn.Module):
@@ -32,9 +32,9 @@ def test_train_mode_keeps_batchnorm_statistics_frozen():
 
 def test_the_head_is_found_by_name_and_excluded_from_all_linear():
     net = _Net()
-    assert _find_head(net, 3) == "classifier"
+    assert find_head(net, 3) == "classifier"
     with pytest.raises(UsageError, match="no classification head"):
-        _find_head(net, 7)
+        find_head(net, 7)
     model = ImageClassifier(net, "classifier", "transformers")
     assert lora_targets(model, "all-linear") == ["proj"]
     assert lora_targets(model, ["conv"]) == ["conv"]

@@ -102,7 +102,7 @@ def test_efficientnet_lora_on_its_pointwise_convs_keeps_batchnorm_frozen(tmp_pat
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         torch.testing.assert_close(
-            own.eval()(x), load_exported(tmp_path / "merged", "efficientnet")(x)
+            own.eval()(x), load_exported(tmp_path / "merged", "efficientnet", len(LABELS))(x)
         )
     # ... and lorapilot takes the folder as a base (a new head on the merged backbone)
     from lorapilot.modality.image_model import load_image_classifier

@@ -19,7 +19,7 @@ from typing import Any
 import torch.nn as nn
 
 from lorapilot.fsutil import atomic_write_json
-from lorapilot.modality.image_model import ImageClassifier
+from lorapilot.modality.image_model import ImageClassifier, find_head
 from lorapilot.modality.image_transforms import ImagePipeline
 
 _RESAMPLE_CODE = {"nearest": 0, "lanczos": 1, "bilinear": 2, "bicubic": 3, "box": 4, "hamming": 5}
@@ -50,7 +50,7 @@ def processor_config_of(pipe: ImagePipeline, base: dict | None = None) -> dict[s
 def merged_classifier(adapted: Any) -> ImageClassifier:
     """The PEFT model's LoRA folded into the weights it wraps and the trained head (a
     `modules_to_save` copy) put in place of the base's: a plain `ImageClassifier`."""
-    merged = adapted.merge_and_unload() if hasattr(adapted, "merge_and_unload") else adapted
+    merged = adapted.merge_and_unload()
     assert isinstance(merged, ImageClassifier)
     return merged.eval()
 
@@ -85,21 +85,20 @@ def save_classifier(
     atomic_write_json(folder / "preprocessor_config.json", processor_config_of(pipe, proc))
 
 
-def load_exported(folder: Path, kind: str) -> ImageClassifier:
-    """A saved export as an `ImageClassifier`, read from its files alone (what a user gets)."""
+def load_exported(folder: Path, kind: str, num_labels: int) -> ImageClassifier:
+    """A saved export as an `ImageClassifier`, read from its files alone (what a user gets);
+    its head found as the pilot's was, by name and width."""
     if kind == "efficientnet":
         from lorapilot.image_models import load_image_default
 
         net: nn.Module = load_image_default(folder)
-        head = "_fc"
     else:
         from transformers import AutoModelForImageClassification
 
         net = AutoModelForImageClassification.from_pretrained(
             str(folder), use_safetensors=True, local_files_only=True
         )
-        head = next(n for n in ("classifier", "head", "fc", "_fc") if hasattr(net, n))
-    return ImageClassifier(net, head, kind).eval()
+    return ImageClassifier(net, find_head(net, num_labels), kind).eval()
 
 
 def _label_maps(labels: list[str]) -> dict[str, dict]:

@@ -77,7 +77,7 @@ class ImageClassifier(nn.Module):
         )
 
 
-def _find_head(net: nn.Module, num_labels: int) -> str:
+def find_head(net: nn.Module, num_labels: int) -> str:
     for name in HEAD_NAMES:
         m = getattr(net, name, None)
         if isinstance(m, nn.Linear) and m.out_features == num_labels:
@@ -118,7 +118,7 @@ def load_image_classifier(
             f"{pilot.spec_path}: task.image.size: {size} is too small for {IMAGE_DEFAULT}: its "
             f"five stride-2 stages need at least {MIN_EFFICIENTNET_SIZE} pixels a side"
         )
-    model = ImageClassifier(net, _find_head(net, len(labels)), kind)
+    model = ImageClassifier(net, find_head(net, len(labels)), kind)
     for p in model.parameters():
         p.requires_grad_(False)
     return resolved, model.eval()

@@ -14,7 +14,13 @@ from lorapilot.data.dataset import formatter_for, prepare_data
 from lorapilot.errors import CheckFailed, UsageError
 from lorapilot.evaluate.runner import evaluate_records, make_protocol
 from lorapilot.fsutil import atomic_write_json, follow_umask
-from lorapilot.manifest import MANIFEST, adapter_files, read_manifest, weights_sha256
+from lorapilot.manifest import (
+    MANIFEST,
+    adapter_files,
+    file_problems,
+    read_manifest,
+    weights_sha256,
+)
 from lorapilot.models import attach_adapter, load_base
 from lorapilot.quantize import describe, identity, identity_differences
 
@@ -52,20 +58,17 @@ def run_export(pilot, run_id: str | None, out: Path, merge: bool = False) -> dic
 def _export_adapter(train_id: str, adapter_dir: Path, manifest: dict, out: Path) -> dict:
     """A copy of the adapter with its manifest, each file re-hashed against it first: what
     base it needs (weights sha256) and, for a quantized base, the quantization it needs."""
-    now = adapter_files(adapter_dir)
-    if now != manifest.get("files"):
-        changed = sorted(
-            n for n in set(now) | set(manifest.get("files") or {})
-            if now.get(n) != (manifest.get("files") or {}).get(n)
-        )  # fmt: skip
+    problems = file_problems(adapter_dir, manifest, unlisted=True)
+    if problems:
         raise CheckFailed(
-            f"{adapter_dir}: the adapter's files differ from its manifest ({', '.join(changed)}); "
+            f"{adapter_dir}: the adapter's files differ from its manifest ({'; '.join(problems)}); "
             "not exported"
         )
 
     def write(tmp: Path) -> None:
-        for name in [*now, MANIFEST]:
+        for name in [*manifest["files"], MANIFEST]:
             shutil.copy2(adapter_dir / name, tmp / name)
+        return None  # the adapter's own manifest, copied
 
     files = _write_folder(out, write)
     return {
@@ -118,13 +121,12 @@ def _merge_text(pilot, train_id: str, adapter_dir: Path, manifest: dict, out: Pa
         tolerance = None  # logits are reported; the gate is the predictions' agreement
     max_diff = max(float((a - b).abs().max()) for a, b in zip(before, after, strict=True))
 
-    def write(tmp: Path) -> None:
+    def write(tmp: Path) -> dict:
         merged.save_pretrained(tmp, safe_serialization=True)
         tok.save_pretrained(tmp)
+        return _merged_manifest(train_id, manifest, max_diff=max_diff, tolerance=tolerance, **extra)
 
-    files = _write_folder(out, write, _merged_manifest(
-        train_id, manifest, max_diff=max_diff, tolerance=tolerance, **extra
-    ))  # fmt: skip
+    files = _write_folder(out, write)
     if quantized:
         ok = extra["merge_agreement"] >= MERGE_AGREEMENT_MIN
     else:
@@ -169,29 +171,25 @@ def _merge_image(pilot, train_id: str, adapter_dir: Path, manifest: dict, out: P
     labels = list(pilot.spec.task.labels or [])
     pipe = modality.pipeline  # type: ignore[attr-defined]
     kind = merged.kind
-    after: list = []
+    checks = {
+        "merge_agreement_examples": len(data),
+        "loads_with": (
+            "efficientnet_lite_pytorch EfficientNet.from_name('efficientnet-lite0', "
+            f"num_classes={len(labels)}).load_state_dict(safetensors)"
+            if kind == "efficientnet"
+            else "transformers AutoModelForImageClassification.from_pretrained"
+        ),
+    }
 
-    def write(tmp: Path) -> None:
+    def write(tmp: Path) -> dict:
+        """Save, read the folder back from its files alone and check it; a failed check
+        raises here, before the rename, so a failed export leaves nothing at --out."""
         save_classifier(merged, tmp, labels, pipe, loaded.resolved.path)
-        after.append(logits_of(load_exported(tmp, kind), data, "fp32"))  # from the files alone
-
-    checks: dict = {}
-
-    def measured() -> dict:
-        """The manifest, once the written folder was read back; a failed check raises here,
-        before the rename, so a failed export leaves nothing at --out."""
-        diff = float(np.abs(before - after[0]).max()) if len(data) else 0.0
-        agree = float((before.argmax(1) == after[0].argmax(1)).mean()) if len(data) else 1.0
-        checks.update(
-            merge_agreement=agree,
-            merge_agreement_examples=len(data),
-            loads_with=(
-                "efficientnet_lite_pytorch EfficientNet.from_name('efficientnet-lite0', "
-                f"num_classes={len(labels)}).load_state_dict(safetensors)"
-                if kind == "efficientnet"
-                else "transformers AutoModelForImageClassification.from_pretrained"
-            ),
-        )
+        after = logits_of(load_exported(tmp, kind, len(labels)), data, "fp32")
+        checks["max_logit_diff"] = float(np.abs(before - after).max()) if len(data) else 0.0
+        agree = float((before.argmax(1) == after.argmax(1)).mean()) if len(data) else 1.0
+        checks["merge_agreement"] = agree
+        diff = checks["max_logit_diff"]
         if diff > MERGE_TOLERANCE or agree < 1.0:
             result = _merged_result(out, train_id, [], diff, MERGE_TOLERANCE, checks)
             raise CheckFailed(
@@ -200,12 +198,11 @@ def _merge_image(pilot, train_id: str, adapter_dir: Path, manifest: dict, out: P
                 "validation predictions; not exported",
                 result | {"ok": False},
             )
-        checks["max_logit_diff"] = diff
         return _merged_manifest(
             train_id, manifest, max_diff=diff, tolerance=MERGE_TOLERANCE, **checks
         )
 
-    files = _write_folder(out, write, measured)
+    files = _write_folder(out, write)
     diff = checks.pop("max_logit_diff")
     return _merged_result(out, train_id, files, diff, MERGE_TOLERANCE, checks)
 
@@ -298,17 +295,17 @@ def _merge_quantized(pilot, base, tok, fmt, prompts: list, adapter_dir: Path, pr
     )
 
 
-def _write_folder(out: Path, write: Callable[[Path], None], manifest=None) -> dict:
-    """Fill a temp folder beside `out` with `write`, add the manifest (a dict, or a callable
-    giving it once `write` ran), then rename it into place: a killed export leaves no half
-    folder. Returns the files' sha256 (the manifest excluded)."""
+def _write_folder(out: Path, write: Callable[[Path], dict | None]) -> dict:
+    """Fill a temp folder beside `out` with `write`, which returns the manifest to add (None:
+    it wrote its own) and may raise to leave nothing behind, then rename the folder into
+    place: a killed export leaves no half folder. Returns the files' sha256 (the manifest
+    excluded)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        write(tmp)
+        body = write(tmp)
         files = adapter_files(tmp)
-        if manifest is not None:
-            body = manifest() if callable(manifest) else manifest
+        if body is not None:
             atomic_write_json(tmp / MANIFEST, {**body, "files": files})
         follow_umask(tmp)
         if out.exists():
