@@ -119,7 +119,7 @@ def live_tensor_peak():
     profiler memory events (yields a dict; `peak_bytes` is set on exit).
 
     What a CPU's RSS cannot say: glibc keeps freed blocks in its heaps, so the RSS increase of
-    the same step on the same model varies with the heap's history (1.4-2.2 GiB for one
+    the same step on the same model varies with the heap's history (1.26-2.09 GiB for one
     configuration of the default model, bench/README.md), while the bytes torch holds live
     are the same every time: the figure to hold an analytic memory model to, as CUDA's max
     allocated is. Tensors live before the block (weights, optimizer states) are not counted;
