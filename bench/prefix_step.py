@@ -37,13 +37,8 @@ def main() -> None:
     from lorapilot.precision import resolve
     from lorapilot.spec import load_pilot
     from lorapilot.train.batches import collate, count_target_tokens
-    from lorapilot.train.step import (
-        causal_lm_loss_sum,
-        make_optimizer,
-        shared_prefix_len,
-        shared_prefix_loss_sum,
-        train_step,
-    )
+    from lorapilot.train.loss import causal_lm_loss_sum, shared_prefix_len, shared_prefix_loss_sum
+    from lorapilot.train.step import make_optimizer, train_step
 
     pilot = load_pilot(args.pilot)
     _, model, tok = load_base(pilot)

@@ -168,7 +168,7 @@ class FlopCounter:
     def __init__(self, model):
         import torch
 
-        from lorapilot.train.step import _decoder_and_head
+        from lorapilot.train.loss import _decoder_and_head
 
         decoder, head = _decoder_and_head(model)
         if decoder is None:

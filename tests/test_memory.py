@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -105,11 +106,44 @@ def test_components_sum_to_total():
 
 def test_7b_weights_in_bf16_are_13_to_14_gb():
     shape = ModelShape.from_config(LLAMA2_7B)
-    est = step(shape, weight_dtype_bytes=2, trainable_params=40_000_000)
+    est = step(shape, weight_dtype_bytes=2, trainable_params=40_000_000, grad_accum=2)
     assert 13e9 < est["weights"] < 14e9
     # LoRA: adapter in fp32 + fp32 gradient + AdamW's two fp32 states = 16 bytes per param
+    # (with accumulation the gradients are alive through the next micro-batch's peak)
     assert est["trainable_master"] == est["gradients"] == 4 * 40_000_000
     assert est["optimizer_states"] == 8 * 40_000_000
+
+
+def test_lora_gradients_count_only_where_they_outlive_the_activations():
+    """One micro-batch per update: backward frees a layer's activations as it allocates its
+    gradients, so the peak is backward's start (activations, logits, no gradient) or its end
+    (every gradient, one layer), whichever is larger; with accumulation, both at once."""
+    one = step(trainable_params=10_000)
+    assert one["gradients"] == 0 and one["activations"] > 4 * 10_000
+    acc = step(trainable_params=10_000, grad_accum=4)
+    assert acc["gradients"] == 4 * 10_000 and acc["activations"] == one["activations"]
+    assert acc["total"] > one["total"]
+    huge = step(trainable_params=10**9, seq_len=8, micro_batch=1)  # gradients outweigh
+    assert huge["gradients"] == 4 * 10**9 and huge["logits"] == 0
+    assert huge["activations"] < step(trainable_params=10**9, seq_len=8, micro_batch=1,
+                                      grad_accum=2)["activations"]  # fmt: skip
+
+
+def test_under_checkpointing_the_logits_and_a_recomputed_layer_do_not_coexist():
+    few = dict(grad_checkpointing=True, loss_positions_per_example=4)
+    assert step(**few)["logits"] == 0 < step(**few, grad_accum=2)["logits"]  # under one layer
+    every = dict(grad_checkpointing=True, loss_positions_per_example=None)  # full logits
+    wide = dataclasses.replace(TINY, vocab=100_000)  # logits outweigh a layer
+    one, acc = step(wide, **every), step(wide, **every, grad_accum=2)
+    assert 0 < one["logits"] < acc["logits"] and one["activations"] == acc["activations"]
+
+
+def test_shared_prefix_under_checkpointing_keeps_the_prefix_keys_and_values_once():
+    kw = dict(grad_checkpointing=True, micro_batch=4, seq_len=256)
+    plain, shared = step(**kw), step(**kw, shared_prefix_tokens=200)
+    assert shared["activations"] < plain["activations"]
+    full = step(grad_checkpointing=False, micro_batch=4, seq_len=256, shared_prefix_tokens=200)
+    assert shared["activations"] < full["activations"]
 
 
 def test_full_fine_tuning_keeps_states_in_the_weight_dtype():

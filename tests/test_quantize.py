@@ -151,7 +151,8 @@ def test_audit_fails_when_the_quantization_state_changes(tiny_model_dir):
     from lorapilot.models import load_model, resolve_base
     from lorapilot.spec import AdapterSpec, TrainSpec
     from lorapilot.train.audit import run_update_audit
-    from lorapilot.train.step import causal_lm_loss_sum, make_optimizer
+    from lorapilot.train.loss import causal_lm_loss_sum
+    from lorapilot.train.step import make_optimizer
 
     model, _ = load_model(resolve_base(str(tiny_model_dir), None), "float32", False,
                           QuantizationSpec(bits=4, compute_dtype="fp32"))  # fmt: skip

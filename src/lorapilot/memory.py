@@ -4,7 +4,8 @@ So a user can ask "what about 4096 tokens, or a 7B model?" before renting anythi
 an *estimate*: `lorapilot probe` measures the real peak on the real machine and reports the
 error of this model beside it, and the measurement is what limits are checked against.
 
-Components, in bytes, of the peak of one micro-batch's forward + backward:
+Components, in bytes, of the peak of one micro-batch's forward + backward: what of each kind
+is alive at the same moment (see `gradients` and `logits` for what is not alive at once):
 
 - weights: the base model, `n_params x weight_dtype_bytes`; for a quantized base (bitsandbytes
   4-bit or 8-bit) its decoder linears take `quantized_bytes_per_param` each, their
@@ -14,9 +15,16 @@ Components, in bytes, of the peak of one micro-batch's forward + backward:
   weights. peft keeps LoRA matrices in fp32 even on a bf16/fp16 base; full fine-tuning
   updates the loaded weights in place (as lorapilot's loop does), so 0 there.
 - gradients: one per trainable parameter (fp32 for LoRA, the weights' dtype for full).
+  Backward allocates a LoRA layer's gradients as it frees that layer's activations, so
+  with one micro-batch per update (`grad_accum` 1) the peak is either when backward starts
+  (every activation, no gradient yet) or when it ends (every gradient, one layer's
+  activations): the larger moment is counted, its gradients only (usually none). With
+  accumulation the earlier micro-batches' gradients are alive throughout: all counted.
 - optimizer_states: AdamW keeps 2 tensors like each trainable parameter; SGD none.
 - activations: tensors saved for backward (formula in `layer_activation_bytes`).
 - logits: the LM head's output where the loss is computed, with its fp32 loss buffers.
+  Under activation checkpointing they are freed before the last layer is recomputed, so
+  only what exceeds one recomputed layer's activations is added.
 - weight_casts: under bf16/fp16 autocast with fp32 weights, every matmul casts its weight
   to 16 bits and autograd keeps that copy for the input gradient. autocast caches casts
   only of leaf tensors that require grad, so a LoRA base's frozen weights are cast anew in
@@ -348,14 +356,17 @@ def estimate_step_memory(
     quantized_bytes_per_param: float | None = None,
     dequantize_bytes: int = 2,
     shared_prefix_tokens: int = 0,
+    grad_accum: int = 1,
 ) -> dict[str, int]:
     """Estimated peak bytes of one micro-batch step, by component (COMPONENTS) and "total".
 
-    `shared_prefix_tokens` > 0: the shared-prefix path (train/step.py), where the rows'
+    `shared_prefix_tokens` > 0: the shared-prefix path (train/loss.py), where the rows'
     common prefix runs once and each row only its own tokens: a layer saves activations
     for n + micro_batch x (seq_len - n) tokens (per-token bytes as in the unshared step:
     exact for sdpa, approximate for eager attention's probabilities), plus, per row, the keys
-    and values of the prefix, which the rows' attention concatenates with their own.
+    and values of the prefix, which the rows' attention concatenates with their own; under
+    checkpointing every layer also keeps the prefix's keys and values (once) for the rows.
+    `grad_accum`: micro-batches per optimizer update (the probe measures 1).
 
     An estimate, to be compared with the probe's measurement (the probe reports the
     error). Activations: every layer's saved tensors (`layer_activation_bytes`) plus the
@@ -391,12 +402,14 @@ def estimate_step_memory(
         lora_dropout=lora_dropout,
         dropout_mask_bytes=dropout_mask_bytes,
     )["total"]
+    prefix_kv = compute_bytes(precision, weight_dtype_bytes) * 2 * shape.kv_dim  # a token's
     if computed < tokens:
-        prefix_kv = compute_bytes(precision, weight_dtype_bytes) * 2 * shape.kv_dim
         layer = math.ceil(layer * computed / tokens + prefix_kv * (tokens - computed))
     final_norm = 4 * shape.hidden * computed
     if grad_checkpointing:
         kept = shape.n_layers * residual_bytes(weight_dtype_bytes) * shape.hidden * computed
+        if computed < tokens:  # and every layer's prefix keys and values, which the rows read
+            kept += shape.n_layers * prefix_kv * n_prefix
         activations = kept + layer + final_norm
     else:
         activations = shape.n_layers * layer + final_norm
@@ -421,10 +434,20 @@ def estimate_step_memory(
         master, state_bytes = 4 * trainable_params, 4
     else:  # full: the loaded weights are the trainable parameters, updated in place
         master, state_bytes = 0, max(2, math.ceil(weight_dtype_bytes))
+    gradients = state_bytes * trainable_params
+    if adapter == "lora" and grad_accum == 1:
+        if grad_checkpointing:  # the head's backward is over before a layer is recomputed
+            logits = max(0, logits - layer)
+        start = activations + logits  # backward starts: no gradient allocated yet
+        end = layer + gradients  # backward ends: every gradient, one layer's activations
+        if end > start:
+            activations, logits = layer, 0
+        else:
+            gradients = 0
     out = {
         "weights": int(math.ceil(weights)),
         "trainable_master": master,
-        "gradients": state_bytes * trainable_params,
+        "gradients": gradients,
         "optimizer_states": OPTIMIZER_STATES[optimizer] * state_bytes * trainable_params,
         "activations": activations,
         "logits": logits,

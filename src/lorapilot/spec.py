@@ -589,8 +589,8 @@ class TrainSpec(_Strict):
         "auto",
         description="auto: the prompt prefix the rows of a micro-batch share (chat header, "
         "system prompt) runs once per micro-batch, forward and backward (same loss and "
-        "gradients); off: every row computes it. One process without activation "
-        "checkpointing; the run record says which path ran and why.",
+        "gradients); off: every row computes it. One process, DDP or FSDP, with or without "
+        "activation checkpointing; the run record says which path ran and why.",
     )
 
     @field_validator("shared_prefix", mode="before")

@@ -247,7 +247,7 @@ def test_blocked_lora_gradient_is_caught_under_weight_decay(tiny_model_dir, batc
 
 
 def test_nonfinite_loss_is_caught(tiny_model_dir, batches):
-    from lorapilot.train.step import causal_lm_loss_sum
+    from lorapilot.train.loss import causal_lm_loss_sum
 
     def nan_loss(model, batch):
         loss_sum, n = causal_lm_loss_sum(model, batch)

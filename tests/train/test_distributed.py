@@ -312,6 +312,9 @@ def test_fsdp_matches_single_process_writes_its_files_and_resumes(pilot):
     )
     assert out["distributed"] == dist and rec["result"]["train"]["world_size"] == 2
     assert (run_dir / "metrics.json").is_file()  # rank 0 evaluated the reloaded adapter
+    # each rank trains through its rows' shared prefix once, inside the module FSDP shards
+    assert rec["result"]["train"]["prefix"]["path"] == "shared", rec["result"]["train"]["prefix"]
+    assert rec["result"]["train"]["prefix"]["shared_micro_batches"] > 0
 
     # fsdp without a launcher: one process, unsharded, with a note; here the reference run.
     proc = run_cli(

@@ -8,7 +8,7 @@ import torch
 from lorapilot.data.format import IGNORE_INDEX, Encoded
 from lorapilot.evaluate.predict import generate
 from lorapilot.train.batches import collate
-from lorapilot.train.step import greedy_reproduces
+from lorapilot.train.loss import greedy_reproduces
 
 
 def _example(prompt: list[int], answer: list[int]) -> Encoded:

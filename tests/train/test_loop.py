@@ -25,7 +25,8 @@ from lorapilot.train.batches import (
     padding_efficiency,
 )
 from lorapilot.train.loop import train
-from lorapilot.train.step import causal_lm_loss_sum, make_scheduler, train_step
+from lorapilot.train.loss import causal_lm_loss_sum
+from lorapilot.train.step import make_scheduler, train_step
 
 TASK = TaskSpec(
     kind="classification",

@@ -1,15 +1,18 @@
 """Training through the shared prompt prefix once: loss and every LoRA gradient equal the
 unshared computation (fp32, a tiny random Llama), for rows of different lengths, with the
-loss on answers only or on every token, and with gradient accumulation."""
+loss on answers only or on every token, with gradient accumulation, and under activation
+checkpointing (whose replays must not change the cache)."""
 
 from __future__ import annotations
+
+import contextlib
 
 import pytest
 import torch
 
 from lorapilot.data.format import IGNORE_INDEX
 from lorapilot.spec import TrainSpec
-from lorapilot.train.step import (
+from lorapilot.train.loss import (
     causal_lm_loss_sum,
     loss_fn_for,
     prefix_path,
@@ -54,6 +57,23 @@ def batch_of(prefix: list[int], owns: list[list[int]], answer_from: list[int], l
 
 
 PREFIX = [5, 17, 3, 44, 9, 12, 61, 2, 33, 8, 70, 21]
+
+
+@contextlib.contextmanager
+def checkpointed(model, on: bool = True):
+    """Activation checkpointing as the loop enables it (non-reentrant), counting the calls of
+    the first layer's attention: a checkpointed layer runs it again in backward."""
+    calls = []
+    attn = model.get_base_model().model.layers[0].self_attn
+    hook = attn.register_forward_hook(lambda *_: calls.append(1))
+    if on:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    try:
+        yield calls
+    finally:
+        hook.remove()
+        if on:
+            model.gradient_checkpointing_disable()
 
 
 def grads(model, batch, fn):
@@ -114,6 +134,47 @@ def test_accumulated_micro_batches_give_the_unshared_gradient(lora_model):
     assert_same(accumulated(shared_prefix_loss_sum), accumulated(causal_lm_loss_sum))
 
 
+@pytest.mark.parametrize("loss_on_all", [False, True])
+def test_under_activation_checkpointing_the_replays_leave_loss_and_gradients_exact(
+    lora_model, loss_on_all
+):
+    """Checkpointed layers replay their forward in backward, the prefix pass's and the rows'
+    alike; the stock cache would append its keys a second time. Compared with the unshared
+    loss without checkpointing: the reference the loop's arithmetic must equal."""
+    owns = [[40, 41, 42, 43, 50, 51], [60, 61, 50], [80, 81, 82, 83, 84, 85, 86, 50, 52]]
+    batch = batch_of(PREFIX, owns, answer_from=[4, 1, 7], loss_on_all=loss_on_all)
+    with checkpointed(lora_model, on=False) as plain_calls:
+        reference = grads(lora_model, batch, causal_lm_loss_sum)
+    with checkpointed(lora_model) as calls:
+        shared = grads(lora_model, batch, shared_prefix_loss_sum)
+    assert len(plain_calls) == 1  # one forward, no replay
+    assert len(calls) == 4  # the prefix pass and the rows' pass, each run and replayed
+    assert_same(shared, reference)
+    with checkpointed(lora_model):  # and the unshared path under checkpointing, as a control
+        assert_same(grads(lora_model, batch, causal_lm_loss_sum), reference)
+
+
+def test_accumulated_micro_batches_under_checkpointing_give_the_unshared_gradient(lora_model):
+    a = batch_of(PREFIX, [[40, 41, 42], [60, 61]], answer_from=[1, 1])
+    b = batch_of(PREFIX, [[70, 71, 72, 73], [75, 76, 77]], answer_from=[2, 1])
+
+    def accumulated(fn):
+        lora_model.zero_grad(set_to_none=True)
+        total = 0.0
+        for mb in (a, b):
+            loss, _ = fn(lora_model, mb)
+            loss.backward()
+            total += float(loss)
+        out = {k: p.grad.clone() for k, p in lora_model.named_parameters() if p.requires_grad}
+        lora_model.zero_grad(set_to_none=True)
+        return total, 0, out
+
+    reference = accumulated(causal_lm_loss_sum)
+    with checkpointed(lora_model) as calls:
+        assert_same(accumulated(shared_prefix_loss_sum), reference)
+    assert len(calls) == 8  # shared, not fallen back: two passes, each replayed, twice
+
+
 def test_too_short_a_prefix_or_one_row_falls_back_and_says_why(lora_model):
     short = batch_of(PREFIX[:3], [[40, 41, 42], [60, 61]], answer_from=[1, 1])
     assert shared_prefix_len(short) == 3
@@ -127,8 +188,10 @@ def test_too_short_a_prefix_or_one_row_falls_back_and_says_why(lora_model):
     full = batch_of(PREFIX, [[40, 41], [60, 61]], answer_from=[1, 1])
     path, why = prefix_path(lora_model, full)
     assert path == "shared" and "12 shared prefix tokens" in why
-    fn, (path, why) = loss_fn_for(TrainSpec(grad_checkpointing=True))
-    assert path == "unshared" and fn is causal_lm_loss_sum and "checkpointing" in why
+    fn, (path, _) = loss_fn_for(TrainSpec(grad_checkpointing=True))
+    assert path == "shared" and fn is shared_prefix_loss_sum
+    fn, (path, why) = loss_fn_for(TrainSpec(shared_prefix="off"))
+    assert path == "unshared" and fn is causal_lm_loss_sum and "off" in why
 
 
 def test_padding_is_never_part_of_the_prefix():

@@ -17,7 +17,8 @@ from lorapilot.data.format import IGNORE_INDEX, PromptFormatter
 from lorapilot.models import load_model, resolve_base
 from lorapilot.spec import AdapterSpec
 from lorapilot.train.batches import collate, count_target_tokens
-from lorapilot.train.step import causal_lm_loss_sum, train_step
+from lorapilot.train.loss import causal_lm_loss_sum
+from lorapilot.train.step import train_step
 
 pytestmark = [
     pytest.mark.usefixtures("one_thread"),

@@ -95,12 +95,8 @@ from lorapilot.stepmeasure import (
 from lorapilot.steprun import open_run, snapshot
 from lorapilot.train.batches import collate, count_target_tokens, example_target_tokens
 from lorapilot.train.loop import seed_everything
-from lorapilot.train.step import (
-    loss_fn_for,
-    make_optimizer,
-    prefix_path,
-    shared_prefix_len,
-)
+from lorapilot.train.loss import loss_fn_for, prefix_path, shared_prefix_len
+from lorapilot.train.step import make_optimizer
 
 MIN_STEPS, MIN_WARMUP = 5, 1
 EVAL_EXAMPLES = 32
@@ -334,7 +330,7 @@ def _measure_config(pr: _Probe, name: str, mb: int, ckpt: bool, search: bool = F
     positions = max(1, math.ceil(count_target_tokens(batch) / mb))
     set_checkpointing(pr.model, ckpt)
     # The path training will take (one process): the shared prefix computed once per
-    # micro-batch, unless train.shared_prefix is off or checkpointing is on.
+    # micro-batch (with or without checkpointing), unless train.shared_prefix is off.
     loss_fn, path = loss_fn_for(tcfg.model_copy(update={"grad_checkpointing": ckpt}))
     if path[0] == "shared":
         path = prefix_path(pr.model, batch)

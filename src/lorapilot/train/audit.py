@@ -156,7 +156,8 @@ def run_update_audit(
     import torch
 
     from lorapilot.train.batches import count_target_tokens
-    from lorapilot.train.step import causal_lm_loss_sum, train_step
+    from lorapilot.train.loss import causal_lm_loss_sum
+    from lorapilot.train.step import train_step
 
     if steps < MIN_AUDIT_STEPS:
         raise ValueError(f"the update audit needs at least {MIN_AUDIT_STEPS} optimizer steps")

@@ -66,17 +66,17 @@ class TextExamples:
         return collate([self.examples[i] for i in indices], self.pad_id)
 
     def loss_sum(self, model, batch: Batch):
-        from lorapilot.train.step import causal_lm_loss_sum
+        from lorapilot.train.loss import causal_lm_loss_sum
 
         return causal_lm_loss_sum(model, batch)
 
     def loss_fn(self, cfg: TrainSpec, world: int = 1):
-        from lorapilot.train.step import loss_fn_for
+        from lorapilot.train.loss import loss_fn_for
 
-        return loss_fn_for(cfg, world)
+        return loss_fn_for(cfg)  # the same path in one process, under DDP and FSDP
 
     def reproduces(self, model, batch: Batch) -> torch.Tensor:
-        from lorapilot.train.step import greedy_reproduces
+        from lorapilot.train.loss import greedy_reproduces
 
         return greedy_reproduces(model, batch)
 

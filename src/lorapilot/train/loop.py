@@ -14,8 +14,9 @@ enter `torch.autocast(device_type)` ourselves, which works the same on CUDA and 
 FSDP (`train.distributed: fsdp`) is torch's fully_shard, applied by `train.fsdp` at the
 points marked FSDP below: shard, validate, gather for saving, load on resume.
 
-The pieces: `train.batches` (collation, length-grouped micro-batches), `train.step` (the loss
-and the one `train_step` shared with the probe and the audit), `train.distributed` (launchers,
+The pieces: `train.batches` (collation, length-grouped micro-batches), `train.loss` (the
+loss, shared prefix included), `train.step` (the one `train_step` shared with the probe and
+the audit), `train.distributed` (launchers,
 process groups), `train.checkpoint` (atomic, checksummed checkpoints). This module is the loop.
 
 On disk, a run folder gets::
@@ -66,16 +67,8 @@ from lorapilot.train.checkpoint import (
 )
 from lorapilot.train.distributed import accelerator_for, check_distributed
 from lorapilot.train.examples import TrainingSet, as_training_set
-from lorapilot.train.step import (
-    MIN_SHARED_PREFIX,
-    LossModule,
-    call_module,
-    make_optimizer,
-    make_scheduler,
-    shared_prefix_len,
-    train_step,
-    validation_loss,
-)
+from lorapilot.train.loss import MIN_SHARED_PREFIX, LossModule, call_module, shared_prefix_len
+from lorapilot.train.step import make_optimizer, make_scheduler, train_step, validation_loss
 
 
 @dataclasses.dataclass
@@ -195,8 +188,11 @@ def _setup(model, data: TrainingSet, cfg: TrainSpec, out_dir: Path, log: Log) ->
     if cfg.grad_checkpointing:
         # Non-reentrant checkpointing needs no input that requires grad (LoRA's inputs don't).
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    # the rank's own loss: the shared-prefix path where it applies (inside the module DDP
+    # wraps or FSDP shards: the decoder's two passes are then one forward), else the plain one
+    rank_loss, prefix_path = data.loss_fn(cfg, world)
     # FSDP: shard before the optimizer is built, the parameters become DTensors (train.fsdp).
-    sharded = fsdp.shard(LossModule(model, data.loss_sum), device, world) if use_fsdp else None
+    sharded = fsdp.shard(LossModule(model, rank_loss), device, world) if use_fsdp else None
     optimizer = make_optimizer(model, cfg)
     per_step = cfg.micro_batch * cfg.grad_accum * world
     total_steps = cfg.max_steps or max(1, math.ceil(cfg.epochs * len(data) / per_step))
@@ -205,9 +201,6 @@ def _setup(model, data: TrainingSet, cfg: TrainSpec, out_dir: Path, log: Log) ->
     scaler = torch.amp.GradScaler(device.type) if cfg.precision == "fp16" else None
     if scaler is not None and sharded is not None:
         scaler = fsdp.grad_scaler(device)  # inf checks agree across shards
-    # the rank's own loss: the shared-prefix path where it applies (one process and DDP,
-    # where it runs inside the module DDP wraps), else the data's plain loss
-    rank_loss, prefix_path = data.loss_fn(cfg, world)
     if sharded is not None:
         step_model, loss_fn = sharded, call_module
     elif world > 1:

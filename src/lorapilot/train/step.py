@@ -1,5 +1,5 @@
-"""The loss and the one optimizer step, shared by training, the probe, the update audit and
-step measurement (so their loops cannot drift apart).
+"""The one optimizer step, shared by training, the probe, the update audit and step
+measurement (so their loops cannot drift apart), with the optimizer and schedule it uses.
 
 Shape of one optimizer step::
 
@@ -12,190 +12,14 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import torch
-import torch.nn.functional as F
 
-from lorapilot.data.format import IGNORE_INDEX
 from lorapilot.errors import UsageError
 from lorapilot.precision import autocast
 from lorapilot.spec import TrainSpec
 from lorapilot.train.batches import Batch, batch_units, batch_width
-
-# Config keys that rescale or transform logits after the LM head. The chunked loss applies
-# the head alone, so a model with one of these set takes the full-logits path instead.
-_LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
-
-
-def _decoder_and_head(model) -> tuple[Any, Any]:
-    """(decoder, lm_head) of a causal LM, plain or PEFT-wrapped; (None, None) if not found."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    prefix = getattr(base, "base_model_prefix", None)
-    decoder = getattr(base, prefix, None) if prefix else None
-    get_head = getattr(base, "get_output_embeddings", None)
-    head = get_head() if callable(get_head) else None
-    if decoder is None or head is None or decoder is base:
-        return None, None
-    config = getattr(base, "config", None)
-    for key in _LOGIT_TRANSFORMS:
-        value = getattr(config, key, None)
-        if value not in (None, 1, 1.0):
-            return None, None
-    return decoder, head
-
-
-def _head_loss_sum(head, hidden: torch.Tensor, labels: torch.Tensor):
-    """(float32 cross-entropy sum, target count) of the head applied at the target positions
-    only: position t predicts token t+1, so targets are labels shifted left by one."""
-    labels = labels[:, 1:]
-    mask = labels != IGNORE_INDEX
-    selected = head(hidden[:, :-1][mask])
-    return F.cross_entropy(selected.float(), labels[mask], reduction="sum"), mask.sum()
-
-
-def causal_lm_loss_sum(model, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-    """(sum of token cross-entropies in float32, number of target tokens).
-
-    Position t predicts token t+1, so targets are labels shifted left by one. The LM head
-    is applied only at positions with a target: for classification that is a handful of
-    tokens per example, and the head over a 49k vocabulary at every position would be
-    most of the step's compute and memory. Equal to the standard full-logits loss.
-    """
-    decoder, head = _decoder_and_head(model)
-    if decoder is None:  # no separable head: full logits, still selected before the upcast
-        labels = batch["labels"][:, 1:]
-        mask = labels != IGNORE_INDEX
-        logits = model(
-            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False
-        ).logits
-        selected = logits[:, :-1][mask]
-        return F.cross_entropy(selected.float(), labels[mask], reduction="sum"), mask.sum()
-    hidden = decoder(
-        input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False
-    ).last_hidden_state
-    return _head_loss_sum(head, hidden, batch["labels"])
-
-
-@torch.no_grad()
-def greedy_reproduces(model, batch: Batch) -> torch.Tensor:
-    """Per row: is the model's most likely token at every target position the target? That
-    is exactly when greedy decoding from the prompt writes the target (by induction over its
-    tokens), so the smoke can stop training as soon as it holds for every example, at the
-    cost of one forward pass, instead of trusting a mean loss that can hide one wrong token."""
-    labels = batch["labels"][:, 1:]
-    mask = labels != IGNORE_INDEX
-    decoder, head = _decoder_and_head(model)
-    kw = dict(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False)
-    if decoder is None:
-        guess = model(**kw).logits[:, :-1].argmax(-1)
-    else:
-        guess = torch.full_like(labels, IGNORE_INDEX)
-        guess[mask] = head(decoder(**kw).last_hidden_state[:, :-1][mask]).argmax(-1)
-    return ((guess == labels) | ~mask).all(dim=1)
-
-
-MIN_SHARED_PREFIX = 8  # tokens; below this the second forward costs more than it saves
-
-
-def shared_prefix_len(batch: Batch) -> int:
-    """Tokens every row of a right-padded batch starts with (real tokens, not padding),
-    leaving each row at least one token of its own."""
-    ids, mask = batch["input_ids"], batch["attention_mask"]
-    if ids.shape[0] < 2:
-        return 0
-    same = ((ids == ids[:1]) & (mask == 1)).all(dim=0)
-    n = int(same.long().cumprod(0).sum())
-    return max(0, min(n, int(mask.sum(dim=1).min()) - 1))
-
-
-def prefix_path(model, batch: Batch) -> tuple[str, str]:
-    """("shared", why) when `shared_prefix_loss_sum` can compute this batch's prefix once,
-    else ("unshared", why): what the run record says ran. (Whether the shared path is taken
-    at all, by the settings, is `loss_fn_for`.)"""
-    decoder, _ = _decoder_and_head(model)
-    if decoder is None:
-        return "unshared", "no separable decoder and head"
-    n = shared_prefix_len(batch)
-    if n < MIN_SHARED_PREFIX:
-        return "unshared", f"rows share {n} tokens (< {MIN_SHARED_PREFIX})"
-    return (
-        "shared",
-        f"{n} shared prefix tokens computed once for {batch['input_ids'].shape[0]} rows",
-    )
-
-
-def shared_prefix_loss_sum(model, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-    """causal_lm_loss_sum, with the prompt prefix every row shares run once.
-
-    The prefix (chat header, system prompt, start of the template) goes through the decoder
-    once with batch size 1, keeping its keys and values; those are broadcast (expanded, not
-    copied) to the rows, whose own tokens run on top at positions after the prefix. Backward
-    goes through the prefix once, and the broadcast sums the rows' gradients into it: the
-    LoRA weights get exactly the gradient they would get if every row carried its own copy
-    (the same arithmetic, in another order: equal within float rounding). Positions inside
-    the prefix that carry loss (`loss_on: all`) are scored for every row, as in the unshared
-    form. Falls back to causal_lm_loss_sum when the rows share too little.
-    """
-    decoder, head = _decoder_and_head(model)
-    n = shared_prefix_len(batch) if decoder is not None else 0
-    if n < MIN_SHARED_PREFIX:
-        return causal_lm_loss_sum(model, batch)
-    from transformers import DynamicCache
-
-    ids, mask = batch["input_ids"], batch["attention_mask"]
-    rows, width = ids.shape
-    prefix = decoder(input_ids=ids[:1, :n], use_cache=True)
-    if getattr(prefix, "past_key_values", None) is None:  # a model that keeps no cache here
-        return causal_lm_loss_sum(model, batch)
-    kv = [(layer.keys, layer.values) for layer in prefix.past_key_values.layers]
-    cache = DynamicCache(
-        [(k.expand(rows, -1, -1, -1), v.expand(rows, -1, -1, -1)) for k, v in kv],
-        config=getattr(decoder, "config", None),
-    )
-    positions = torch.arange(n, width, device=ids.device).expand(rows, -1)
-    own = decoder(
-        input_ids=ids[:, n:],
-        attention_mask=mask,
-        position_ids=positions,
-        past_key_values=cache,
-        use_cache=True,
-    ).last_hidden_state
-    hidden = torch.cat([prefix.last_hidden_state.expand(rows, -1, -1), own], dim=1)
-    return _head_loss_sum(head, hidden, batch["labels"])
-
-
-def loss_fn_for(cfg: TrainSpec, world: int = 1) -> tuple[Callable, tuple[str, str]]:
-    """The loss one process's training step uses, and ("shared" | "unshared", why): the loop,
-    the update audit and the probe take the same path."""
-    if cfg.shared_prefix == "off":
-        return causal_lm_loss_sum, ("unshared", "train.shared_prefix: off")
-    if world > 1 and cfg.distributed == "fsdp":
-        why = "not yet under FSDP: each rank runs its rows"
-        return causal_lm_loss_sum, ("unshared", why)
-    if cfg.grad_checkpointing:
-        why = "activation checkpointing recomputes layers, which would re-append the cache"
-        return causal_lm_loss_sum, ("unshared", why)
-    return shared_prefix_loss_sum, ("shared", "micro-batches whose rows share a prefix run it once")
-
-
-class LossModule(torch.nn.Module):
-    """DDP only synchronises gradients for work done inside its own forward; the chunked
-    loss calls the decoder and the head separately, so under DDP the whole loss is made
-    one module's forward and that module is what DDP wraps."""
-
-    def __init__(self, model, loss_sum: Callable | None = None):
-        super().__init__()
-        self.model = model
-        self.loss_sum = loss_sum or causal_lm_loss_sum
-
-    def forward(self, batch: Batch):
-        return self.loss_sum(self.model, batch)
-
-
-def call_module(module, batch: Batch):
-    return module(batch)
-
+from lorapilot.train.loss import causal_lm_loss_sum
 
 EAGER_ATTENTION_MAX_WIDTH = 256  # CPU: eager attention is faster up to about this width
 
