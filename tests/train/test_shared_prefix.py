@@ -222,7 +222,8 @@ def test_on_the_default_model_with_real_prompts_loss_and_gradients_equal_unshare
 ):
     """The issue's second case: SmolLM2-135M in fp32 with ticket-triage's LoRA (r 16, every
     linear), three real training rows of different lengths encoded as training encodes them
-    (chat template, system prompt with the label list: the shared prefix), loss on answers."""
+    (chat template, system prompt with the label list: the shared prefix), loss on answers;
+    without and with activation checkpointing."""
     from conftest import EXAMPLES
 
     from lorapilot.modality import modality_of
@@ -238,6 +239,8 @@ def test_on_the_default_model_with_real_prompts_loss_and_gradients_equal_unshare
     rows = sorted(trainee.train_set.examples, key=lambda e: e.n_tokens)
     batch = collate([rows[0], rows[len(rows) // 2], rows[-1]], trainee.train_set.pad_id)
     assert shared_prefix_len(batch) >= 32 and prefix_path(model, batch)[0] == "shared"
-    assert_same(
-        grads(model, batch, shared_prefix_loss_sum), grads(model, batch, causal_lm_loss_sum)
-    )
+    reference = grads(model, batch, causal_lm_loss_sum)
+    assert_same(grads(model, batch, shared_prefix_loss_sum), reference)
+    with checkpointed(model) as calls:  # and under activation checkpointing, replays included
+        assert_same(grads(model, batch, shared_prefix_loss_sum), reference)
+    assert len(calls) == 4
