@@ -110,3 +110,19 @@ def adapter_info(model, method: str) -> dict:
 
 def is_peft(model) -> bool:
     return hasattr(model, "peft_config") and hasattr(model, "get_base_model")
+
+
+def set_checkpointing(model, on: bool) -> None:
+    """Non-reentrant activation checkpointing on or off, as the training loop and the probe set
+    it (LoRA's inputs do not require grad, and the shared-prefix loss needs non-reentrant).
+    transformers 5 renamed gradient_checkpointing_* to activation_checkpointing_* (the old
+    names warn); either is used, whichever exists."""
+    kwargs = {"use_reentrant": False}
+    if on and hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    elif on:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    elif hasattr(model, "activation_checkpointing_disable"):
+        model.activation_checkpointing_disable()
+    else:
+        model.gradient_checkpointing_disable()

@@ -5,7 +5,7 @@ memory model, the run record) reads apart from the machinery underneath, which k
 pilot, spec or run: `measure` times warm-up + measured `train.train_step`s on one batch with
 a fresh optimizer (an out-of-memory error becomes ok=False); `PeakMemory` takes a phase's
 peak (CUDA allocator statistics; CPU: RSS sampled by a thread); `make_resident` pages
-memory-mapped weights in; `set_checkpointing` switches activation checkpointing as the
+memory-mapped weights in; `adapter.set_checkpointing` switches activation checkpointing as the
 training loop does; `other_processes` says who else uses the device.
 """
 
@@ -257,18 +257,3 @@ def checkpoint_seconds(model, batch: dict, tcfg, root, precision: str, loss_fn=N
         return time.perf_counter() - t0
     finally:
         shutil.rmtree(root, ignore_errors=True)
-
-
-def set_checkpointing(model, on: bool) -> None:
-    """Non-reentrant activation checkpointing on or off, as the training loop sets it (LoRA's
-    inputs do not require grad). transformers 5 renamed gradient_checkpointing_* to
-    activation_checkpointing_* (the old names warn); either is used, whichever exists."""
-    kwargs = {"use_reentrant": False}
-    if on and hasattr(model, "activation_checkpointing_enable"):
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
-    elif on:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-    elif hasattr(model, "activation_checkpointing_disable"):
-        model.activation_checkpointing_disable()
-    else:
-        model.gradient_checkpointing_disable()

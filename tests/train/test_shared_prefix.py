@@ -10,6 +10,7 @@ import contextlib
 import pytest
 import torch
 
+from lorapilot.adapter import set_checkpointing
 from lorapilot.data.format import IGNORE_INDEX
 from lorapilot.spec import TrainSpec
 from lorapilot.train.loss import (
@@ -67,13 +68,13 @@ def checkpointed(model, on: bool = True):
     attn = model.get_base_model().model.layers[0].self_attn
     hook = attn.register_forward_hook(lambda *_: calls.append(1))
     if on:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        set_checkpointing(model, True)
     try:
         yield calls
     finally:
         hook.remove()
         if on:
-            model.gradient_checkpointing_disable()
+            set_checkpointing(model, False)
 
 
 def grads(model, batch, fn):

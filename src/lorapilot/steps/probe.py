@@ -62,7 +62,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from lorapilot.adapter import build_adapter
+from lorapilot.adapter import build_adapter, set_checkpointing
 from lorapilot.data.dataset import encode_records, formatter_for, prepare_data
 from lorapilot.errors import UsageError
 from lorapilot.evaluate.runner import evaluate_records, make_protocol
@@ -90,7 +90,6 @@ from lorapilot.stepmeasure import (
     make_resident,
     measure,
     other_processes,
-    set_checkpointing,
 )
 from lorapilot.steprun import open_run, snapshot
 from lorapilot.train.batches import collate, count_target_tokens, example_target_tokens

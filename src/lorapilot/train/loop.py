@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from lorapilot.adapter import set_checkpointing
 from lorapilot.environment import cpu_has_fast_bf16
 from lorapilot.errors import UsageError
 from lorapilot.fsutil import append_jsonl, read_jsonl
@@ -187,7 +188,7 @@ def _setup(model, data: TrainingSet, cfg: TrainSpec, out_dir: Path, log: Log) ->
         model.to(device)  # FSDP moves each shard to the device as it shards (below)
     if cfg.grad_checkpointing:
         # Non-reentrant checkpointing needs no input that requires grad (LoRA's inputs don't).
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        set_checkpointing(model, True)
     # the rank's own loss: the shared-prefix path where it applies (inside the module DDP
     # wraps or FSDP shards: the decoder's two passes are then one forward), else the plain one
     rank_loss, prefix_path = data.loss_fn(cfg, world)
