@@ -195,6 +195,22 @@ def test_too_short_a_prefix_or_one_row_falls_back_and_says_why(lora_model):
     assert path == "unshared" and fn is causal_lm_loss_sum and "off" in why
 
 
+def test_a_model_whose_cache_is_not_plain_dynamic_takes_the_unshared_path_and_says_so():
+    """Sliding-window layers keep their own cache arithmetic: not replayable as ours is."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(0)
+    config = MistralConfig(
+        vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, sliding_window=4,
+    )  # fmt: skip
+    model = MistralForCausalLM(config).float().train()
+    batch = batch_of(PREFIX, [[40, 41, 42], [60, 61]], answer_from=[1, 1])
+    path, why = prefix_path(model, batch)
+    assert path == "unshared" and "sliding" in why
+    assert_same(grads(model, batch, shared_prefix_loss_sum), grads(model, batch, causal_lm_loss_sum))
+
+
 def test_padding_is_never_part_of_the_prefix():
     """Two rows that are all padding after a short text must not share the pad tokens."""
     batch = batch_of(PREFIX, [[40], [40, 41, 42, 43]], answer_from=[0, 0])

@@ -112,6 +112,8 @@ def prefix_path(model, batch: Batch) -> tuple[str, str]:
     n = shared_prefix_len(batch)
     if n < MIN_SHARED_PREFIX:
         return "unshared", f"rows share {n} tokens (< {MIN_SHARED_PREFIX})"
+    if _replayable_cache(None, 0, getattr(decoder, "config", None)) is None:
+        return "unshared", "the model's cache layers are not plain dynamic ones (sliding window?)"
     return (
         "shared",
         f"{n} shared prefix tokens computed once for {batch['input_ids'].shape[0]} rows",
