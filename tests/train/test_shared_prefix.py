@@ -208,7 +208,9 @@ def test_a_model_whose_cache_is_not_plain_dynamic_takes_the_unshared_path_and_sa
     batch = batch_of(PREFIX, [[40, 41, 42], [60, 61]], answer_from=[1, 1])
     path, why = prefix_path(model, batch)
     assert path == "unshared" and "sliding" in why
-    assert_same(grads(model, batch, shared_prefix_loss_sum), grads(model, batch, causal_lm_loss_sum))
+    assert_same(
+        grads(model, batch, shared_prefix_loss_sum), grads(model, batch, causal_lm_loss_sum)
+    )
 
 
 def test_padding_is_never_part_of_the_prefix():
