@@ -86,6 +86,19 @@ def grads(model, batch, fn):
     return float(loss), int(n), out
 
 
+def accumulated(model, micro_batches, fn):
+    """Loss and gradients summed over micro-batches, one backward each (accumulation)."""
+    model.zero_grad(set_to_none=True)
+    total = 0.0
+    for mb in micro_batches:
+        loss, _ = fn(model, mb)
+        loss.backward()
+        total += float(loss)
+    out = {k: p.grad.clone() for k, p in model.named_parameters() if p.requires_grad}
+    model.zero_grad(set_to_none=True)
+    return total, 0, out
+
+
 def assert_same(a, b):
     loss_a, n_a, g_a = a
     loss_b, n_b, g_b = b
@@ -121,18 +134,10 @@ def test_accumulated_micro_batches_give_the_unshared_gradient(lora_model):
     a = batch_of(PREFIX, [[40, 41, 42], [60, 61]], answer_from=[1, 1])
     b = batch_of(PREFIX, [[70, 71, 72, 73], [75, 76, 77]], answer_from=[2, 1])
 
-    def accumulated(fn):
-        lora_model.zero_grad(set_to_none=True)
-        total = 0.0
-        for mb in (a, b):
-            loss, _ = fn(lora_model, mb)
-            loss.backward()
-            total += float(loss)
-        out = {k: p.grad.clone() for k, p in lora_model.named_parameters() if p.requires_grad}
-        lora_model.zero_grad(set_to_none=True)
-        return total, 0, out
-
-    assert_same(accumulated(shared_prefix_loss_sum), accumulated(causal_lm_loss_sum))
+    assert_same(
+        accumulated(lora_model, (a, b), shared_prefix_loss_sum),
+        accumulated(lora_model, (a, b), causal_lm_loss_sum),
+    )
 
 
 @pytest.mark.parametrize("loss_on_all", [False, True])
@@ -159,20 +164,9 @@ def test_accumulated_micro_batches_under_checkpointing_give_the_unshared_gradien
     a = batch_of(PREFIX, [[40, 41, 42], [60, 61]], answer_from=[1, 1])
     b = batch_of(PREFIX, [[70, 71, 72, 73], [75, 76, 77]], answer_from=[2, 1])
 
-    def accumulated(fn):
-        lora_model.zero_grad(set_to_none=True)
-        total = 0.0
-        for mb in (a, b):
-            loss, _ = fn(lora_model, mb)
-            loss.backward()
-            total += float(loss)
-        out = {k: p.grad.clone() for k, p in lora_model.named_parameters() if p.requires_grad}
-        lora_model.zero_grad(set_to_none=True)
-        return total, 0, out
-
-    reference = accumulated(causal_lm_loss_sum)
+    reference = accumulated(lora_model, (a, b), causal_lm_loss_sum)
     with checkpointed(lora_model) as calls:
-        assert_same(accumulated(shared_prefix_loss_sum), reference)
+        assert_same(accumulated(lora_model, (a, b), shared_prefix_loss_sum), reference)
     assert len(calls) == 8  # shared, not fallen back: two passes, each replayed, twice
 
 
