@@ -148,10 +148,10 @@ def report(r: dict) -> None:
 
 def _variants(rows: list[dict], metric: str) -> None:
     t = Table(title=f"variants (selected on validation {metric})")
-    for col in ("variant", "run", "status", metric, "seconds", "note"):
+    for col in ("variant", "run", "status", metric, "seconds", "step s", "peak memory", "note"):
         t.add_column(col)
     for v in rows:
-        value, secs = v.get("value"), v.get("seconds")
+        value, secs, step = v.get("value"), v.get("seconds"), v.get("median_step_s")
         mark = " [bold green]<- selected[/]" if v.get("selected") else ""
         t.add_row(
             esc(str(v["name"])) + mark,
@@ -159,6 +159,8 @@ def _variants(rows: list[dict], metric: str) -> None:
             str(v.get("status")),
             f"{value:.3f}" if isinstance(value, (int, float)) else "",
             f"{secs:.0f}" if isinstance(secs, (int, float)) else "",
+            f"{step:.2f}" if isinstance(step, (int, float)) else "",
+            format_gib(v["peak_memory_bytes"]) if v.get("peak_memory_bytes") else "",
             esc(str(v.get("reason") or "")[:60]),
         )
     stdout.print(t)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -121,7 +122,7 @@ def test_plan_killed_in_its_second_variant_resumes_it_then_selects_and_tests(
     again = _drive(tmp_path, pilot)
     computing = [p for p in again["phases"] if p["phase"] not in ("inspect", "smoke", "budget",
                                                                   "report")]  # fmt: skip
-    assert all(p["reused"] for p in computing), computing
+    assert all(p["reused"] for p in computing), [p for p in computing if not p["reused"]]
     assert again["train_run"] == out["train_run"] and again["decision"] == out["decision"]
     assert len((pilot / "runs" / "test_ledger.jsonl").read_text().splitlines()) == 1
 
@@ -136,11 +137,16 @@ def test_plan_killed_in_its_second_variant_resumes_it_then_selects_and_tests(
     assert rep["selection"]["n_tried"] == 3 and rep["selection"]["selected"] == out["selected"]
     md = (pilot / "report" / "report.md").read_text()
     assert "Variants, selected on validation macro_f1" in md and "adapter.r: 8 -> 4" in md
+    assert "median step" in md
     assert f"{out['selected']} (selected)" in md
     cmp = run_compare(load_pilot(pilot))
     assert [v["name"] for v in cmp["selection"]["variants"]] == ["base", "long", "r4"]
-    assert all(v["peak_memory_bytes"] and v["cost_usd"] is not None
+    assert all(v["peak_memory_bytes"] and v["cost_usd"] is not None and v["median_step_s"] > 0
                for v in cmp["selection"]["variants"])  # fmt: skip
+    for v in cmp["selection"]["variants"]:  # the median of the run's own step times
+        lines = (pilot / "runs" / v["run_id"] / "steps.jsonl").read_text().splitlines()
+        steps = [json.loads(line) for line in lines]
+        assert v["median_step_s"] == statistics.median(s["step_time_s"] for s in steps)
     names = {r["id"]: r["variant_name"] for r in run_rows(pilot)}
     assert names[trains[1]["run_id"]] == "long"
 

@@ -7,6 +7,7 @@ rule in `compare.decide`, applied to the baseline and the chosen train run.
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -72,12 +73,14 @@ def _protocol(pilot: Pilot, rec: registry.RunRecord) -> dict | None:
         return None
 
 
-def _peak(pilot: Pilot, rec: registry.RunRecord) -> int | None:
-    """A train run's peak memory: the largest of its steps' and its final evaluation's."""
+def _step_figures(pilot: Pilot, rec: registry.RunRecord) -> tuple[int | None, float | None]:
+    """A train run's (peak memory: the largest of its steps' and its final evaluation's,
+    median step time): what a variant costs beside what it scores."""
     steps = read_jsonl(registry.runs_dir(pilot.dir) / rec.id / "steps.jsonl")
     peaks = [s.get("peak_memory_bytes") for s in steps] + [rec.result.get("eval_peak_memory_bytes")]
     peaks = [p for p in peaks if isinstance(p, int)]
-    return max(peaks) if peaks else None
+    times = [s["step_time_s"] for s in steps if isinstance(s.get("step_time_s"), (int, float))]
+    return (max(peaks) if peaks else None), (statistics.median(times) if times else None)
 
 
 def run_summary(pilot: Pilot, rec: registry.RunRecord, baseline: registry.RunRecord | None) -> dict:
@@ -100,8 +103,10 @@ def run_summary(pilot: Pilot, rec: registry.RunRecord, baseline: registry.RunRec
         "cost_usd": round((rec.duration_s or 0) / 3600 * usd, 4),
         "metrics": res.get("metrics"),
         "split": res.get("split", "val" if rec.kind in ("train", "baseline", "verify") else None),
-        "peak_memory_bytes": _peak(pilot, rec) if rec.kind == "train" else None,
     }
+    row["peak_memory_bytes"], row["median_step_s"] = (
+        _step_figures(pilot, rec) if rec.kind == "train" else (None, None)
+    )
     if baseline is None or not row["metrics"] or rec.id == baseline.id or row["split"] != "val":
         return row
     ok, why = comparable(
@@ -153,6 +158,7 @@ def choose_run(pilot: Pilot, candidates: list[dict]) -> tuple[dict | None, dict]
             worst=worst and {"group": group, "name": worst[0], "delta": worst[1]},
             cost_usd=row.get("cost_usd"),
             peak_memory_bytes=row.get("peak_memory_bytes"),
+            median_step_s=row.get("median_step_s"),
         )
     ad_hoc = [c["id"] for c in candidates if c["kind"] == "train" and c.get("name") is None]
     return winner, {
