@@ -206,6 +206,23 @@ def test_export_merges_onto_the_dequantized_weights_and_measures_agreement(train
     assert not getattr(merged, "is_quantized", False)  # a plain model: loads anywhere
 
 
+def test_a_quantized_variant_of_an_unquantized_pilot_exports_with_its_own_recipe(
+    tmp_path, tiny_model_dir
+):
+    """`export` takes the run's variant (as verify and eval do), not the pilot's base recipe:
+    otherwise a 4-bit variant's adapter is refused as trained on another base."""
+    pilot = _pilot(tmp_path, tiny_model_dir, None)
+    spec = yaml.safe_load((pilot / "pilot.yaml").read_text())
+    nf4 = {"model.quantization.bits": 4, "model.quantization.compute_dtype": "fp32"}
+    spec["variants"] = [{"name": "nf4", "set": nf4}]
+    (pilot / "pilot.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    out = run_json("train", str(pilot), "--variant", "nf4", "--no-progress")
+    assert out["base_identity"]["quantization"]["bits"] == 4
+    res = run_json("export", str(pilot), "--merge", "--out", str(tmp_path / "merged"))
+    assert res["ok"] and res["train_run"] == out["run_id"] and res["merge_agreement"] >= 0.99
+    assert "dequantized" in res["merged_onto"]
+
+
 def test_probe_estimates_the_quantized_step(tmp_path, tiny_model_dir):
     pilot = _pilot(tmp_path, tiny_model_dir, Q4)
     out = run_json("probe", str(pilot), "--no-progress")

@@ -22,6 +22,7 @@ from lorapilot.manifest import (
     weights_sha256,
 )
 from lorapilot.models import attach_adapter, load_base
+from lorapilot.plan import pilot_of_run
 from lorapilot.quantize import describe, identity, identity_differences
 
 MERGE_TOLERANCE = 1e-3
@@ -42,6 +43,7 @@ def run_export(pilot, run_id: str | None, out: Path, merge: bool = False) -> dic
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UsageError(f"--out {out}: exists and is not empty; choose a new folder")
     train_id, adapter_dir = registry.adapter_of(pilot.dir, run_id)
+    pilot = pilot_of_run(pilot, train_id)  # a variant's run: its own recipe (quantization)
     manifest = read_manifest(adapter_dir)
     if not merge:
         return _export_adapter(train_id, adapter_dir, manifest, out)
