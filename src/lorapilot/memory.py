@@ -402,7 +402,8 @@ def estimate_step_memory(
         lora_dropout=lora_dropout,
         dropout_mask_bytes=dropout_mask_bytes,
     )["total"]
-    prefix_kv = compute_bytes(precision, weight_dtype_bytes) * 2 * shape.kv_dim  # a token's
+    # one token's keys and values in one layer, in the compute dtype
+    prefix_kv = compute_bytes(precision, weight_dtype_bytes) * 2 * shape.kv_dim
     if computed < tokens:
         layer = math.ceil(layer * computed / tokens + prefix_kv * (tokens - computed))
     final_norm = 4 * shape.hidden * computed

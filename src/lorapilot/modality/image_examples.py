@@ -70,7 +70,7 @@ class ImageExamples:
             labels.numel()
         )
 
-    def loss_fn(self, cfg: TrainSpec, world: int = 1):
+    def loss_fn(self, cfg: TrainSpec):
         return self.loss_sum, ("unshared", "images have no prompt prefix to share")
 
     @torch.no_grad()

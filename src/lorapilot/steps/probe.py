@@ -328,9 +328,9 @@ def _measure_config(pr: _Probe, name: str, mb: int, ckpt: bool, search: bool = F
     seq_len = batch["input_ids"].shape[1]
     positions = max(1, math.ceil(count_target_tokens(batch) / mb))
     set_checkpointing(pr.model, ckpt)
-    # The path training will take (one process): the shared prefix computed once per
-    # micro-batch (with or without checkpointing), unless train.shared_prefix is off.
-    loss_fn, path = loss_fn_for(tcfg.model_copy(update={"grad_checkpointing": ckpt}))
+    # The path training will take: the shared prefix computed once per micro-batch (with or
+    # without checkpointing), unless train.shared_prefix is off.
+    loss_fn, path = loss_fn_for(tcfg)
     if path[0] == "shared":
         path = prefix_path(pr.model, batch)
     shared = shared_prefix_len(batch) if path[0] == "shared" else 0

@@ -37,8 +37,9 @@ class TrainingSet(Protocol):
         """(float32 sum of the batch's loss terms, their count): validation and DDP."""
         ...
 
-    def loss_fn(self, cfg: TrainSpec, world: int = 1) -> tuple[LossFn, tuple[str, str]]:
-        """The loss one process's training step takes, and (path, why) for the record."""
+    def loss_fn(self, cfg: TrainSpec) -> tuple[LossFn, tuple[str, str]]:
+        """The loss a training step takes (one process, DDP or FSDP alike), and (path, why)
+        for the record."""
         ...
 
     def reproduces(self, model: Any, batch: Batch) -> torch.Tensor:
@@ -70,10 +71,10 @@ class TextExamples:
 
         return causal_lm_loss_sum(model, batch)
 
-    def loss_fn(self, cfg: TrainSpec, world: int = 1):
+    def loss_fn(self, cfg: TrainSpec):
         from lorapilot.train.loss import loss_fn_for
 
-        return loss_fn_for(cfg)  # the same path in one process, under DDP and FSDP
+        return loss_fn_for(cfg)
 
     def reproduces(self, model, batch: Batch) -> torch.Tensor:
         from lorapilot.train.loss import greedy_reproduces

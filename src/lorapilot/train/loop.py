@@ -16,8 +16,8 @@ points marked FSDP below: shard, validate, gather for saving, load on resume.
 
 The pieces: `train.batches` (collation, length-grouped micro-batches), `train.loss` (the
 loss, shared prefix included), `train.step` (the one `train_step` shared with the probe and
-the audit), `train.distributed` (launchers,
-process groups), `train.checkpoint` (atomic, checksummed checkpoints). This module is the loop.
+the audit), `train.distributed` (launchers, process groups), `train.checkpoint` (atomic,
+checksummed checkpoints). This module is the loop.
 
 On disk, a run folder gets::
 
@@ -191,7 +191,7 @@ def _setup(model, data: TrainingSet, cfg: TrainSpec, out_dir: Path, log: Log) ->
         set_checkpointing(model, True)
     # the rank's own loss: the shared-prefix path where it applies (inside the module DDP
     # wraps or FSDP shards: the decoder's two passes are then one forward), else the plain one
-    rank_loss, prefix_path = data.loss_fn(cfg, world)
+    rank_loss, prefix_path = data.loss_fn(cfg)
     # FSDP: shard before the optimizer is built, the parameters become DTensors (train.fsdp).
     sharded = fsdp.shard(LossModule(model, rank_loss), device, world) if use_fsdp else None
     optimizer = make_optimizer(model, cfg)
