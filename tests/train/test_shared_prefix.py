@@ -26,6 +26,10 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 @pytest.fixture(scope="module")
 def lora_model():
+    return make_lora_model()
+
+
+def make_lora_model():
     from peft import LoraConfig, get_peft_model
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -257,3 +261,44 @@ def test_on_the_default_model_with_real_prompts_loss_and_gradients_equal_unshare
     with checkpointed(model) as calls:  # and under activation checkpointing, replays included
         assert_same(grads(model, batch, shared_prefix_loss_sum), reference)
     assert len(calls) == 4
+
+
+@pytest.mark.parametrize("fn", [causal_lm_loss_sum, shared_prefix_loss_sum])
+def test_autocast_weight_copies_kept_for_backward_are_what_the_memory_model_counts(fn):
+    """Under bf16 autocast over fp32 weights every matmul keeps a 16-bit copy of its frozen
+    weight for backward. The shared path runs the decoder twice, and each pass casts anew:
+    two copies of every decoder linear, the head's once (`memory.weight_cast_bytes`). A
+    fresh model: checkpointing, once enabled, makes the embeddings' output require grad."""
+    from lorapilot.memory import ModelShape, weight_cast_bytes
+
+    lora_model = make_lora_model()
+
+    frozen = {
+        tuple(p.shape) for p in lora_model.parameters() if not p.requires_grad and p.dim() == 2
+    }
+    kept: dict[int, int] = {}
+
+    def pack(t):
+        if t.dtype == torch.bfloat16 and tuple(t.shape) in frozen | {s[::-1] for s in frozen}:
+            kept[t.untyped_storage().data_ptr()] = t.numel() * t.element_size()
+        return t
+
+    owns = [[40, 41, 42, 43, 50, 51], [60, 61, 50], [80, 81, 82, 83, 84, 85, 86, 50, 52]]
+    batch = batch_of(PREFIX, owns, answer_from=[4, 1, 7])
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            fn(lora_model, batch)
+    shape = ModelShape.from_config(lora_model.get_base_model().config.to_dict())
+    passes = 2 if fn is shared_prefix_loss_sum else 1
+    expected = weight_cast_bytes(
+        shape, precision="bf16", weight_dtype_bytes=4, grad_checkpointing=False,
+        decoder_passes=passes,
+    )  # fmt: skip
+    # Not kept, and left out of the model (1 MiB of SmolLM2's 255): the first layer's q, k
+    # and v need no input gradient, since the embeddings are frozen; once per pass.
+    cfg = lora_model.get_base_model().config
+    first_qkv = cfg.hidden_size * (cfg.hidden_size + 2 * shape.kv_dim)
+    assert sum(kept.values()) == expected - 2 * passes * first_qkv
+    assert passes == 1 or expected > weight_cast_bytes(
+        shape, precision="bf16", weight_dtype_bytes=4, grad_checkpointing=False
+    )
