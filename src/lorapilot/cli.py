@@ -461,6 +461,14 @@ def probe(
         int,
         typer.Option("--steps", min=5, help="Measured steps per configuration (after 1 warm-up)."),
     ] = 5,
+    checkpointing: Annotated[
+        str,
+        typer.Option(
+            "--checkpointing",
+            help="both: each length with activation checkpointing off and on; spec: the spec's "
+            "setting only (and the other when it does not fit), as `run` measures.",
+        ),
+    ] = "both",
     no_progress: NoProgress = False,
     sets: SetOpt = None,
     variant: VariantOpt = None,
@@ -475,6 +483,7 @@ def probe(
         search_batch=search_batch,
         estimate_only=estimate_only,
         steps=steps,
+        checkpointing=checkpointing,
         progress=not no_progress,
         log=step_log(as_json),
     )

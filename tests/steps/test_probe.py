@@ -219,6 +219,27 @@ def test_search_batch_stops_at_the_memory_limit(tmp_path, tiny_model_dir):
         }
 
 
+def test_spec_mode_measures_the_spec_setting_and_the_other_only_when_it_does_not_fit(
+    tmp_path, tiny_model_dir
+):
+    """`run` asks for the spec's checkpointing setting only; the other is the fix to try
+    when the spec's step is over limits.memory_gb, so then it is measured too."""
+    fits = probe.run_probe(
+        load_pilot(tiny_pilot(tmp_path / "a", tiny_model_dir)),
+        checkpointing="spec", steps=5, progress=False, log=lambda s: None,
+    )  # fmt: skip
+    rows = [(r["length"], r["grad_checkpointing"]) for r in fits["measurements"]]
+    assert rows == [("typical", False), ("long", False)]
+    assert fits["checkpointing_settings"] == ["off"]
+    tight = probe.run_probe(
+        load_pilot(tiny_pilot(tmp_path / "b", tiny_model_dir, limits__memory_gb=0.001)),
+        checkpointing="spec", steps=5, progress=False, log=lambda s: None,
+    )  # fmt: skip
+    rows = [(r["length"], r["grad_checkpointing"]) for r in tight["measurements"]]
+    assert rows == [("typical", False), ("long", False), ("typical", True), ("long", True)]
+    assert tight["checkpointing_settings"] == ["off", "on"]
+
+
 def test_probe_refuses_too_few_steps(tmp_path, tiny_model_dir):
     from lorapilot.errors import UsageError
 

@@ -12,7 +12,9 @@ training examples:
   spec's micro_batch examples whose lengths are closest to the target (ties: data order),
   right-padded to the longest of them by `train.batches.collate`, so `seq_len` is that padded
   width. Nothing is invented: with fewer examples than micro_batch, examples repeat.
-- configurations: each length with activation checkpointing off and on; `search_batch`
+- configurations: each length with activation checkpointing off and on (`checkpointing=
+  "spec"`, as `run` asks: the spec's setting only, and the other one too when the spec's
+  does not fit, out of memory or over limits.memory_gb); `search_batch`
   then doubles the micro-batch at the long length (both checkpointing settings) until a
   peak exceeds limits.memory_gb, a step runs out of memory (recorded as ok=False, the
   probe goes on), the next size would not fit in the memory available at the start
@@ -137,6 +139,7 @@ def run_probe(
     estimate_only: bool = False,
     steps: int = MIN_STEPS,
     warmup: int = MIN_WARMUP,
+    checkpointing: str = "both",
     progress: bool = True,
     log: Callable[[str], None] = print,
 ) -> dict:
@@ -149,6 +152,8 @@ def run_probe(
         raise UsageError(
             f"the probe needs at least {MIN_WARMUP} warm-up and {MIN_STEPS} measured steps"
         )
+    if checkpointing not in ("both", "spec"):
+        raise UsageError(f"--checkpointing must be both or spec, got {checkpointing!r}")
     env = snapshot(pilot)
     with open_run(pilot, "probe", env=env) as run:
         started = _environment(env)
@@ -172,6 +177,7 @@ def run_probe(
                 search_batch=search_batch,
                 steps=steps,
                 warmup=warmup,
+                checkpointing=checkpointing,
                 progress=progress,
                 log=log,
             )
@@ -447,6 +453,7 @@ def _measured(
     search_batch: bool,
     steps: int,
     warmup: int,
+    checkpointing: str,
     progress: bool,
     log,
 ) -> dict:
@@ -482,10 +489,16 @@ def _measured(
     )
     model.train()
     meter = CpuLoad() if pr.on_cpu else None  # GPUs: other_processes lists their users
+    settings = [False, True] if checkpointing == "both" else [tcfg.grad_checkpointing]
     for name in ("typical", "long"):
-        for ckpt in (False, True):
+        for ckpt in settings:
             _measure_config(pr, name, tcfg.micro_batch, ckpt)
-    search = _search(pr, started) if search_batch else None
+    if len(settings) == 1 and not _fits(pr.rows, spec.limits.memory_gb):
+        # the spec's step does not fit: measure the other setting, the first fix to try
+        settings.append(not settings[0])
+        for name in ("typical", "long"):
+            _measure_config(pr, name, tcfg.micro_batch, settings[1])
+    search = _search(pr, started, settings) if search_batch else None
     load_check = meter.stop(torch.get_num_threads()) if meter is not None else None
     if load_check is not None and load_check["disturbed"]:
         log(
@@ -533,6 +546,7 @@ def _measured(
         "trainable_params": info["trainable_params"],
         "total_params": info["total_params"],
         "model_shape": dataclasses.asdict(pr.shape),
+        "checkpointing_settings": ["on" if c else "off" for c in settings],
         "checkpoint_save_s": checkpoint_s,
         "eval_examples_per_s": eval_eps,
         "eval_examples": eval_n,
@@ -578,14 +592,22 @@ def _eval_estimate(pr, model, fmt, prepared, protocol, widths, records, wide) ->
     return est
 
 
-def _search(pr: _Probe, started: dict) -> dict:
+def _fits(rows: list[dict], limit_gb: float | None) -> bool:
+    """Every measured step ran, and under limits.memory_gb when one is set."""
+    limit = limit_gb * GIB if limit_gb else None
+    return all(
+        r["ok"] and (limit is None or (r.get("peak_total_bytes") or 0) <= limit) for r in rows
+    )
+
+
+def _search(pr: _Probe, started: dict, settings: list[bool]) -> dict:
     """Double the micro-batch at the long length, per checkpointing setting, until a limit."""
     pilot, rows, n_train = pr.pilot, pr.rows, len(pr.train_ex)
     limit_gb = pilot.spec.limits.memory_gb
     limit = limit_gb * GIB if limit_gb else None
     ceiling = CPU_SAFE_FRACTION * started["available_memory_bytes"] if pr.on_cpu else None
     result = {}
-    for ckpt in (False, True):
+    for ckpt in sorted(settings):
         last = next(
             r
             for r in rows

@@ -180,7 +180,9 @@ def run_pipeline(
         phase(
             "probe",
             "probe",
-            lambda vp=vp: run_probe(vp, progress=progress, log=log),
+            # the spec's checkpointing setting (the other only when it does not fit): the
+            # budget needs no more, and the other setting doubles the probe's time
+            lambda vp=vp: run_probe(vp, checkpointing="spec", progress=progress, log=log),
             where=lambda r, shape=shape: probe_reusable(r) and step_shape(r.config or {}) == shape,
             variant=vp.variant if len(plan) > 1 else None,
         )
