@@ -302,3 +302,28 @@ def test_autocast_weight_copies_kept_for_backward_are_what_the_memory_model_coun
     assert passes == 1 or expected > weight_cast_bytes(
         shape, precision="bf16", weight_dtype_bytes=4, grad_checkpointing=False
     )
+
+
+def test_validation_through_the_shared_prefix_gives_the_plain_validation_loss(lora_model):
+    """The loop validates on the path it trains on; the value is the plain one (fp32)."""
+    from lorapilot.data.format import Encoded
+    from lorapilot.train.examples import TextExamples
+    from lorapilot.train.step import validation_loss
+
+    owns = [[40, 41, 42, 43], [60, 61, 50], [80, 81, 82, 83, 84], [70, 71], [90, 91, 92]]
+    encoded = []
+    for own in owns:
+        ids = PREFIX + own
+        labels = [IGNORE_INDEX] * (len(PREFIX) + 1) + own[1:]
+        encoded.append(Encoded(input_ids=ids, labels=labels, prompt_len=len(PREFIX), answer=""))
+    val = TextExamples(encoded, pad_id=0)
+    calls = []
+
+    def shared(model, batch):
+        calls.append(shared_prefix_len(batch))
+        return shared_prefix_loss_sum(model, batch)
+
+    plain = validation_loss(lora_model, val, 2, "fp32")
+    through = validation_loss(lora_model, val, 2, "fp32", loss_fn=shared)
+    assert through == pytest.approx(plain, rel=1e-6)
+    assert calls and all(n == len(PREFIX) for n in calls[:2])  # micro-batches of 2 rows share it

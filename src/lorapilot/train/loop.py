@@ -270,7 +270,10 @@ def _validate(lp: _Loop, val_set: TrainingSet, eval_fn, at_step: int) -> dict:
         if lp.sharded is not None:  # every rank must run the same forwards (collectives)
             val = fsdp.validation_loss(lp.sharded, val_set, cfg.micro_batch, cfg.precision, lp.acc)
         else:
-            val = validation_loss(lp.model, val_set, cfg.micro_batch, cfg.precision, lp.acc)
+            val = validation_loss(
+                lp.model, val_set, cfg.micro_batch, cfg.precision, lp.acc,
+                loss_fn=val_set.loss_fn(cfg)[0],  # the training path: the prefix once
+            )  # fmt: skip
         record = {"step": at_step, "val_loss": val}
         if eval_fn is not None:
             lp.model.eval()

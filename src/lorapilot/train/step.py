@@ -177,8 +177,11 @@ def validation_loss(
     micro_batch: int,
     precision: str,
     accelerator=None,
+    loss_fn=None,
 ) -> float | None:
-    """Mean loss per target over a training set (`train.examples`); None when empty."""
+    """Mean loss per target over a training set (`train.examples`); None when empty.
+    `loss_fn`: the loss training takes (the shared-prefix path: the same value, the prefix
+    computed once per micro-batch); default the set's plain `loss_sum`."""
     if not len(examples):
         return None
     device = next(model.parameters()).device
@@ -193,7 +196,7 @@ def validation_loss(
     for chunk in chunks:
         batch = {k: v.to(device) for k, v in examples.collate(chunk).items()}
         with autocast(device.type, precision):
-            loss_sum, n = examples.loss_sum(model, batch)
+            loss_sum, n = (loss_fn or examples.loss_sum)(model, batch)
         total += torch.stack([loss_sum.double(), n.double()])
     model.train(was_training)
     if world > 1:
