@@ -630,8 +630,24 @@ class EvalSpec(_Strict):
         "much faster with many labels; predictions.jsonl keeps the scores computed); all "
         "scores every label.",
     )
+    shared_prefix: Literal["auto", "off"] = Field(
+        "auto",
+        description="auto: the prompt prefix every prompt shares is computed once and its "
+        "key/value cache reused by every batch; off: each batch computes it (on a GPU with a "
+        "small model the extra pass can cost more than it saves: bench/README.md). Part of "
+        "the eval protocol: in bf16 the summation order can flip a close prediction.",
+    )
 
-    _omitted_at: ClassVar[dict[str, tuple]] = {"label_search": ("best_first",)}  # same argmax
+    @field_validator("shared_prefix", mode="before")
+    @classmethod
+    def _yaml_off(cls, v: Any) -> Any:
+        return {False: "off", True: "auto"}.get(v, v) if isinstance(v, bool) else v
+
+    # omitted from the spec hash at their defaults: specs written before them hash the same
+    _omitted_at: ClassVar[dict[str, tuple]] = {
+        "label_search": ("best_first",),  # same argmax
+        "shared_prefix": ("auto",),
+    }
 
 
 class SuccessSpec(_Strict):

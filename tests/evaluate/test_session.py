@@ -115,6 +115,28 @@ def test_protocol_is_stable_and_sensitive(tmp_path, tiny_model_dir):
     assert a["peak_memory_bytes"] > 0  # evaluation's own peak (RSS on a CPU), for the limits
 
 
+def test_eval_shared_prefix_off_is_in_the_protocol_and_predicts_the_same(tmp_path, tiny_model_dir):
+    """Without the prefix cache every batch computes the prefix: the same predictions in
+    fp32, a different protocol (in bf16 the summation order may flip a close call)."""
+    pilot = _tiny_pilot(tmp_path, "ticket-triage", tiny_model_dir)
+    args = ("baseline", str(pilot), "--limit", "6", "--no-progress", "--set", "eval.precision=fp32",
+            "--set", "eval.batch_size=4")  # fmt: skip
+    cached = run_json(*args)
+    plain = run_json(*args, "--set", "eval.shared_prefix=off")
+    assert cached["eval_protocol"] != plain["eval_protocol"]
+    protos = [
+        json.loads((pilot / "runs" / r["run_id"] / "protocol.json").read_text())
+        for r in (cached, plain)
+    ]
+    assert [p["shared_prefix_cache"] for p in protos] == [True, False]
+    rows = [
+        [json.loads(line) for line in (pilot / "runs" / r["run_id"] / "predictions.jsonl").open()]
+        for r in (cached, plain)
+    ]
+    assert [r["parsed"] for r in rows[0]] == [r["parsed"] for r in rows[1]]
+    assert cached["metrics"] == plain["metrics"]
+
+
 def test_test_split_is_reserved_and_logged(tmp_path, tiny_model_dir):
     pilot = _tiny_pilot(tmp_path, "ticket-triage", tiny_model_dir)
     refused = run_json("eval", str(pilot), "--base", "--split", "test", expect=2)

@@ -40,7 +40,7 @@ def make_protocol(spec: PilotSpec, tokenizer: Any, prepared: PreparedData) -> di
         # The shared prompt prefix's KV cache is computed once and reused (same results in
         # fp32; in bf16 a different summation order can flip a greedy token, so it is part
         # of the procedure and results from before it are not silently compared).
-        "shared_prefix_cache": True,
+        "shared_prefix_cache": ev.shared_prefix != "off",
         "max_new_tokens": None if mode == "score" else max_new,
         "batch_size": ev.batch_size,
         "precision": resolve(ev.precision),  # `auto` as this machine runs it
@@ -137,6 +137,7 @@ def evaluate_records(
                 pad_id=pad_id,
                 progress=tick,
                 search=spec.eval.label_search,
+                share_prefix=protocol.get("shared_prefix_cache", True),
             )
             outputs = None
         else:
@@ -158,6 +159,7 @@ def evaluate_records(
                 pad_id=pad_id,
                 batch_size=protocol["batch_size"],
                 progress=tick,
+                share_prefix=protocol.get("shared_prefix_cache", True),
             )
             outputs = [tokenizer.decode(g, skip_special_tokens=True) for g in gen]
             scores = None
