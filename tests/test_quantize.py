@@ -230,3 +230,42 @@ def test_probe_estimates_the_quantized_step(tmp_path, tiny_model_dir):
     assert rows and all("dequantize" in r["estimate_components"] for r in rows)
     weights = rows[0]["estimate_components"]["weights"]
     assert out["load"]["weights_bytes"] == pytest.approx(weights, rel=0.05)
+
+
+def test_an_evaluation_pass_leaves_4bit_training_gradients_exact(tmp_path, default_model_dir):
+    """bitsandbytes repacks a 4-bit weight in place for its CPU inference kernel (AVX512-BF16
+    CPUs, eval mode, no grad), and a training step after that got zero LoRA gradients
+    (`gemv_4bit` has no autograd kernel). lorapilot keeps one path: the gradients after a
+    validation pass are those of a model that never evaluated. 64 wide: a quantization
+    block, as the repacking needs."""
+    from lorapilot.adapter import build_adapter
+    from lorapilot.models import load_model, make_tiny_model, resolve_base
+    from lorapilot.spec import AdapterSpec
+    from lorapilot.train.loss import causal_lm_loss_sum
+
+    folder = make_tiny_model(
+        tmp_path / "m", tokenizer_dir=default_model_dir, hidden_size=64, intermediate_size=128
+    )
+    ids = torch.arange(100, 124).reshape(2, 12)
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
+
+    def lora_grads(evaluate_first: bool) -> dict:
+        q = QuantizationSpec(bits=4, compute_dtype="bf16")
+        model, _ = load_model(resolve_base(str(folder)), "float32", False, q)
+        model, _ = build_adapter(model, AdapterSpec(r=4, alpha=8, dropout=0.0), seed=0)
+        assert not any(getattr(m, "support_avx512bf16_for_cpu", False) for m in model.modules())
+        if evaluate_first:
+            model.eval()
+            with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+                causal_lm_loss_sum(model, batch)
+        model.train()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss, _ = causal_lm_loss_sum(model, batch)
+        loss.backward()
+        return {n: p.grad for n, p in model.named_parameters() if p.requires_grad}
+
+    plain, after_eval = lora_grads(False), lora_grads(True)
+    assert set(plain) == set(after_eval)
+    assert sum(int(g.abs().sum() > 0) for g in plain.values()) > len(plain) // 3
+    for name, grad in plain.items():
+        assert torch.equal(grad, after_eval[name]), name

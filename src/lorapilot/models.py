@@ -575,6 +575,10 @@ def load_model(
             f"refused by torch's weights-only loader ({why or 'not a plain tensor file'}); "
             "lorapilot never loads pickles with code execution enabled. Use safetensors weights."
         ) from None
+    if quantization is not None:
+        from lorapilot.quantize import keep_one_cpu_path
+
+        keep_one_cpu_path(model)  # a 4-bit base trains and evaluates through the same kernel
     model.eval()
     tokenizer = AutoTokenizer.from_pretrained(
         resolved.path, trust_remote_code=trust_remote_code, local_files_only=True

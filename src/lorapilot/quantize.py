@@ -114,6 +114,27 @@ def is_quantized(model) -> bool:
     )
 
 
+def keep_one_cpu_path(model) -> int:
+    """Turn off bitsandbytes' CPU inference repacking of 4-bit weights; returns how many
+    layers were told.
+
+    On a CPU with AVX512-BF16, a `Linear4bit` in eval mode under no_grad repacks its weight
+    in place for a faster inference kernel (`_convert_weight_packed_for_cpu`), and keeps it
+    repacked. A training step after that (the loop validates at step 0, the smoke evaluates)
+    runs `gemv_4bit`, which has no autograd kernel: the base layers pass no input gradient and
+    most LoRA tensors get zero gradients, silently (measured on the default model in NF4:
+    lora_B of the first layer, 1.66 -> 0.0 after one eval forward). It also fails outright on
+    layers narrower than a quantization block (shape errors). Training and evaluation
+    therefore take the one path that is exact for both, as on every other CPU and on GPUs."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    n = 0
+    for module in base.modules():
+        if getattr(module, "support_avx512bf16_for_cpu", False):
+            module.support_avx512bf16_for_cpu = False
+            n += 1
+    return n
+
+
 def quant_state(model) -> dict[str, Any]:
     """name -> tensor of every quantization-state entry (4-bit absmax, quant maps, nested
     scales; 8-bit SCB) and quantized weight, as the state dict carries them."""
