@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import yaml
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     ValidationError,
@@ -556,6 +557,14 @@ class AdapterSpec(_Strict):
     modules_to_save: list[str] = Field(default_factory=list, description="Extra trained modules.")
 
 
+def _bare_off(v: Any) -> Any:
+    """YAML 1.1 reads a bare `off` as false (and `on` as true)."""
+    return {False: "off", True: "auto"}.get(v, v) if isinstance(v, bool) else v
+
+
+AutoOrOff = Annotated[Literal["auto", "off"], BeforeValidator(_bare_off)]
+
+
 class TrainSpec(_Strict):
     seed: int = 0
     epochs: float = Field(2, gt=0, description="Passes over train (ignored if max_steps is set).")
@@ -585,19 +594,13 @@ class TrainSpec(_Strict):
         description="torch's intra-op CPU threads (default: the cores this process may use, "
         "or OMP_NUM_THREADS); recorded in each run's environment.",
     )
-    shared_prefix: Literal["auto", "off"] = Field(
+    shared_prefix: AutoOrOff = Field(
         "auto",
         description="auto: the prompt prefix the rows of a micro-batch share (chat header, "
         "system prompt) runs once per micro-batch, forward and backward (same loss and "
         "gradients); off: every row computes it. One process, DDP or FSDP, with or without "
         "activation checkpointing; the run record says which path ran and why.",
     )
-
-    @field_validator("shared_prefix", mode="before")
-    @classmethod
-    def _yaml_off(cls, v: Any) -> Any:
-        # YAML 1.1 reads a bare `off` as false (and `on` as true)
-        return {False: "off", True: "auto"}.get(v, v) if isinstance(v, bool) else v
 
     _omitted_at: ClassVar[dict[str, tuple]] = {"shared_prefix": ("auto",)}  # same gradients
 
@@ -630,18 +633,13 @@ class EvalSpec(_Strict):
         "much faster with many labels; predictions.jsonl keeps the scores computed); all "
         "scores every label.",
     )
-    shared_prefix: Literal["auto", "off"] = Field(
+    shared_prefix: AutoOrOff = Field(
         "auto",
         description="auto: the prompt prefix every prompt shares is computed once and its "
         "key/value cache reused by every batch; off: each batch computes it (on a GPU with a "
         "small model the extra pass can cost more than it saves: bench/README.md). Part of "
         "the eval protocol: in bf16 the summation order can flip a close prediction.",
     )
-
-    @field_validator("shared_prefix", mode="before")
-    @classmethod
-    def _yaml_off(cls, v: Any) -> Any:
-        return {False: "off", True: "auto"}.get(v, v) if isinstance(v, bool) else v
 
     # omitted from the spec hash at their defaults: specs written before them hash the same
     _omitted_at: ClassVar[dict[str, tuple]] = {
