@@ -114,9 +114,8 @@ def is_quantized(model) -> bool:
     )
 
 
-def keep_one_cpu_path(model) -> int:
-    """Turn off bitsandbytes' CPU inference repacking of 4-bit weights; returns how many
-    layers were told.
+def keep_one_cpu_path(model) -> None:
+    """Turn off bitsandbytes' CPU inference repacking of 4-bit weights.
 
     On a CPU with AVX512-BF16, a `Linear4bit` in eval mode under no_grad repacks its weight
     in place for a faster inference kernel (`_convert_weight_packed_for_cpu`), and keeps it
@@ -127,12 +126,9 @@ def keep_one_cpu_path(model) -> int:
     layers narrower than a quantization block (shape errors). Training and evaluation
     therefore take the one path that is exact for both, as on every other CPU and on GPUs."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    n = 0
     for module in base.modules():
         if getattr(module, "support_avx512bf16_for_cpu", False):
             module.support_avx512bf16_for_cpu = False
-            n += 1
-    return n
 
 
 def quant_state(model) -> dict[str, Any]:

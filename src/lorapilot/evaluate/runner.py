@@ -137,7 +137,7 @@ def evaluate_records(
                 pad_id=pad_id,
                 progress=tick,
                 search=spec.eval.label_search,
-                share_prefix=protocol.get("shared_prefix_cache", True),
+                share_prefix=protocol["shared_prefix_cache"],
             )
             outputs = None
         else:
@@ -159,7 +159,7 @@ def evaluate_records(
                 pad_id=pad_id,
                 batch_size=protocol["batch_size"],
                 progress=tick,
-                share_prefix=protocol.get("shared_prefix_cache", True),
+                share_prefix=protocol["shared_prefix_cache"],
             )
             outputs = [tokenizer.decode(g, skip_special_tokens=True) for g in gen]
             scores = None

@@ -34,7 +34,9 @@ class TrainingSet(Protocol):
         ...
 
     def loss_sum(self, model: Any, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        """(float32 sum of the batch's loss terms, their count): validation and DDP."""
+        """(float32 sum of the batch's loss terms, their count): the plain loss, which
+        `loss_fn` returns where no shorter path applies (the loop trains and validates
+        with what `loss_fn` gives)."""
         ...
 
     def loss_fn(self, cfg: TrainSpec) -> tuple[LossFn, tuple[str, str]]:

@@ -114,6 +114,7 @@ class _Loop:
     model: Any  # the (PEFT) model, unwrapped
     step_model: Any  # what train_step calls: the model, its DDP wrapper or the FSDP module
     loss_fn: Callable
+    rank_loss: Callable  # the rank's own loss on the unwrapped model: validation takes it too
     prefix_path: tuple[str, str]  # ("shared" | "unshared", why): train.shared_prefix resolved
     sharded: Any  # the FSDP loss module, or None
     optimizer: torch.optim.Optimizer
@@ -217,6 +218,7 @@ def _setup(model, data: TrainingSet, cfg: TrainSpec, out_dir: Path, log: Log) ->
         model=model,
         step_model=step_model,
         loss_fn=loss_fn,
+        rank_loss=rank_loss,
         prefix_path=prefix_path,
         sharded=sharded,
         optimizer=optimizer,
@@ -272,7 +274,7 @@ def _validate(lp: _Loop, val_set: TrainingSet, eval_fn, at_step: int) -> dict:
         else:
             val = validation_loss(
                 lp.model, val_set, cfg.micro_batch, cfg.precision, lp.acc,
-                loss_fn=val_set.loss_fn(cfg)[0],  # the training path: the prefix once
+                loss_fn=lp.rank_loss,  # the training path: the prefix once
             )  # fmt: skip
         record = {"step": at_step, "val_loss": val}
         if eval_fn is not None:
