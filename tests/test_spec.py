@@ -305,3 +305,17 @@ def test_variant_flag_errors_and_selection_metric_is_checked(tmp_path):
         load_pilot(d2)
     d3 = _plan(tmp_path, [], selection={"metric": "accuracy"})
     assert load_pilot(d3).spec.selection_metric == "accuracy"
+
+
+def test_shared_prefix_settings_read_bare_yaml_on_and_off():
+    """YAML 1.1 reads bare on/off as booleans: they mean the settings `on` and `off`."""
+    for text, want in (("on", "on"), ("off", "off"), ("auto", "auto"), ('"on"', "on")):
+        raw = parse_yaml(
+            "name: t\nhypothesis: h\ntask: {kind: classification, labels: [a, b]}\n"
+            f"data: {{file: d.jsonl}}\ntrain: {{shared_prefix: {text}}}\n"
+            f"eval: {{shared_prefix: {text}}}\n",
+            "pilot.yaml",
+        )
+        spec = spec_from_dict(raw, "pilot.yaml")
+        assert spec.train.shared_prefix == spec.eval.shared_prefix == want
+    assert "shared_prefix" in bad({**BASE, "train": {"shared_prefix": "sometimes"}})

@@ -557,12 +557,12 @@ class AdapterSpec(_Strict):
     modules_to_save: list[str] = Field(default_factory=list, description="Extra trained modules.")
 
 
-def _bare_off(v: Any) -> Any:
-    """YAML 1.1 reads a bare `off` as false (and `on` as true)."""
-    return {False: "off", True: "auto"}.get(v, v) if isinstance(v, bool) else v
+def _bare_on_off(v: Any) -> Any:
+    """YAML 1.1 reads a bare `off` as false and `on` as true."""
+    return {False: "off", True: "on"}.get(v, v) if isinstance(v, bool) else v
 
 
-AutoOrOff = Annotated[Literal["auto", "off"], BeforeValidator(_bare_off)]
+AutoOnOff = Annotated[Literal["auto", "on", "off"], BeforeValidator(_bare_on_off)]
 
 
 class TrainSpec(_Strict):
@@ -594,12 +594,14 @@ class TrainSpec(_Strict):
         description="torch's intra-op CPU threads (default: the cores this process may use, "
         "or OMP_NUM_THREADS); recorded in each run's environment.",
     )
-    shared_prefix: AutoOrOff = Field(
+    shared_prefix: AutoOnOff = Field(
         "auto",
-        description="auto: the prompt prefix the rows of a micro-batch share (chat header, "
+        description="on: the prompt prefix the rows of a micro-batch share (chat header, "
         "system prompt) runs once per micro-batch, forward and backward (same loss and "
-        "gradients); off: every row computes it. One process, DDP or FSDP, with or without "
-        "activation checkpointing; the run record says which path ran and why.",
+        "gradients); off: every row computes it; auto: on on a CPU, and on a GPU only for "
+        "micro-batches where it saves enough work to pay for its second decoder pass "
+        "(measured: bench/README.md). One process, DDP or FSDP, with or without activation "
+        "checkpointing; the run record says which path ran and why.",
     )
 
     _omitted_at: ClassVar[dict[str, tuple]] = {"shared_prefix": ("auto",)}  # same gradients
@@ -633,12 +635,13 @@ class EvalSpec(_Strict):
         "much faster with many labels; predictions.jsonl keeps the scores computed); all "
         "scores every label.",
     )
-    shared_prefix: AutoOrOff = Field(
+    shared_prefix: AutoOnOff = Field(
         "auto",
-        description="auto: the prompt prefix every prompt shares is computed once and its "
-        "key/value cache reused by every batch; off: each batch computes it (on a GPU with a "
-        "small model the extra pass can cost more than it saves: bench/README.md). Part of "
-        "the eval protocol: in bf16 the summation order can flip a close prediction.",
+        description="on: the prompt prefix every prompt shares is computed once and its "
+        "key/value cache reused by every batch; off: each batch computes it; auto: on on a "
+        "CPU, off on a GPU (where the extra pass cost more than it saved in all but one "
+        "measured case: bench/README.md). Part of the eval protocol, resolved: in bf16 the "
+        "summation order can flip a close prediction.",
     )
 
     # omitted from the spec hash at their defaults: specs written before them hash the same

@@ -251,3 +251,13 @@ def test_best_first_ties_go_to_the_first_label(model_and_tok):
     ref = score_labels_reference(model, prompts, labels)
     assert (np.nanargmax(got, axis=1) == ref.argmax(1)).all()
     assert np.array_equal(np.isnan(got[:, 1]), np.isnan(got[:, 2]))
+
+
+def test_the_prefix_cache_setting_resolves_per_device():
+    """`auto`: the cache on a CPU, none on a GPU (slower there: bench/README.md); `on` and
+    `off` as written."""
+    from lorapilot.evaluate.runner import prefix_cache_on
+
+    assert prefix_cache_on("auto", "cpu") and not prefix_cache_on("auto", "cuda")
+    assert prefix_cache_on("on", "cuda") and prefix_cache_on("on", "cpu")
+    assert not prefix_cache_on("off", "cpu") and not prefix_cache_on("off", "cuda")

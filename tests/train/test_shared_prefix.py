@@ -188,7 +188,10 @@ def test_too_short_a_prefix_or_one_row_falls_back_and_says_why(lora_model):
     path, why = prefix_path(lora_model, full)
     assert path == "shared" and "12 shared prefix tokens" in why
     fn, (path, _) = loss_fn_for(TrainSpec(grad_checkpointing=True))
-    assert path == "shared" and fn is shared_prefix_loss_sum
+    assert path == "shared" and fn.func is shared_prefix_loss_sum
+    assert fn.keywords == {"setting": "auto"}
+    fn, _ = loss_fn_for(TrainSpec(shared_prefix="on"))
+    assert fn.func is shared_prefix_loss_sum and fn.keywords == {"setting": "on"}
     fn, (path, why) = loss_fn_for(TrainSpec(shared_prefix="off"))
     assert path == "unshared" and fn is causal_lm_loss_sum and "off" in why
 
@@ -209,6 +212,66 @@ def test_a_model_whose_cache_is_not_plain_dynamic_takes_the_unshared_path_and_sa
     assert_same(
         grads(model, batch, shared_prefix_loss_sum), grads(model, batch, causal_lm_loss_sum)
     )
+
+
+def _meta_llama(**dims):
+    """A Llama of real dimensions with no storage: `prefix_path` reads shapes, not values,
+    and a model off the CPU is what it treats as a GPU's."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    with torch.device("meta"):
+        return LlamaForCausalLM(LlamaConfig(**dims, max_position_embeddings=1024))
+
+
+@pytest.mark.parametrize(
+    "dims, rows, prefix, shared",
+    [  # bench/prefix_paths.py on an H200: unshared / shared step time, long-prompt case
+        ("1.7b", 32, 450, True),  # 1.65x
+        ("1.7b", 16, 450, False),  # 0.80x
+        ("1.7b", 8, 450, False),  # 0.56x
+        ("8b", 16, 450, True),  # 1.84x
+        ("8b", 8, 450, False),  # 0.92x
+        ("8b", 32, 38, False),  # ticket-triage's prefix: 0.73x
+    ],
+)
+def test_auto_on_a_gpu_shares_only_where_the_h200_measured_it_faster(dims, rows, prefix, shared):
+    dims = {
+        "1.7b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=24,
+                     num_attention_heads=32, num_key_value_heads=32, vocab_size=49152),
+        "8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                   num_attention_heads=32, num_key_value_heads=8, vocab_size=128256),
+    }[dims]  # fmt: skip
+    model = _meta_llama(**dims)
+    batch = batch_of(list(range(3, 3 + prefix)), [[7, 8, 9]] * rows, answer_from=[1] * rows)
+    path, why = prefix_path(model, batch, "auto")
+    assert (path == "shared") is shared, why
+    if not shared:
+        assert "on a GPU" in why and "train.shared_prefix: on" in why
+    assert prefix_path(model, batch, "on")[0] == "shared"  # `on` forces it
+
+
+def test_auto_on_a_cpu_shares_every_batch_with_a_prefix(lora_model):
+    batch = batch_of(PREFIX, [[40, 41, 42], [60, 61]], answer_from=[1, 1])
+    assert prefix_path(lora_model, batch, "auto")[0] == "shared"
+
+
+def test_the_record_says_unshared_and_why_when_no_micro_batch_shared(tmp_path, monkeypatch):
+    """`auto` resolved per micro-batch: when none took the shared path the run record says
+    unshared, with the reason, not the mode's intent."""
+    import lorapilot.train.loss as loss
+    from lorapilot.data.format import Encoded
+    from lorapilot.train.loop import train
+
+    monkeypatch.setattr(loss, "MIN_SHARED_PREFIX", 10**6)  # no batch shares enough
+    examples = [
+        Encoded(input_ids=PREFIX + [40 + i, 41, 42], labels=[IGNORE_INDEX] * 13 + [41, 42],
+                prompt_len=13, answer="x")
+        for i in range(4)
+    ]  # fmt: skip
+    cfg = TrainSpec(max_steps=1, micro_batch=2, lr=1e-3, precision="fp32")
+    out = train(make_lora_model(), examples, [], cfg, tmp_path / "r", pad_id=0, progress=False)
+    assert out.prefix["path"] == "unshared" and out.prefix["shared_micro_batches"] == 0
+    assert "rows share" in out.prefix["why"] and out.prefix["mode"] == "auto"
 
 
 def test_padding_is_never_part_of_the_prefix():

@@ -338,7 +338,7 @@ def _measure_config(pr: _Probe, name: str, mb: int, ckpt: bool, search: bool = F
     # without checkpointing), unless train.shared_prefix is off.
     loss_fn, path = loss_fn_for(tcfg)
     if path[0] == "shared":
-        path = prefix_path(pr.model, batch)
+        path = prefix_path(pr.model, batch, tcfg.shared_prefix)
     shared = shared_prefix_len(batch) if path[0] == "shared" else 0
     m = measure(
         pr.model,

@@ -135,6 +135,7 @@ class _Loop:
             "prefix_tokens_saved": 0,
         }
     )
+    unshared_why: str | None = None  # why the last micro-batch off the shared path was off it
 
     @property
     def main(self) -> bool:
@@ -420,10 +421,13 @@ def train(
             mine = [data.collate(mb) for mb in global_mbs[rank::world]]
             if lp.prefix_path[0] == "shared":  # what the shared path spares, for the record
                 for mb in mine:
-                    if prefix_path(lp.model, mb)[0] == "shared":
+                    path, why = prefix_path(lp.model, mb, cfg.shared_prefix)
+                    if path == "shared":
                         n = shared_prefix_len(mb)
                         lp.totals["shared_micro_batches"] += 1
                         lp.totals["prefix_tokens_saved"] += n * (mb["input_ids"].shape[0] - 1)
+                    else:
+                        lp.unshared_why = why
             lp.totals["micro_batches"] += len(mine)
             out = train_step(
                 lp.step_model,
@@ -513,8 +517,12 @@ def train(
         precision=cfg.precision,
         prefix={
             "mode": cfg.shared_prefix,
-            "path": lp.prefix_path[0],
-            "why": lp.prefix_path[1],
+            # no micro-batch took the shared path: say why the last one did not
+            **(
+                {"path": "unshared", "why": lp.unshared_why}
+                if lp.unshared_why and not lp.totals.get("shared_micro_batches")
+                else {"path": lp.prefix_path[0], "why": lp.prefix_path[1]}
+            ),
             "micro_batches": lp.totals.get("micro_batches", 0),
             "shared_micro_batches": lp.totals.get("shared_micro_batches", 0),
             "tokens_saved": lp.totals.get("prefix_tokens_saved", 0),

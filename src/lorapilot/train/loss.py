@@ -6,6 +6,8 @@ from here (`loss_fn_for` picks the path), so their losses cannot drift apart."""
 from __future__ import annotations
 
 import contextlib
+import functools
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -102,22 +104,51 @@ def shared_prefix_len(batch: Batch) -> int:
     return max(0, min(n, int(mask.sum(dim=1).min()) - 1))
 
 
-def prefix_path(model, batch: Batch) -> tuple[str, str]:
-    """("shared", why) when `shared_prefix_loss_sum` can compute this batch's prefix once,
-    else ("unshared", why): what the run record says ran. (Whether the shared path is taken
-    at all, by the settings, is `loss_fn_for`.)"""
+# On a GPU the shared path's second decoder pass costs its kernel launches, which at LoRA
+# micro-batch sizes take longer than the arithmetic: on an H200 (bench/prefix_paths.py,
+# randomly initialised 135M-8B Llama shapes) the shared step was 0.46-0.92x the unshared one
+# wherever the prefix tokens it spares, times the parameters of one decoder layer, stayed
+# at or below 6.9e11, and 1.65-1.84x where that work was 9.4e11 or more. `auto` shares on a GPU
+# from this much spared work per layer; on a CPU it always does (1.2-5x faster there).
+GPU_MIN_SPARED_WORK = 8e11
+
+
+def _layer_params(decoder, config) -> float:
+    """Parameters of one decoder layer: everything but the embeddings, over the layer count
+    (a 4-bit weight counted by its unpacked shape)."""
+
+    def numel(p) -> int:
+        state = getattr(p, "quant_state", None)
+        return math.prod(state.shape) if state is not None else p.numel()
+
+    layers = getattr(config, "num_hidden_layers", None) or 1
+    body = sum(numel(p) for name, p in decoder.named_parameters() if "embed" not in name)
+    return body / layers
+
+
+def prefix_path(model, batch: Batch, setting: str = "on") -> tuple[str, str]:
+    """("shared", why) when `shared_prefix_loss_sum` computes this batch's prefix once under
+    `train.shared_prefix: setting` ("on" or "auto"), else ("unshared", why): what the run
+    record says ran."""
     decoder, _ = _decoder_and_head(model)
     if decoder is None:
         return "unshared", "no separable decoder and head"
     n = shared_prefix_len(batch)
     if n < MIN_SHARED_PREFIX:
         return "unshared", f"rows share {n} tokens (< {MIN_SHARED_PREFIX})"
-    if _replayable_cache(None, 0, getattr(decoder, "config", None)) is None:
+    config = getattr(decoder, "config", None)
+    if _replayable_cache(None, 0, config) is None:
         return "unshared", "the model's cache layers are not plain dynamic ones (sliding window?)"
-    return (
-        "shared",
-        f"{n} shared prefix tokens computed once for {batch['input_ids'].shape[0]} rows",
-    )
+    rows = batch["input_ids"].shape[0]
+    if setting == "auto" and next(decoder.parameters()).device.type != "cpu":
+        spared = (rows - 1) * n * _layer_params(decoder, config)
+        if spared < GPU_MIN_SPARED_WORK:
+            return "unshared", (
+                f"on a GPU, {rows} rows sharing {n} tokens spare {spared:.2g} token-parameters "
+                f"a layer (< {GPU_MIN_SPARED_WORK:.0e}): less than the second decoder pass "
+                "costs; train.shared_prefix: on forces it"
+            )
+    return "shared", f"{n} shared prefix tokens computed once for {rows} rows"
 
 
 def _replayable_cache(prefix_kv: list[tuple[torch.Tensor, torch.Tensor]] | None, rows: int, config):
@@ -171,7 +202,9 @@ def _checkpointing_keeps_cache(decoder):
                 layer._can_checkpoint_with_cache = value
 
 
-def shared_prefix_loss_sum(model, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+def shared_prefix_loss_sum(
+    model, batch: Batch, setting: str = "on"
+) -> tuple[torch.Tensor, torch.Tensor]:
     """causal_lm_loss_sum, with the prompt prefix every row shares run once.
 
     The prefix (chat header, system prompt, start of the template) goes through the decoder
@@ -183,14 +216,15 @@ def shared_prefix_loss_sum(model, batch: Batch) -> tuple[torch.Tensor, torch.Ten
     the prefix that carry loss (`loss_on: all`) are scored for every row, as in the unshared
     form. Under activation checkpointing (non-reentrant, as the loop enables it) both passes
     are replayed in backward through a cache that a replay cannot change. Falls back to
-    causal_lm_loss_sum when the rows share too little or the model's cache is of another kind.
+    causal_lm_loss_sum where `prefix_path` says so (the rows share too little, the model's
+    cache is of another kind, or under `auto` on a GPU the batch spares too little work).
     """
-    decoder, head = _decoder_and_head(model)
-    n = shared_prefix_len(batch) if decoder is not None else 0
-    config = getattr(decoder, "config", None)
-    capture = _replayable_cache(None, 0, config) if n >= MIN_SHARED_PREFIX else None
-    if capture is None:
+    if prefix_path(model, batch, setting)[0] != "shared":
         return causal_lm_loss_sum(model, batch)
+    decoder, head = _decoder_and_head(model)
+    n = shared_prefix_len(batch)
+    config = getattr(decoder, "config", None)
+    capture = _replayable_cache(None, 0, config)
     ids, mask = batch["input_ids"], batch["attention_mask"]
     rows, width = ids.shape
     with _checkpointing_keeps_cache(decoder):
@@ -212,10 +246,14 @@ def shared_prefix_loss_sum(model, batch: Batch) -> tuple[torch.Tensor, torch.Ten
 
 def loss_fn_for(cfg: TrainSpec) -> tuple[Callable, tuple[str, str]]:
     """The loss a training step uses, and ("shared" | "unshared", why): the loop (one process,
-    DDP, FSDP; checkpointing on or off), the update audit and the probe take the same path."""
+    DDP, FSDP; checkpointing on or off), the update audit and the probe take the same path.
+    Under "on" and "auto" each micro-batch is decided by `prefix_path(model, batch, mode)`."""
     if cfg.shared_prefix == "off":
         return causal_lm_loss_sum, ("unshared", "train.shared_prefix: off")
-    return shared_prefix_loss_sum, ("shared", "micro-batches whose rows share a prefix run it once")
+    return functools.partial(shared_prefix_loss_sum, setting=cfg.shared_prefix), (
+        "shared",
+        "micro-batches whose rows share a prefix run it once",
+    )
 
 
 class LossModule(torch.nn.Module):
