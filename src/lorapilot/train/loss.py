@@ -115,7 +115,11 @@ GPU_MIN_SPARED_WORK = 8e11
 
 def _layer_params(decoder, config) -> float:
     """Parameters of one decoder layer: everything but the embeddings, over the layer count
-    (a 4-bit weight counted by its unpacked shape)."""
+    (a 4-bit weight counted by its unpacked shape). Counted once per decoder: it is asked
+    for every micro-batch."""
+    cached = decoder.__dict__.get("_lorapilot_layer_params")
+    if cached is not None:
+        return cached
 
     def numel(p) -> int:
         state = getattr(p, "quant_state", None)
@@ -123,6 +127,7 @@ def _layer_params(decoder, config) -> float:
 
     layers = getattr(config, "num_hidden_layers", None) or 1
     body = sum(numel(p) for name, p in decoder.named_parameters() if "embed" not in name)
+    decoder.__dict__["_lorapilot_layer_params"] = body / layers
     return body / layers
 
 
