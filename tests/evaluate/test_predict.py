@@ -261,3 +261,36 @@ def test_the_prefix_cache_setting_resolves_per_device():
     assert prefix_cache_on("auto", "cpu") and not prefix_cache_on("auto", "cuda")
     assert prefix_cache_on("on", "cuda") and prefix_cache_on("on", "cpu")
     assert not prefix_cache_on("off", "cpu") and not prefix_cache_on("off", "cuda")
+
+
+def test_a_frozen_lm_head_is_one_product_not_a_copy_per_row(tiny_model_dir):
+    """Under an adapter the base's weights are frozen; the head's input at the last
+    position is a strided view, which torch's matmul would answer by copying the
+    [vocab, hidden] weight once per row for a batched product (seconds a batch on the
+    default model). Scoring and generation hand the head a contiguous input instead."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from lorapilot.models import load_model, resolve_base
+
+    model, tok = load_model(resolve_base(str(tiny_model_dir)))
+    model.requires_grad_(False)
+    vocab = model.get_output_embeddings().weight.shape[0]
+
+    class BatchedHeadProducts(TorchDispatchMode):
+        seen = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten.bmm.default and args[1].shape[-1] == vocab:
+                self.seen += 1
+            return func(*args, **(kwargs or {}))
+
+    prompts = _prompts(n=6, seed=4, prefix=8)
+    for share in (True, False):
+        with BatchedHeadProducts() as spy:
+            got = score_labels(
+                model, prompts, LABELS, batch_size=3, pad_id=tok.pad_token_id, share_prefix=share
+            )
+            generate(model, prompts, max_new_tokens=2, stop_ids=[2], pad_id=tok.pad_token_id,
+                     batch_size=3, share_prefix=share)  # fmt: skip
+        assert spy.seen == 0
+        np.testing.assert_allclose(got, score_labels_reference(model, prompts, LABELS), atol=1e-4)
