@@ -4,7 +4,7 @@
 # On a CUDA or ROCm machine: install lorapilot into a venv that sees the machine's own torch,
 # fetch the default model, then on a temporary copy of examples/ticket-triage run `probe`, a
 # 20-step `train` in bf16, `verify`, the same train and verify on a 4-bit NF4 base (QLoRA),
-# bench/train_throughput.py --quick and bench/eval_throughput.py.
+# bench/train_throughput.py --quick, bench/eval_throughput.py and bench/prefix_paths.py (1.7B).
 # Prints ONE JSON object with the figures on stdout; progress goes to stderr. Nothing in the
 # repository is modified (the pilot copy lives in a temp folder).
 #
@@ -170,6 +170,9 @@ if bench is not None:
 eval_bench = load("eval_bench")
 if eval_bench is not None:
     res["eval_bench"] = eval_bench
+paths = load("prefix_paths")
+if paths is not None:
+    res["prefix_paths"] = paths
 
 if int(rc) != 0:
     res["failed_step"] = current or None
@@ -328,6 +331,14 @@ if [ "$GPU" = 1 ] && [ "$QUICK" = 0 ] && [ -f "$ROOT/bench/eval_throughput.py" ]
     || die "the evaluation throughput bench failed (see stderr)"
 else
   skip "bench/eval_throughput.py (GPU figures only)"
+fi
+# The shared-prefix paths at 1.7B on this GPU (no model files: a random model of that shape):
+# the data behind `train.shared_prefix: auto`'s GPU rule and the eval prefix cache's default.
+if [ "$GPU" = 1 ] && [ "$QUICK" = 0 ] && [ -f "$ROOT/bench/prefix_paths.py" ]; then
+  run_step prefix_paths "$PY" "$ROOT/bench/prefix_paths.py" --json --shapes 1.7b --rows 16 \
+    --steps 3 --repeat 1 || die "the shared-prefix paths bench failed (see stderr)"
+else
+  skip "bench/prefix_paths.py (GPU figures only)"
 fi
 
 # --------------------------------------------------------------------------- 4-bit (QLoRA)
