@@ -135,25 +135,33 @@ def prefix_path(model, batch: Batch, setting: str = "on") -> tuple[str, str]:
     """("shared", why) when `shared_prefix_loss_sum` computes this batch's prefix once under
     `train.shared_prefix: setting` ("on" or "auto"), else ("unshared", why): what the run
     record says ran."""
+    path, why, _ = _decide(model, batch, setting)
+    return path, why
+
+
+def _decide(model, batch: Batch, setting: str) -> tuple[str, str, int]:
+    """`prefix_path` and the shared prefix length it found (one host sync on a GPU batch)."""
     decoder, _ = _decoder_and_head(model)
     if decoder is None:
-        return "unshared", "no separable decoder and head"
+        return "unshared", "no separable decoder and head", 0
     n = shared_prefix_len(batch)
     if n < MIN_SHARED_PREFIX:
-        return "unshared", f"rows share {n} tokens (< {MIN_SHARED_PREFIX})"
+        return "unshared", f"rows share {n} tokens (< {MIN_SHARED_PREFIX})", n
     config = getattr(decoder, "config", None)
     if _replayable_cache(None, 0, config) is None:
-        return "unshared", "the model's cache layers are not plain dynamic ones (sliding window?)"
+        why = "the model's cache layers are not plain dynamic ones (sliding window?)"
+        return "unshared", why, n
     rows = batch["input_ids"].shape[0]
     if setting == "auto" and next(decoder.parameters()).device.type != "cpu":
         spared = (rows - 1) * n * _layer_params(decoder, config)
         if spared < GPU_MIN_SPARED_WORK:
-            return "unshared", (
+            why = (
                 f"on a GPU, {rows} rows sharing {n} tokens spare {spared:.2g} token-parameters "
                 f"a layer (< {GPU_MIN_SPARED_WORK:.0e}): less than the second decoder pass "
                 "costs; train.shared_prefix: on forces it"
             )
-    return "shared", f"{n} shared prefix tokens computed once for {rows} rows"
+            return "unshared", why, n
+    return "shared", f"{n} shared prefix tokens computed once for {rows} rows", n
 
 
 def _replayable_cache(prefix_kv: list[tuple[torch.Tensor, torch.Tensor]] | None, rows: int, config):
@@ -224,10 +232,10 @@ def shared_prefix_loss_sum(
     causal_lm_loss_sum where `prefix_path` says so (the rows share too little, the model's
     cache is of another kind, or under `auto` on a GPU the batch spares too little work).
     """
-    if prefix_path(model, batch, setting)[0] != "shared":
+    path, _, n = _decide(model, batch, setting)
+    if path != "shared":
         return causal_lm_loss_sum(model, batch)
     decoder, head = _decoder_and_head(model)
-    n = shared_prefix_len(batch)
     config = getattr(decoder, "config", None)
     capture = _replayable_cache(None, 0, config)
     ids, mask = batch["input_ids"], batch["attention_mask"]
