@@ -40,7 +40,7 @@ training examples:
   out of the times): `peak_live_bytes`, what the step's tensors held at once, beside the
   model's `estimated_live_bytes` (`live_estimate_error`). The RSS depends on what glibc's
   heap kept from earlier work; the live bytes are the same every time, as CUDA's are.
-- the path: with the shared-prefix path (`prefix_path`, the loop's), the estimate counts
+- the path: with the shared-prefix path (`prefix_decision`, the loop's), the estimate counts
   it too (`shared_prefix_tokens`).
 
 Besides the steps: the model-load phase (time, peak RSS/VRAM), the memory available at the
@@ -96,7 +96,7 @@ from lorapilot.stepmeasure import (
 from lorapilot.steprun import open_run, snapshot
 from lorapilot.train.batches import collate, count_target_tokens, example_target_tokens
 from lorapilot.train.loop import seed_everything
-from lorapilot.train.loss import loss_fn_for, prefix_path, shared_prefix_len
+from lorapilot.train.loss import loss_fn_for, prefix_decision
 from lorapilot.train.step import make_optimizer
 
 MIN_STEPS, MIN_WARMUP = 5, 1
@@ -337,9 +337,10 @@ def _measure_config(pr: _Probe, name: str, mb: int, ckpt: bool, search: bool = F
     # The path training will take: the shared prefix computed once per micro-batch (with or
     # without checkpointing), unless train.shared_prefix is off.
     loss_fn, path = loss_fn_for(tcfg)
+    shared = 0
     if path[0] == "shared":
-        path = prefix_path(pr.model, batch, tcfg.shared_prefix)
-    shared = shared_prefix_len(batch) if path[0] == "shared" else 0
+        decided, why, n = prefix_decision(pr.model, batch, tcfg.shared_prefix)
+        path, shared = (decided, why), (n if decided == "shared" else 0)
     m = measure(
         pr.model,
         batch,

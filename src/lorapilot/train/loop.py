@@ -68,7 +68,7 @@ from lorapilot.train.checkpoint import (
 )
 from lorapilot.train.distributed import accelerator_for, check_distributed
 from lorapilot.train.examples import TrainingSet, as_training_set
-from lorapilot.train.loss import LossModule, call_module, prefix_path, shared_prefix_len
+from lorapilot.train.loss import LossModule, call_module, prefix_decision
 from lorapilot.train.step import make_optimizer, make_scheduler, train_step, validation_loss
 
 
@@ -421,9 +421,8 @@ def train(
             mine = [data.collate(mb) for mb in global_mbs[rank::world]]
             if lp.prefix_path[0] == "shared":  # what the shared path spares, for the record
                 for mb in mine:
-                    path, why = prefix_path(lp.model, mb, cfg.shared_prefix)
+                    path, why, n = prefix_decision(lp.model, mb, cfg.shared_prefix)
                     if path == "shared":
-                        n = shared_prefix_len(mb)
                         lp.totals["shared_micro_batches"] += 1
                         lp.totals["prefix_tokens_saved"] += n * (mb["input_ids"].shape[0] - 1)
                     else:

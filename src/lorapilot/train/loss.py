@@ -135,12 +135,13 @@ def prefix_path(model, batch: Batch, setting: str = "on") -> tuple[str, str]:
     """("shared", why) when `shared_prefix_loss_sum` computes this batch's prefix once under
     `train.shared_prefix: setting` ("on" or "auto"), else ("unshared", why): what the run
     record says ran."""
-    path, why, _ = _decide(model, batch, setting)
+    path, why, _ = prefix_decision(model, batch, setting)
     return path, why
 
 
-def _decide(model, batch: Batch, setting: str) -> tuple[str, str, int]:
-    """`prefix_path` and the shared prefix length it found (one host sync on a GPU batch)."""
+def prefix_decision(model, batch: Batch, setting: str) -> tuple[str, str, int]:
+    """`prefix_path` and the shared prefix length it found, for callers that need both (the
+    loss, the loop's record, the probe): the length is counted once (a host sync on a GPU)."""
     decoder, _ = _decoder_and_head(model)
     if decoder is None:
         return "unshared", "no separable decoder and head", 0
@@ -232,7 +233,7 @@ def shared_prefix_loss_sum(
     causal_lm_loss_sum where `prefix_path` says so (the rows share too little, the model's
     cache is of another kind, or under `auto` on a GPU the batch spares too little work).
     """
-    path, _, n = _decide(model, batch, setting)
+    path, _, n = prefix_decision(model, batch, setting)
     if path != "shared":
         return causal_lm_loss_sum(model, batch)
     decoder, head = _decoder_and_head(model)
