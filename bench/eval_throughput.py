@@ -49,10 +49,10 @@ def main() -> None:
     if args.many_labels:
         return many_labels(args)
 
+    from lorapilot.base.models import load_base, pad_id_of
     from lorapilot.data.dataset import formatter_for, prepare_data
     from lorapilot.evaluate.predict import generate, score_labels, shared_prefix_len
     from lorapilot.evaluate.runner import cast_for_eval, evaluate_records, make_protocol
-    from lorapilot.models import load_base, pad_id_of
     from lorapilot.spec import load_pilot
 
     pilot = load_pilot(args.pilot)
@@ -155,10 +155,10 @@ def many_labels(args) -> None:
 
     from many_labels import LABELS, write_pilot
 
+    from lorapilot.base.models import attach_adapter, load_base
     from lorapilot.data.dataset import formatter_for, prepare_data
     from lorapilot.evaluate.predict import shared_prefix_len
     from lorapilot.evaluate.runner import evaluate_records, make_protocol
-    from lorapilot.models import attach_adapter, load_base
     from lorapilot.spec import load_pilot
 
     root = args.many_labels_dir or write_pilot(Path(tempfile.mkdtemp(prefix="many-labels-")))

@@ -19,11 +19,11 @@ import time
 
 import torch
 
-from lorapilot.adapter import build_adapter
+from lorapilot.base.adapter import build_adapter
+from lorapilot.base.models import load_base, pad_id_of
+from lorapilot.base.precision import resolve
 from lorapilot.data.dataset import encode_records, formatter_for, prepare_data
-from lorapilot.environment import cpu_flags, cpu_has_fast_bf16, cpu_model
-from lorapilot.models import load_base, pad_id_of
-from lorapilot.precision import resolve
+from lorapilot.records.environment import cpu_flags, cpu_has_fast_bf16, cpu_model
 from lorapilot.spec import load_pilot
 from lorapilot.train.batches import collate, count_target_tokens
 from lorapilot.train.step import make_optimizer, train_step

@@ -76,7 +76,7 @@ def build(shape: str, device):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from lorapilot.adapter import build_adapter
+    from lorapilot.base.adapter import build_adapter
     from lorapilot.spec import AdapterSpec
 
     torch.manual_seed(0)
@@ -191,9 +191,9 @@ def main() -> None:
 
     import torch
 
-    from lorapilot.adapter import set_checkpointing
+    from lorapilot.base.adapter import set_checkpointing
+    from lorapilot.base.precision import resolve
     from lorapilot.evaluate.runner import cast_for_eval
-    from lorapilot.precision import resolve
 
     if args.rows:
         for case in CASES.values():

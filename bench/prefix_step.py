@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/prefix_step.py [--pilot DIR] [--width N] [--steps N] [--json]
 
-Loads the pilot's base and adapter (`lorapilot.models.load_base`, `adapter.build_adapter`),
+Loads the pilot's base and adapter (`lorapilot.base.models.load_base`, `adapter.build_adapter`),
 encodes its train split with the pilot's formatter, takes the `micro_batch` examples whose
 lengths are closest to `--width` (default: the median), and times `train.step.train_step` on
 that one batch (fp32 on a CPU, the pilot's precision elsewhere) with `causal_lm_loss_sum`
@@ -31,10 +31,10 @@ def main() -> None:
 
     import torch
 
-    from lorapilot.adapter import build_adapter
+    from lorapilot.base.adapter import build_adapter
+    from lorapilot.base.models import load_base, pad_id_of
+    from lorapilot.base.precision import resolve
     from lorapilot.data.dataset import encode_records, formatter_for, prepare_data
-    from lorapilot.models import load_base, pad_id_of
-    from lorapilot.precision import resolve
     from lorapilot.spec import load_pilot
     from lorapilot.train.batches import collate, count_target_tokens
     from lorapilot.train.loss import causal_lm_loss_sum, shared_prefix_len, shared_prefix_loss_sum

@@ -47,9 +47,9 @@ def main() -> int:
     )
     args = ap.parse_args()
 
-    from lorapilot import environment, registry
+    from lorapilot.base.models import fetch_default_model
     from lorapilot.fsutil import read_jsonl
-    from lorapilot.models import fetch_default_model
+    from lorapilot.records import environment, registry
     from lorapilot.spec import load_pilot
     from lorapilot.steps.budget import run_budget
     from lorapilot.steps.probe import run_probe

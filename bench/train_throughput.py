@@ -4,9 +4,9 @@
         [--threads N] [--also-sdpa] [--pilot DIR] [--set KEY=VALUE ...] [--long-prompt]
 
 One process, one machine, one base model (the pilot's, by default SmolLM2-135M-Instruct as
-`lorapilot.models.load_base` loads it), one data set (the pilot's train split from
+`lorapilot.base.models.load_base` loads it), one data set (the pilot's train split from
 `prepare_data`, encoded by the pilot's formatter: chat template, completion-only labels),
-one LoRA config (the pilot's `adapter`, attached by `lorapilot.adapter.build_adapter` with
+one LoRA config (the pilot's `adapter`, attached by `lorapilot.base.adapter.build_adapter` with
 the same seed, so both sides start from identical weights), the same global batch, number
 of optimizer steps, learning rate, warm-up + schedule, AdamW, gradient clipping and
 precision (fp32 master weights, bf16 autocast).
@@ -526,10 +526,10 @@ def compare(args, pilot_dir, steps: int, warmup: int, repeat: int) -> tuple[dict
     """Both sides on one pilot: the result object and the sides' names."""
     import torch
 
-    from lorapilot.adapter import build_adapter
+    from lorapilot.base.adapter import build_adapter
+    from lorapilot.base.models import load_base, pad_id_of
+    from lorapilot.base.precision import resolve
     from lorapilot.data.dataset import encode_records, formatter_for, prepare_data
-    from lorapilot.models import load_base, pad_id_of
-    from lorapilot.precision import resolve
     from lorapilot.spec import load_pilot
 
     def log(msg: str) -> None:

@@ -31,8 +31,8 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 @pytest.fixture(scope="session")
 def default_model_dir() -> Path:
     """The real default model, fetched by `make test` before pytest runs (or here if missing)."""
-    from lorapilot.models import default_model_dir as d
-    from lorapilot.models import fetch_default_model
+    from lorapilot.base.models import default_model_dir as d
+    from lorapilot.base.models import fetch_default_model
 
     path = d()
     if not (path / "MANIFEST.json").is_file():
@@ -43,7 +43,7 @@ def default_model_dir() -> Path:
 @pytest.fixture(scope="session")
 def image_model_dir() -> Path:
     """The default image model (EfficientNet-Lite0), fetched by `make test` (or here)."""
-    from lorapilot.image_models import fetch_image_model
+    from lorapilot.base.image_models import fetch_image_model
 
     return fetch_image_model().path
 
@@ -69,7 +69,7 @@ def tiny_vit_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory, default_model_dir) -> Path:
     """A 2-layer 32-wide random Llama with the real SmolLM2 tokenizer and chat template."""
-    from lorapilot.models import make_tiny_model
+    from lorapilot.base.models import make_tiny_model
 
     return make_tiny_model(
         tmp_path_factory.mktemp("tiny") / "model", tokenizer_dir=default_model_dir

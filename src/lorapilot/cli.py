@@ -19,8 +19,9 @@ import typer
 from rich.console import Console
 from rich.markup import escape as esc
 
-from lorapilot import registry, views
+from lorapilot import views
 from lorapilot.errors import CheckFailed, LorapilotError, UsageError
+from lorapilot.records import registry
 from lorapilot.views import Shown, print_json, stderr
 
 app = typer.Typer(
@@ -198,13 +199,13 @@ def model_fetch(
 ) -> Shown:
     """Install the default base model (SmolLM2-135M-Instruct; with --image EfficientNet-Lite0)
     as a safetensors folder with a hash manifest."""
-    from lorapilot.models import fetch_default_model
+    from lorapilot.base.models import fetch_default_model
 
     log_console(as_json).print(
         f"[dim]checking the default {'image' if image else 'base'} model...[/]"
     )
     if image:
-        from lorapilot.image_models import fetch_image_model
+        from lorapilot.base.image_models import fetch_image_model
 
         res = fetch_image_model(force=force)
     else:
@@ -613,7 +614,7 @@ def init(
     ),
 ) -> Shown:
     """Scaffold a pilot folder: a commented pilot.yaml and a tiny data file to start from."""
-    from lorapilot.scaffold import init_pilot
+    from lorapilot.spec.scaffold import init_pilot
 
     return Shown(init_pilot(name, task, directory), views.init)
 

@@ -16,8 +16,8 @@ from rich.markup import escape as esc
 from rich.table import Table
 
 from lorapilot.evaluate.metrics import per_group
-from lorapilot.memory import format_gib
-from lorapilot.runs_view import STATUS_COLOUR, runs_csv
+from lorapilot.records.progress import format_gib
+from lorapilot.records.runs_view import STATUS_COLOUR, runs_csv
 
 # Not a terminal (a file, a pipe): rich would lay tables out at 80 columns and cut their
 # headers; a wide layout keeps every column readable in a log (COLUMNS still wins).

@@ -18,7 +18,7 @@ from lorapilot.evaluate.predict import (
 
 @pytest.fixture(scope="module")
 def model_and_tok(tiny_model_dir):
-    from lorapilot.models import load_model, resolve_base
+    from lorapilot.base.models import load_model, resolve_base
 
     return load_model(resolve_base(str(tiny_model_dir)))
 
@@ -100,8 +100,8 @@ def test_every_label_continuation_path_matches_the_reference(path, tiny_model_di
     """Labels after their first token are scored as a packed tree with a custom 4D mask
     (sdpa: boolean, eager: additive) or, for attention kernels without custom masks, with
     the prompt's cache repeated per label: all three give the reference's scores."""
+    from lorapilot.base.models import load_model, resolve_base
     from lorapilot.evaluate import predict
-    from lorapilot.models import load_model, resolve_base
 
     model, tok = load_model(resolve_base(str(tiny_model_dir)))
     if path == "eager-tree":
@@ -208,8 +208,8 @@ def test_best_first_search_picks_the_argmax_of_every_label(
     labels unscored (NaN), which is where the time goes. Switched to the packed tree for
     the prompts still open (at once, or when the search costs too much: the rule), it
     gives the same predictions with every label scored."""
+    from lorapilot.base.models import load_model, resolve_base
     from lorapilot.evaluate import predict
-    from lorapilot.models import load_model, resolve_base
 
     labels = _many_labels()
     # after_a_pass: the first pass (4 rows, one node each) fits the budget, the next does not
@@ -270,7 +270,7 @@ def test_a_frozen_lm_head_is_one_product_not_a_copy_per_row(tiny_model_dir):
     default model). Scoring and generation hand the head a contiguous input instead."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from lorapilot.models import load_model, resolve_base
+    from lorapilot.base.models import load_model, resolve_base
 
     model, tok = load_model(resolve_base(str(tiny_model_dir)))
     model.requires_grad_(False)

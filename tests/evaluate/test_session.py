@@ -10,7 +10,7 @@ import pytest
 import yaml
 from conftest import EXAMPLES, run_cli, run_json
 
-from lorapilot.environment import cpu_has_fast_bf16
+from lorapilot.records.environment import cpu_has_fast_bf16
 
 
 def _tiny_pilot(tmp_path, example: str, tiny_model_dir, **overrides):

@@ -480,7 +480,7 @@ def test_markup_in_user_text_is_shown_literally_not_interpreted(tmp_path):
     """The human output uses rich markup; text from the user (spec keys, hypothesis, run
     errors) containing "[/x]" used to crash the error path with a traceback (MarkupError),
     and "[red]" silently vanished from the message."""
-    from lorapilot import registry
+    from lorapilot.records import registry
 
     spec = yaml.safe_load(GOOD_SPEC)
     spec["hypothesis"] = "Tickets tagged [/x] and [red]urgent get routed."

@@ -179,8 +179,8 @@ def test_crash_between_checkpoint_write_and_rename_keeps_the_previous_one(refere
 
 
 def _kill_with_children(proc, run_dir: Path) -> int:
-    """SIGKILL the verb; `verify` also has a child (python -m lorapilot.reload RUN_DIR) that
-    a SIGKILL of its parent leaves running: it is ours, so it goes too (by pid)."""
+    """SIGKILL the verb; `verify` also has a child (python -m lorapilot.decision.reload RUN_DIR)
+    that a SIGKILL of its parent leaves running: it is ours, so it goes too (by pid)."""
     rc = sigkill(proc)
     for p in psutil.process_iter(["pid", "cmdline"]):
         if str(run_dir) in " ".join(p.info["cmdline"] or []):

@@ -17,7 +17,7 @@ import pytest
 import torch
 from rel_helpers import run_measured, run_ok, small_pilot, small_spec
 
-from lorapilot.models import load_model, resolve_base
+from lorapilot.base.models import load_model, resolve_base
 from lorapilot.spec import load_pilot
 
 
@@ -56,7 +56,7 @@ def test_allowed_pickle_is_loaded_with_weights_only_and_no_remote_code(
 ):
     from transformers import AutoModelForCausalLM
 
-    from lorapilot.models import load_base
+    from lorapilot.base.models import load_base
 
     base = _pickle_only_copy(tiny_model_dir, tmp_path / "pickled")
     spec = small_spec(base)
@@ -116,7 +116,7 @@ def test_code_in_a_model_folder_is_not_run_by_default(tmp_path, tiny_model_dir):
     )
     pilot = load_pilot(small_pilot(tmp_path / "pilot", base))
     assert pilot.spec.model.trust_remote_code is False
-    from lorapilot.models import load_base, load_tokenizer
+    from lorapilot.base.models import load_base, load_tokenizer
 
     _, model, _ = load_base(pilot)
     load_tokenizer(pilot)

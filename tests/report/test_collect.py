@@ -8,7 +8,7 @@ import shutil
 
 from conftest import EXAMPLES
 
-from lorapilot import registry
+from lorapilot.records import registry
 from lorapilot.report.collect import run_summary
 from lorapilot.spec import load_pilot
 

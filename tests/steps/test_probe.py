@@ -18,8 +18,9 @@ import torch
 import yaml
 from conftest import EXAMPLES
 
-from lorapilot import sizing, stepmeasure
-from lorapilot.memory import ModelShape
+from lorapilot.sizing import measure as stepmeasure
+from lorapilot.sizing import probe_plan as sizing
+from lorapilot.sizing.memory import ModelShape
 from lorapilot.spec import AdapterSpec, load_pilot
 from lorapilot.steps import probe
 
@@ -54,7 +55,7 @@ def test_lengths_and_example_choice():
 def test_analytic_lora_count_matches_peft(tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
-    from lorapilot.adapter import build_adapter
+    from lorapilot.base.adapter import build_adapter
 
     config = json.loads((tiny_model_dir / "config.json").read_text())
     shape = ModelShape.from_config(config)
@@ -292,7 +293,7 @@ def test_estimate_only_loads_no_weights_and_honours_set(tmp_path, tiny_model_dir
 
 
 def test_disturbed_means_half_a_core_or_a_quarter_of_the_cores_used_by_others():
-    from lorapilot.stepmeasure import is_disturbed
+    from lorapilot.sizing.measure import is_disturbed
 
     assert not is_disturbed(0.1, 2) and is_disturbed(0.5, 2) and is_disturbed(1.9, 2)
     assert not is_disturbed(3.0, 16) and is_disturbed(4.0, 16)
@@ -304,7 +305,7 @@ def test_cpu_load_sees_a_busy_neighbour(monkeypatch):
     import sys
     import time
 
-    from lorapilot.stepmeasure import CpuLoad
+    from lorapilot.sizing.measure import CpuLoad
 
     monkeypatch.setenv("LORAPILOT_LOAD_CHECK", "on")
     meter = CpuLoad()

@@ -122,7 +122,7 @@ def test_run_whole_pilot_then_rerun_reuses_every_phase(tmp_path, default_model_d
 
 def test_run_does_not_reuse_a_disturbed_probe(tmp_path):
     """A probe measured beside other jobs is measured again; a quiet one is reused."""
-    from lorapilot import registry
+    from lorapilot.records import registry
     from lorapilot.steps.run import probe_reusable
 
     pilot = tmp_path

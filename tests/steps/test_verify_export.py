@@ -64,7 +64,7 @@ def test_adapter_files_and_plain_peft_reload(trained):
             AutoModelForCausalLM.from_pretrained(base), adapter
         ).eval()
     assert not [w for w in caught if "missing" in str(w.message).lower()]
-    from lorapilot.models import attach_adapter, load_base
+    from lorapilot.base.models import attach_adapter, load_base
     from lorapilot.spec import load_pilot
 
     _, ours, _ = load_base(load_pilot(pilot))
@@ -164,7 +164,7 @@ def test_changed_base_is_refused_then_restored(trained):
 
 
 def test_adapter_on_a_different_base_is_refused(trained, tmp_path):
-    from lorapilot.models import default_model_dir, make_tiny_model
+    from lorapilot.base.models import default_model_dir, make_tiny_model
 
     pilot, _, _ = trained
     other = make_tiny_model(tmp_path / "other", tokenizer_dir=default_model_dir(), seed=1)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lorapilot.adapter import build_adapter
+from lorapilot.base.adapter import build_adapter
+from lorapilot.base.models import load_model, resolve_base
 from lorapilot.data.format import PromptFormatter
 from lorapilot.errors import UsageError
-from lorapilot.models import load_model, resolve_base
 from lorapilot.spec import AdapterSpec, TaskSpec
 from lorapilot.train.audit import run_update_audit, snapshot_params, update_audit
 from lorapilot.train.batches import collate

@@ -45,9 +45,9 @@ from safetensors.torch import save_file
 
 from lorapilot.train import distributed as D
 from lorapilot.train.loop import train
-from lorapilot.adapter import build_adapter
+from lorapilot.base.adapter import build_adapter
 from lorapilot.data.dataset import encode_records, formatter_for, prepare_data
-from lorapilot.models import load_base
+from lorapilot.base.models import load_base
 from lorapilot.spec import load_pilot
 
 pilot_path, out = sys.argv[1], Path(sys.argv[2])
@@ -406,7 +406,7 @@ def test_example_accelerate_configs_load():
 
 
 def test_open_run_follower_writes_nothing(tmp_path):
-    from lorapilot import registry
+    from lorapilot.records import registry
 
     with registry.open_run(tmp_path, "train") as lead:
         with registry.open_run(tmp_path, "train", run_id=lead.id, write=False) as follower:

@@ -16,7 +16,7 @@ def _example(prompt: list[int], answer: list[int]) -> Encoded:
 
 
 def test_greedy_reproduces_is_what_greedy_decoding_writes(tiny_model_dir):
-    from lorapilot.models import load_model, resolve_base
+    from lorapilot.base.models import load_model, resolve_base
 
     model, tok = load_model(resolve_base(str(tiny_model_dir)))
     g = torch.Generator().manual_seed(0)

@@ -12,11 +12,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lorapilot.adapter import build_adapter
+from lorapilot.base.adapter import build_adapter
+from lorapilot.base.models import load_model, resolve_base
 from lorapilot.data.format import IGNORE_INDEX, PromptFormatter
 from lorapilot.fsutil import read_jsonl
-from lorapilot.models import load_model, resolve_base
-from lorapilot.registry import StoppedByLimit
+from lorapilot.records.registry import StoppedByLimit
 from lorapilot.spec import AdapterSpec, TaskSpec, TrainSpec
 from lorapilot.train.batches import (
     collate,
@@ -514,7 +514,7 @@ def test_auto_precision_is_resolved_for_the_cpu_and_recorded(tiny_model_dir, exa
                                                              monkeypatch):  # fmt: skip
     """`auto` trains in fp32 on a CPU without fast bf16 (no warning) and in bf16 on one with it;
     the result says which."""
-    import lorapilot.precision as precision_mod
+    import lorapilot.base.precision as precision_mod
     import lorapilot.train.loop as loop
 
     cfg = TrainSpec(max_steps=1, micro_batch=4, precision="auto", eval_every=None)

@@ -10,7 +10,7 @@ import contextlib
 import pytest
 import torch
 
-from lorapilot.adapter import set_checkpointing
+from lorapilot.base.adapter import set_checkpointing
 from lorapilot.data.format import IGNORE_INDEX
 from lorapilot.spec import TrainSpec
 from lorapilot.train.loss import (
@@ -332,7 +332,7 @@ def test_autocast_weight_copies_kept_for_backward_are_what_the_memory_model_coun
     weight for backward. The shared path runs the decoder twice, and each pass casts anew:
     two copies of every decoder linear, the head's once (`memory.weight_cast_bytes`). A
     fresh model: checkpointing, once enabled, makes the embeddings' output require grad."""
-    from lorapilot.memory import ModelShape, weight_cast_bytes
+    from lorapilot.sizing.memory import ModelShape, weight_cast_bytes
 
     lora_model = make_lora_model()
 

@@ -12,9 +12,9 @@ import pytest
 import torch
 from test_loop import TASK  # the same four-queue task as the loop tests
 
-from lorapilot.adapter import build_adapter
+from lorapilot.base.adapter import build_adapter
+from lorapilot.base.models import load_model, resolve_base
 from lorapilot.data.format import IGNORE_INDEX, PromptFormatter
-from lorapilot.models import load_model, resolve_base
 from lorapilot.spec import AdapterSpec
 from lorapilot.train.batches import collate, count_target_tokens
 from lorapilot.train.loss import causal_lm_loss_sum

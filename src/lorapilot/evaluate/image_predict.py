@@ -15,15 +15,15 @@ from typing import Any
 
 import numpy as np
 
+from lorapilot.base.precision import resolve
 from lorapilot.evaluate.metrics import classification_metrics
 from lorapilot.evaluate.runner import EvalResult
 from lorapilot.fsutil import sha256_json
-from lorapilot.memmeter import PeakMemory
 from lorapilot.modality.image_examples import ImageExamples
 from lorapilot.modality.image_transforms import ImagePipeline
-from lorapilot.precision import resolve
-from lorapilot.progress import Phase
+from lorapilot.records.progress import Phase
 from lorapilot.spec import PilotSpec
+from lorapilot.train.meter import PeakMemory
 
 EVAL_BATCH = 64
 
@@ -47,7 +47,7 @@ def logits_of(model: Any, data: ImageExamples, precision: str, tick=None) -> np.
     """(n, labels) float64 logits of every image of `data`, in order, in batches."""
     import torch
 
-    from lorapilot.precision import autocast
+    from lorapilot.base.precision import autocast
 
     device = next(model.parameters()).device
     out = []

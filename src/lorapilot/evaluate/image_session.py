@@ -26,7 +26,7 @@ from lorapilot.evaluate.metrics import classification_metrics
 from lorapilot.evaluate.runner import EvalResult
 from lorapilot.modality.image_examples import ImageExamples
 from lorapilot.modality.image_transforms import ImagePipeline
-from lorapilot.progress import Phase
+from lorapilot.records.progress import Phase
 from lorapilot.spec import Pilot
 
 FEATURE_BATCH = 64

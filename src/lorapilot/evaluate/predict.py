@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import torch
 
-from lorapilot.precision import autocast
+from lorapilot.base.precision import autocast
 
 
 @contextlib.contextmanager

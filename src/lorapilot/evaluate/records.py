@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from lorapilot import registry
 from lorapilot.evaluate.runner import EvalResult
 from lorapilot.fsutil import append_jsonl, atomic_write_bytes, atomic_write_json, locked, read_jsonl
+from lorapilot.records import registry
 
 LEDGER = "test_ledger.jsonl"
 

@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from lorapilot.base.models import pad_id_of
+from lorapilot.base.precision import default_device_type, resolve
 from lorapilot.data.dataset import PreparedData
 from lorapilot.data.format import PromptFormatter, answer_text, template_hash
 from lorapilot.data.rows import Record
@@ -19,11 +21,9 @@ from lorapilot.evaluate import predict
 from lorapilot.evaluate.metrics import classification_metrics
 from lorapilot.evaluate.structured import extraction_metrics, format_metrics
 from lorapilot.fsutil import sha256_json
-from lorapilot.memmeter import PeakMemory
-from lorapilot.models import pad_id_of
-from lorapilot.precision import default_device_type, resolve
-from lorapilot.progress import Phase
+from lorapilot.records.progress import Phase
 from lorapilot.spec import PilotSpec
+from lorapilot.train.meter import PeakMemory
 
 GENERATION_MARGIN = 16  # tokens beyond the longest target: room for a slightly longer answer
 
@@ -77,7 +77,7 @@ def cast_for_eval(model: Any, precision: str) -> Any:
     machine would waste the rental. CUDA_VISIBLE_DEVICES="" keeps it on the CPU."""
     import torch
 
-    from lorapilot.quantize import is_quantized
+    from lorapilot.base.quantize import is_quantized
 
     if is_quantized(model):  # loaded on its device, quantized: it runs under autocast as it is
         return model

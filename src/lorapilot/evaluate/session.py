@@ -22,8 +22,8 @@ from lorapilot.evaluate.records import (
     write_predictions,
 )
 from lorapilot.modality import modality_of
+from lorapilot.records.steprun import open_run
 from lorapilot.spec import Pilot
-from lorapilot.steprun import open_run
 
 
 def _limit(records: list, limit: int | None) -> list:

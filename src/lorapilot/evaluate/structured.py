@@ -24,8 +24,8 @@ from lorapilot.data.targets import (
 from lorapilot.evaluate import leaves
 from lorapilot.evaluate.metrics import _div, _f1
 from lorapilot.evaluate.values import parse_first_json, values_equal
-from lorapilot.metric_names import path_pattern
 from lorapilot.spec import EvalNormalize, FieldSpec, TaskSpec, ValueSpec
+from lorapilot.spec.metric_names import path_pattern
 
 Totals = dict[Any, float]
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from lorapilot.base.models import image_processor_config
 from lorapilot.data.audit import sample_per_category
 from lorapilot.data.dataset import PreparedData, prepare_image_data
 from lorapilot.data.images import load_record_image
@@ -20,7 +21,6 @@ from lorapilot.errors import UsageError
 from lorapilot.fsutil import atomic_write_bytes
 from lorapilot.modality.image_transforms import ImagePipeline, contact_sheet, resolve_pipeline
 from lorapilot.modality.trainee import Loaded, Trainee, training_records
-from lorapilot.models import image_processor_config
 from lorapilot.spec import AdapterSpec, Pilot
 
 
@@ -159,7 +159,7 @@ class ImageModality:
     ) -> Trainee:
         """The classifier with a new head (seeded by train.seed), LoRA on the model's default
         targets unless the spec names them, the head always trained and saved."""
-        from lorapilot.adapter import build_adapter
+        from lorapilot.base.adapter import build_adapter
         from lorapilot.fsutil import sha256_json
         from lorapilot.modality.image_model import load_image_classifier, lora_targets
 
@@ -199,11 +199,11 @@ class ImageModality:
         self, adapter_dir: Path | None = None, manifest: dict | None = None, resolved: Any = None
     ) -> Loaded:
         """The classifier with a new head, the saved adapter (and its saved head) on top."""
+        from lorapilot.base.models import attach_adapter, is_full_finetune
         from lorapilot.evaluate.image_predict import image_protocol
         from lorapilot.evaluate.image_session import probe_predictions
         from lorapilot.fsutil import sha256_json
         from lorapilot.modality.image_model import load_image_classifier
-        from lorapilot.models import attach_adapter, is_full_finetune
 
         pilot, spec, pipe = self.pilot, self.pilot.spec, self.pipeline
         resolved, model = load_image_classifier(pilot, resolved)

@@ -63,7 +63,7 @@ def save_classifier(
 
     from safetensors.torch import save_file
 
-    from lorapilot.image_models import image_config
+    from lorapilot.base.image_models import image_config
 
     if model.kind == "efficientnet":
         state = {k: v.detach().contiguous() for k, v in model.net.state_dict().items()}
@@ -89,7 +89,7 @@ def load_exported(folder: Path, kind: str, num_labels: int) -> ImageClassifier:
     """A saved export as an `ImageClassifier`, read from its files alone (what a user gets);
     its head found as the pilot's was, by name and width."""
     if kind == "efficientnet":
-        from lorapilot.image_models import load_image_default
+        from lorapilot.base.image_models import load_image_default
 
         net: nn.Module = load_image_default(folder)
     else:

@@ -25,8 +25,8 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from lorapilot.base.models import IMAGE_DEFAULT, ResolvedModel, resolve_base
 from lorapilot.errors import UsageError
-from lorapilot.models import IMAGE_DEFAULT, ResolvedModel, resolve_base
 from lorapilot.spec import Pilot
 
 HEAD_NAMES = ("_fc", "classifier", "head", "fc")
@@ -107,7 +107,7 @@ def load_image_classifier(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         if resolved.id == IMAGE_DEFAULT or config.get("lorapilot_image_model"):
-            from lorapilot.image_models import load_image_default
+            from lorapilot.base.image_models import load_image_default
 
             net, kind = load_image_default(resolved.path, num_labels=len(labels)), "efficientnet"
         else:
@@ -135,7 +135,7 @@ def _load_transformers(pilot: Pilot, path: Path, labels: list[str]) -> nn.Module
     """An AutoModelForImageClassification folder, its head replaced by one for `labels`."""
     from transformers import AutoModelForImageClassification
 
-    from lorapilot.models import quiet_transformers
+    from lorapilot.base.models import quiet_transformers
 
     quiet_transformers()
     m = pilot.spec.model

@@ -13,11 +13,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from lorapilot.memmeter import PeakMemory
-from lorapilot.precision import resolve
+from lorapilot.base.precision import resolve
+from lorapilot.sizing.measure import checkpoint_seconds, make_resident, measure
 from lorapilot.spec import Pilot
-from lorapilot.stepmeasure import checkpoint_seconds, make_resident, measure
 from lorapilot.train.loop import seed_everything
+from lorapilot.train.meter import PeakMemory
 from lorapilot.train.step import make_optimizer
 
 EVAL_EXAMPLES = 64
@@ -26,8 +26,8 @@ EVAL_EXAMPLES = 64
 def probe_images(pilot: Pilot, run: Any, *, steps: int, warmup: int, progress: bool, log) -> dict:
     import torch
 
-    from lorapilot.memory import format_gib
     from lorapilot.modality import modality_of
+    from lorapilot.records.progress import format_gib
 
     tcfg = pilot.spec.train
     device = torch.device("cpu")

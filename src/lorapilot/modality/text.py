@@ -9,11 +9,11 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from lorapilot.base.models import load_tokenizer
 from lorapilot.data.audit import example_view, sample_per_category
 from lorapilot.data.dataset import PreparedData, encode_records, formatter_for, prepare_data
 from lorapilot.data.summary import data_report
 from lorapilot.modality.trainee import Loaded, Trainee, training_records
-from lorapilot.models import load_tokenizer
 from lorapilot.spec import AdapterSpec, Pilot
 
 
@@ -71,9 +71,9 @@ class TextModality:
         self, *, adapter: AdapterSpec | None = None, smoke_per_category: int | None = None
     ) -> Trainee:
         """The base and tokenizer, the prompts encoded with their loss masks, LoRA attached."""
-        from lorapilot.adapter import build_adapter
+        from lorapilot.base.adapter import build_adapter
+        from lorapilot.base.models import load_base, pad_id_of
         from lorapilot.data.format import template_hash, tokenizer_hash
-        from lorapilot.models import load_base, pad_id_of
         from lorapilot.train.examples import TextExamples
 
         pilot, spec = self.pilot, self.pilot.spec
@@ -117,9 +117,9 @@ class TextModality:
     def load(
         self, adapter_dir: Path | None = None, manifest: dict | None = None, resolved: Any = None
     ) -> Loaded:
+        from lorapilot.base.models import attach_adapter, is_full_finetune, load_base
         from lorapilot.data.format import template_hash, tokenizer_hash
         from lorapilot.evaluate.runner import evaluate_records, make_protocol
-        from lorapilot.models import attach_adapter, is_full_finetune, load_base
 
         pilot, spec = self.pilot, self.pilot.spec
         resolved, model, tok = load_base(pilot, resolved)

@@ -11,13 +11,13 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from lorapilot import registry
-from lorapilot.compare import bootstrap_for, comparable, decide, flips, gate
+from lorapilot.decision.plan import SELECTION_RULE, select, variant_name
+from lorapilot.decision.rule import bootstrap_for, comparable, decide, flips, gate
 from lorapilot.evaluate.guards import check_absolute_guards, check_guards
 from lorapilot.evaluate.metrics import get_metric, per_group
 from lorapilot.evaluate.records import BASELINE_PREDICTIONS
 from lorapilot.fsutil import read_jsonl
-from lorapilot.plan import SELECTION_RULE, select, variant_name
+from lorapilot.records import registry
 from lorapilot.spec import Pilot
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
-from lorapilot.compare import short_text
+from lorapilot.decision.rule import short_text
 from lorapilot.evaluate.metrics import most_confused, per_group
 from lorapilot.report import plots
 from lorapilot.report.blocks import (

@@ -1,12 +1,12 @@
 """`lorapilot budget` (read-only, no run record): time and cost of the run from the latest
 probe, the limits checked, a 3/7/30-day rental plan, and the estimate set against the latest
-train run. The figures are gathered by `lorapilot.estimate`, the arithmetic is `budget`'s."""
+train run. The figures are gathered by `lorapilot.sizing.estimate`, the arithmetic is `budget`'s."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from lorapilot.estimate import budget_of
+from lorapilot.sizing.estimate import budget_of
 from lorapilot.spec import Pilot
 
 

@@ -10,8 +10,8 @@ from lorapilot.data.dataset import check_leakage
 from lorapilot.data.summary import require_permission
 from lorapilot.errors import CheckFailed
 from lorapilot.modality import modality_of
+from lorapilot.records.steprun import open_run
 from lorapilot.spec import Pilot
-from lorapilot.steprun import open_run
 
 
 def run_data(pilot: Pilot) -> dict[str, Any]:

@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
-from lorapilot import registry
+from lorapilot.decision.plan import pilot_of_run
 from lorapilot.evaluate.session import evaluate_split
-from lorapilot.plan import pilot_of_run
+from lorapilot.records import registry
 from lorapilot.spec import Pilot
 
 

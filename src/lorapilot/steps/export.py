@@ -9,21 +9,21 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from lorapilot import registry
-from lorapilot.data.dataset import formatter_for, prepare_data
-from lorapilot.errors import CheckFailed, UsageError
-from lorapilot.evaluate.runner import evaluate_records, make_protocol
-from lorapilot.fsutil import atomic_write_json, follow_umask
-from lorapilot.manifest import (
+from lorapilot.base.manifest import (
     MANIFEST,
     adapter_files,
     file_problems,
     read_manifest,
     weights_sha256,
 )
-from lorapilot.models import attach_adapter, load_base
-from lorapilot.plan import pilot_of_run
-from lorapilot.quantize import describe, identity, identity_differences
+from lorapilot.base.models import attach_adapter, load_base
+from lorapilot.base.quantize import describe, identity, identity_differences
+from lorapilot.data.dataset import formatter_for, prepare_data
+from lorapilot.decision.plan import pilot_of_run
+from lorapilot.errors import CheckFailed, UsageError
+from lorapilot.evaluate.runner import evaluate_records, make_protocol
+from lorapilot.fsutil import atomic_write_json, follow_umask
+from lorapilot.records import registry
 
 MERGE_TOLERANCE = 1e-3
 """Max |logit| difference allowed between base+adapter and the merged model in fp32: merging

@@ -64,16 +64,24 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from lorapilot.adapter import build_adapter, set_checkpointing
+from lorapilot.base.adapter import build_adapter, set_checkpointing
+from lorapilot.base.models import load_base, load_tokenizer, pad_id_of
+from lorapilot.base.quantize import is_quantized
 from lorapilot.data.dataset import encode_records, formatter_for, prepare_data
+from lorapilot.decision.plan import step_shape
 from lorapilot.errors import UsageError
 from lorapilot.evaluate.runner import evaluate_records, make_protocol
-from lorapilot.memmeter import PeakMemory
-from lorapilot.memory import GIB, ModelShape, format_gib
-from lorapilot.models import load_base, load_tokenizer, pad_id_of
-from lorapilot.plan import step_shape
-from lorapilot.quantize import is_quantized
-from lorapilot.sizing import (
+from lorapilot.records.progress import format_gib
+from lorapilot.records.steprun import open_run, snapshot
+from lorapilot.sizing.measure import (
+    CpuLoad,
+    checkpoint_seconds,
+    make_resident,
+    measure,
+    other_processes,
+)
+from lorapilot.sizing.memory import GIB, ModelShape
+from lorapilot.sizing.probe_plan import (
     STEP_INCREASE,
     TOTAL,
     attention_kind,
@@ -86,17 +94,10 @@ from lorapilot.sizing import (
     weight_bytes_of,
 )
 from lorapilot.spec import Pilot
-from lorapilot.stepmeasure import (
-    CpuLoad,
-    checkpoint_seconds,
-    make_resident,
-    measure,
-    other_processes,
-)
-from lorapilot.steprun import open_run, snapshot
 from lorapilot.train.batches import collate, count_target_tokens, example_target_tokens
 from lorapilot.train.loop import seed_everything
 from lorapilot.train.loss import loss_fn_for, prefix_decision
+from lorapilot.train.meter import PeakMemory
 from lorapilot.train.step import make_optimizer
 
 MIN_STEPS, MIN_WARMUP = 5, 1

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from lorapilot.estimate import budget_or_none
 from lorapilot.fsutil import atomic_write_text
 from lorapilot.report.collect import collect
 from lorapilot.report.deliverable import fill_deliverable
 from lorapilot.report.render import render_html, render_markdown
+from lorapilot.sizing.estimate import budget_or_none
 from lorapilot.spec import Pilot
 
 

@@ -20,13 +20,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from lorapilot import __version__, environment, registry, steprun
+from lorapilot import __version__
 from lorapilot.data.dataset import source_hashes
+from lorapilot.decision.plan import step_shape, variant_name, variant_pilots
 from lorapilot.errors import CheckFailed
-from lorapilot.estimate import plan_refusal
 from lorapilot.fsutil import sha256_json
-from lorapilot.plan import step_shape, variant_name, variant_pilots
+from lorapilot.records import environment, registry, steprun
 from lorapilot.report.collect import collect
+from lorapilot.sizing.estimate import plan_refusal
 from lorapilot.spec import Pilot
 from lorapilot.steps.baseline import run_baseline
 from lorapilot.steps.budget import run_budget

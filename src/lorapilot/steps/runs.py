@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from lorapilot import registry
-from lorapilot.plan import variant_name
-from lorapilot.runs_view import watch
+from lorapilot.decision.plan import variant_name
+from lorapilot.records import registry
+from lorapilot.records.runs_view import watch
 
 
 def run_rows(pilot_dir: Path, kind: str | None = None) -> list[dict[str, Any]]:

@@ -3,10 +3,10 @@ wiring (labels aligned, loss mask right, eval prompt = training prompt), not qua
 
 from __future__ import annotations
 
+from lorapilot.base.precision import autocast, resolve
 from lorapilot.modality import modality_of
-from lorapilot.precision import autocast, resolve
+from lorapilot.records.steprun import open_run
 from lorapilot.spec import Pilot
-from lorapilot.steprun import open_run
 from lorapilot.train.loop import train
 
 PASS_LOSS = 0.1  # mean loss per target (token, or image) on the memorised examples after training

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from lorapilot import tracking
 from lorapilot.errors import UsageError
+from lorapilot.records import tracking
 from lorapilot.spec import Pilot
+from lorapilot.spec.requirements import require_trackers
 
 
 def run_sync(pilot: Pilot, to: list[str] | None = None, log=print) -> dict[str, Any]:
@@ -23,6 +24,6 @@ def run_sync(pilot: Pilot, to: list[str] | None = None, log=print) -> dict[str, 
         raise UsageError(
             f"--to {unknown[0]!r}: unknown tracker; known: {', '.join(tracking.TARGETS)}"
         )
-    tracking.require(targets, "--to")
+    require_trackers(targets, "--to")
     log(f"sync: mirroring the runs of {pilot.dir.name} to {', '.join(targets)}...")
     return tracking.sync(pilot.dir, targets)

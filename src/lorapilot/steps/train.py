@@ -13,17 +13,17 @@ import sys
 import time
 from pathlib import Path
 
-from lorapilot import registry, tracking
-from lorapilot.budget import limit_checks
+from lorapilot.base.manifest import write_adapter_manifest
+from lorapilot.base.quantize import identity
+from lorapilot.decision.plan import pilot_of_run
 from lorapilot.errors import CheckFailed, UsageError
-from lorapilot.estimate import checkpoint_policy, refuse_over_limits
 from lorapilot.evaluate.records import write_eval_files
-from lorapilot.manifest import write_adapter_manifest
 from lorapilot.modality import modality_of
-from lorapilot.plan import pilot_of_run
-from lorapilot.quantize import identity
+from lorapilot.records import registry, tracking
+from lorapilot.records.steprun import record_kwargs
+from lorapilot.sizing.budget import limit_checks
+from lorapilot.sizing.estimate import checkpoint_policy, refuse_over_limits
 from lorapilot.spec import Pilot, load_pilot, load_spec_file, variant_label
-from lorapilot.steprun import record_kwargs
 from lorapilot.train import fsdp
 from lorapilot.train.audit import audit_batches, run_update_audit
 from lorapilot.train.distributed import (

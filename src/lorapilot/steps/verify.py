@@ -1,5 +1,5 @@
 """`lorapilot verify`: reload the adapter with its pinned base in a fresh process
-(`lorapilot.reload`), re-evaluate, and compare with the train run's in-process result."""
+(`lorapilot.decision.reload`), re-evaluate, and compare with the train run's in-process result."""
 
 from __future__ import annotations
 
@@ -9,17 +9,17 @@ import subprocess
 import sys
 from typing import Any
 
-from lorapilot import registry
-from lorapilot.errors import CheckFailed, LorapilotError
-from lorapilot.fsutil import read_jsonl
-from lorapilot.manifest import (
+from lorapilot.base.manifest import (
     METRIC_TOLERANCE,
     SCORE_TOLERANCE,
     compare_predictions,
     metrics_equal,
     read_manifest,
 )
-from lorapilot.steprun import open_run
+from lorapilot.errors import CheckFailed, LorapilotError
+from lorapilot.fsutil import read_jsonl
+from lorapilot.records import registry
+from lorapilot.records.steprun import open_run
 
 
 def run_verify(pilot, run_id: str | None = None, timeout: int = 3600) -> dict:
@@ -34,7 +34,7 @@ def run_verify(pilot, run_id: str | None = None, timeout: int = 3600) -> dict:
             [
                 sys.executable,
                 "-m",
-                "lorapilot.reload",
+                "lorapilot.decision.reload",
                 str(pilot.dir),
                 str(adapter_dir),
                 str(run.dir),

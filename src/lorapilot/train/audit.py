@@ -31,7 +31,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from lorapilot.quantize import quant_state
+from lorapilot.base.quantize import quant_state
 
 MIN_AUDIT_STEPS = 2  # LoRA's zero-initialised B keeps A still on the first step
 

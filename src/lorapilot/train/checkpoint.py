@@ -33,10 +33,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from lorapilot.adapter import is_peft
+from lorapilot.base.adapter import is_peft
+from lorapilot.base.models import load_full_weights
 from lorapilot.errors import UsageError
 from lorapilot.fsutil import atomic_write_json, atomic_write_text, read_jsonl, sha256_file, to_json
-from lorapilot.models import load_full_weights
 from lorapilot.train import fsdp
 
 KEEP_CHECKPOINTS = 2

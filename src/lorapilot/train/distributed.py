@@ -13,8 +13,8 @@ from pathlib import Path
 
 import torch
 
-from lorapilot import registry
 from lorapilot.errors import UsageError
+from lorapilot.records import registry
 from lorapilot.spec import TrainSpec
 
 

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from lorapilot.adapter import is_peft
+from lorapilot.base.adapter import is_peft
 from lorapilot.errors import UsageError
 
 _ROOT = "model."  # the loss module holds the model as `.model`: its state-dict prefix
@@ -87,7 +87,7 @@ def validation_loss(
     """`train.validation_loss` on the sharded model: the same chunks and the same rank shares,
     but every forward goes through the root (which gathers the weights) and every rank runs
     the same number of forwards; a rank short of one repeats a chunk and drops its result."""
-    from lorapilot.precision import autocast
+    from lorapilot.base.precision import autocast
 
     if not len(examples):
         return None
@@ -232,7 +232,7 @@ def model_for_final_eval(pilot, adapter_dir: Path, device: torch.device) -> Any:
     """Rank 0's unsharded model for the final evaluation: the base reloaded from its pinned
     files plus the adapter just saved (what `verify` does in a fresh process). The sharded
     model cannot run on rank 0 alone: each of its forwards is a collective."""
-    from lorapilot.models import attach_adapter, load_base
+    from lorapilot.base.models import attach_adapter, load_base
 
     if pilot.spec.adapter.method == "full":
         from transformers import AutoModelForCausalLM

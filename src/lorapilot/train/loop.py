@@ -45,15 +45,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from lorapilot.adapter import set_checkpointing
-from lorapilot.environment import cpu_has_fast_bf16
+from lorapilot.base.adapter import set_checkpointing
+from lorapilot.base.precision import resolve
+from lorapilot.base.quantize import is_quantized
 from lorapilot.errors import UsageError
 from lorapilot.fsutil import append_jsonl, read_jsonl
-from lorapilot.memmeter import PeakMemory
-from lorapilot.precision import resolve
-from lorapilot.progress import Phase
-from lorapilot.quantize import is_quantized
-from lorapilot.registry import StoppedByLimit
+from lorapilot.records.environment import cpu_has_fast_bf16
+from lorapilot.records.progress import Phase
+from lorapilot.records.registry import StoppedByLimit
 from lorapilot.spec import TrainSpec
 from lorapilot.train import fsdp
 from lorapilot.train.batches import MicroBatchStream
@@ -69,6 +68,7 @@ from lorapilot.train.checkpoint import (
 from lorapilot.train.distributed import accelerator_for, check_distributed
 from lorapilot.train.examples import TrainingSet, as_training_set
 from lorapilot.train.loss import LossModule, call_module, prefix_decision
+from lorapilot.train.meter import PeakMemory
 from lorapilot.train.step import make_optimizer, make_scheduler, train_step, validation_loss
 
 

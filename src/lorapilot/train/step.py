@@ -15,8 +15,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from lorapilot.base.precision import autocast
 from lorapilot.errors import UsageError
-from lorapilot.precision import autocast
 from lorapilot.spec import TrainSpec
 from lorapilot.train.batches import Batch, batch_units, batch_width
 from lorapilot.train.loss import causal_lm_loss_sum

@@ -1,0 +1,140 @@
+"""The experiment plan: the spec's pre-registered variants, their step shapes, and the rule
+that picks the one the decision is about.
+
+A variant is a few overrides of the base recipe written in pilot.yaml before anything
+trains (`variants:`); `base` is the spec as written. The winner is chosen by the spec's
+`selection` rule alone (default: the success metric on validation, ties to the cheaper run),
+among the plan's own runs: an ad-hoc `train --set` run is shown beside them but never
+chosen, so trying more things by hand cannot make the decision more optimistic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from lorapilot.fsutil import sha256_json
+from lorapilot.spec import Pilot, load_pilot
+
+SELECTION_RULE = (
+    "the plan's variant (base and the spec's `variants`) whose latest completed train run, "
+    "comparable with the baseline, has the best validation value of the selection metric "
+    "(ties: the cheaper run, then the earlier); ad-hoc `train --set` runs are never chosen"
+)
+
+# Settings that change what one training step costs (time, memory). The rest of the recipe
+# (learning rate, schedule, duration, seed, regularisation, alpha) changes the numbers a
+# step computes, not its size, so variants that differ only there share one probe.
+_NOT_SHAPE = {
+    "train": ("seed", "epochs", "max_steps", "lr", "weight_decay", "schedule", "warmup_ratio",
+              "eval_every", "save_every", "max_grad_norm", "grad_accum"),
+    "adapter": ("alpha", "dropout"),
+}  # fmt: skip
+_NOT_SHAPE_SECTIONS = (
+    "name", "hypothesis", "success", "guards", "limits", "tracking", "variants", "selection",
+)  # fmt: skip
+
+
+def step_shape(config: dict) -> str:
+    """A short hash of what sizes a training step, from a spec dump (a run's `config`)."""
+    shape = {k: v for k, v in config.items() if k not in _NOT_SHAPE_SECTIONS}
+    for section, keys in _NOT_SHAPE.items():
+        shape[section] = {k: v for k, v in (config.get(section) or {}).items() if k not in keys}
+    return "shape-" + sha256_json(shape)[:12]
+
+
+def variant_pilots(pilot: Pilot | Path | str, only: Sequence[str] | None = None) -> list[Pilot]:
+    """One Pilot per variant of the plan, in the spec's order (`only`: that subset)."""
+    spec_path = pilot.spec_path if isinstance(pilot, Pilot) else pilot
+    first = load_pilot(spec_path)
+    names = first.spec.variant_names()
+    if only:
+        unknown = [n for n in only if n not in names]
+        if unknown:
+            from lorapilot.errors import UsageError
+
+            raise UsageError(
+                f"--only {', '.join(unknown)}: not in the plan of {first.spec_path} "
+                f"({', '.join(names)})"
+            )
+        names = [n for n in names if n in only]
+    return [first if n == "base" else load_pilot(spec_path, variant=n) for n in names]
+
+
+def variant_name(record_variant: dict | None) -> str | None:
+    """The plan variant a train run ran: its recorded name; records from before plans
+    existed are `base` when they changed nothing; ad-hoc overrides: None."""
+    v = record_variant or {}
+    if "name" in v:
+        return v["name"]
+    return "base" if not v.get("diff") else None
+
+
+def pilot_of_run(path: Pilot | Path | str, run_id: str) -> Pilot:
+    """The pilot a train run ran, from its record alone: its plan variant, or its ad-hoc
+    `--set` overrides (so `train --resume RUN` and `eval --run RUN` need nothing else)."""
+    import json
+
+    from lorapilot.records import registry
+
+    spec_path = path.spec_path if isinstance(path, Pilot) else path
+    bare = load_pilot(spec_path)
+    rec = registry.get_run(bare.dir, run_id)
+    name = variant_name(rec.variant)
+    if rec.kind != "train" or name == "base":
+        return bare
+    if name is not None:
+        return load_pilot(spec_path, variant=name)
+    diff = (rec.variant or {}).get("diff") or {}
+    return load_pilot(spec_path, [f"{k}={json.dumps(v[1])}" for k, v in diff.items()])
+
+
+def select(
+    rows: Sequence[dict], plan: Sequence[str], metric: str, value_of: Any
+) -> tuple[dict | None, list[dict]]:
+    """The pre-registered selection among compare rows (`run_summary` dicts, oldest first).
+
+    Per variant of `plan`, its latest completed train run comparable with the baseline is
+    its candidate; the winner has the highest `value_of(metrics, metric)`; ties go to the
+    cheaper (shorter) run, then the earlier. -> (the winning row or None, one entry per plan
+    variant: {name, run_id, status, value, seconds, selected, tries}).
+    """
+    latest: dict[str, dict] = {}
+    tries: dict[str, int] = {}
+    attempts: dict[str, dict] = {}
+    for row in rows:
+        if row.get("kind") != "train" or row.get("name") not in plan:
+            continue
+        name = row["name"]
+        tries[name] = tries.get(name, 0) + 1
+        attempts[name] = row  # the latest attempt of any status, for the table
+        if row.get("status") == "completed" and row.get("comparable"):
+            latest[name] = row
+    order = {r["id"]: i for i, r in enumerate(rows)}
+
+    def key(row: dict):
+        v = value_of(row.get("metrics"), metric)
+        return (
+            v if v is not None else float("-inf"),
+            -(row.get("wall_s") or 0.0),
+            -order[row["id"]],
+        )
+
+    winner = max(latest.values(), key=key) if latest else None
+    table = []
+    for name in plan:
+        row = latest.get(name) or attempts.get(name)
+        table.append(
+            {
+                "name": name,
+                "run_id": row and row["id"],
+                "status": row["status"] if row else "not run",
+                "value": row and value_of(row.get("metrics"), metric),
+                "seconds": row and row.get("wall_s"),
+                "selected": bool(winner and row and row["id"] == winner["id"]),
+                "tries": tries.get(name, 0),
+                "reason": row and row.get("reason"),
+            }
+        )
+    return winner, table
