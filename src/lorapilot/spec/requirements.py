@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from lorapilot.errors import UsageError
 
 if TYPE_CHECKING:
-    from lorapilot.spec import QuantizationSpec
+    from lorapilot.spec.model import QuantizationSpec
 
 BITSANDBYTES_INSTALL = "pip install -e '.[quant]' (bitsandbytes==0.50.2)"
 _SQL_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql")

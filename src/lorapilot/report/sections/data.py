@@ -1,0 +1,196 @@
+"""The data section: versions, splits, cleaning, leaks, lengths or image properties."""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+from lorapilot.report import plots
+from lorapilot.report.blocks import (
+    KV,
+    Image,
+    Items,
+    NotRun,
+    Para,
+    Sub,
+    Table,
+)
+from lorapilot.report.formatting import (
+    fmt,
+    mark,
+)
+from lorapilot.report.sections.state import MAX_LISTED
+
+
+def _data(s: dict) -> list:
+    d = s.get("data")
+    if not isinstance(d, dict):
+        return [NotRun("`lorapilot data PILOT` validates, versions and splits the data")]
+    dups = d.get("duplicates") or {}
+    splits = d.get("splits") or {}
+    out: list = [
+        KV(
+            [
+                ("data version", d.get("version")),
+                ("source", d.get("source")),
+                ("permission", d.get("permission")),
+                ("examples", d.get("n_examples")),
+                ("splits", ", ".join(f"{k} {fmt(v)}" for k, v in splits.items()) or None),
+            ]
+        )
+    ]
+    per = d.get("per_category") or {}
+    if per:
+        cols = list(splits) or list(dict.fromkeys(k for v in per.values() for k in v))
+        out += [
+            Sub("Examples per category"),
+            Table(
+                ["category", *cols],
+                [[c, *(fmt((n or {}).get(sp, 0)) for sp in cols)] for c, n in per.items()],
+            ),
+        ]
+    if isinstance(d.get("images"), dict):
+        out += _images(d, s.get("contact_sheets") or [])
+    out.append(Sub("Duplicates and leaks"))
+    counts = dups.get("counts") or {}
+    cross = dups.get("cross_split") or []
+    dropped = dups.get("dropped_from_train") or []
+    out.append(
+        KV(
+            [
+                ("exact duplicate pairs", counts.get("exact")),
+                ("near duplicate pairs", counts.get("near")),
+                ("pairs within a split", counts.get("within_split")),
+                ("leaks (pairs across splits)", mark(not cross, "none", str(len(cross)))),
+                ("leakage policy", dups.get("leakage_policy")),
+                ("dropped from train (leaks)", len(dropped)),
+            ]
+        )
+    )
+    if cross:
+        out.append(
+            Table(
+                ["example", "duplicate of", "kind", "similarity"],
+                [
+                    [
+                        f"{p.get('a_split')}:{p.get('a_id')}",
+                        f"{p.get('b_split')}:{p.get('b_id')}",
+                        p.get("kind"),
+                        fmt(p.get("similarity")),
+                    ]
+                    for p in cross[:MAX_LISTED]
+                ],
+            )
+        )
+    skipped = d.get("skipped") or []
+    out.append(
+        KV(
+            [
+                ("invalid records skipped", len(skipped)),
+                ("dropped by cleaning", len(d.get("dropped_by_cleaning") or [])),
+                ("excluded: target too long", len(d.get("target_excluded") or [])),
+            ]
+        )
+    )
+    if skipped:
+        out.append(
+            Table(
+                ["file", "line", "problem"],
+                [
+                    [x.get("file"), x.get("line"), x.get("problem")]
+                    for x in skipped[:MAX_LISTED]
+                    if isinstance(x, dict)
+                ],
+            )
+        )
+    mask = d.get("mask_audit")
+    if isinstance(mask, dict):
+        out += [
+            Sub("Loss-mask audit"),
+            KV(
+                [
+                    ("ok", mark(mask.get("ok"))),
+                    ("loss on", mask.get("loss_on")),
+                    ("examples checked", mask.get("n_examples")),
+                    ("share of tokens in the loss", fmt(mask.get("loss_token_fraction"))),
+                    ("examples with no loss token", len(mask.get("zero_loss_examples") or [])),
+                    ("mismatched examples", len(mask.get("mismatched") or [])),
+                ]
+            ),
+        ]
+    lengths = d.get("lengths") or {}
+    if lengths:
+        keys = ("n", "p50", "p95", "max", "max_length", "n_truncated", "n_target_truncated")
+        out += [
+            Sub("Token lengths"),
+            Table(
+                ["split", *keys],
+                [[sp, *(fmt((v or {}).get(k)) for k in keys)] for sp, v in lengths.items()],
+            ),
+            Image(
+                partial(plots.length_histogram, d),
+                "token lengths per split",
+                "The data run records only p50, p95 and max per split, not the whole "
+                "distribution: the bars show those three figures; the dotted line is max_length.",
+            ),
+        ]
+    return out
+
+
+def _images(d: dict, sheets: list[str]) -> list:
+    """Image pilots: properties per category, the shortcut warnings, the transforms, and the
+    contact sheets `inspect` drew."""
+    per = (d.get("images") or {}).get("per_category") or {}
+
+    def rng(v: Any) -> str:
+        if not isinstance(v, dict):
+            return "-"
+        return (
+            fmt(v.get("min"))
+            if v.get("min") == v.get("max")
+            else (f"{fmt(v.get('min'))}-{fmt(v.get('max'))}")
+        )
+
+    def counts(v: Any) -> str:
+        return ", ".join(f"{k} {n}" for k, n in (v or {}).items()) if isinstance(v, dict) else "-"
+
+    out: list = [
+        Sub("Images per category (all splits)"),
+        Table(
+            ["category", "images", "width", "height", "modes", "formats", "median bytes"],
+            [
+                [
+                    c,
+                    fmt(v.get("n")),
+                    rng(v.get("width")),
+                    rng(v.get("height")),
+                    counts(v.get("mode")),
+                    counts(v.get("format")),
+                    fmt((v.get("bytes") or {}).get("median")),
+                ]
+                for c, v in per.items()
+                if isinstance(v, dict)
+            ],
+        ),  # fmt: skip
+    ]
+    shortcuts = [w for w in d.get("warnings") or [] if "differs from the others" in str(w)]
+    out.append(
+        Items(shortcuts) if shortcuts else Para("No category differs from the others in size, "
+                                                "mode, format or file size.")
+    )  # fmt: skip
+    t = d.get("transforms")
+    if isinstance(t, dict):
+        out.append(
+            KV([(k, ", ".join(map(str, v)) if isinstance(v, list) else v) for k, v in t.items()])
+        )
+    for path in sheets:
+        name = path.rsplit("/", 1)[-1].removeprefix("contact-").removesuffix(".png")
+        out.append(
+            Image(
+                partial(plots.png_file, path),
+                f"contact sheet: {name}",
+                f"{name}: sampled originals (left) beside what the model sees (right), as "
+                "`lorapilot inspect` drew them",
+            )
+        )
+    return out

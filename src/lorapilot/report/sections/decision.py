@@ -1,0 +1,227 @@
+"""The decision and the hypothesis with its pre-registered criteria, and the limitations."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lorapilot.decision.rule import short_text
+from lorapilot.report.blocks import (
+    KV,
+    NOT_RUN,
+    Banner,
+    Items,
+    Mark,
+    NotRun,
+    Para,
+    Sub,
+    Table,
+)
+from lorapilot.report.formatting import (
+    DASH,
+    fbytes,
+    fdelta,
+    fmt,
+    fraw,
+    fsec,
+    fusd,
+    isnum,
+)
+from lorapilot.report.sections.state import _dict, _get, _list
+
+
+def _decision(s: dict) -> list:
+    d = s.get("decision")
+    if not isinstance(d, dict) or not d.get("decision"):
+        return [
+            Banner(None),
+            NotRun(
+                "no decision: it needs a baseline evaluation and a completed, "
+                "comparable train run (`lorapilot baseline`, `lorapilot train`)"
+            ),
+        ]
+    out: list = [Banner(str(d["decision"])), Items([str(r) for r in d.get("reasons") or []])]
+    sel = _dict(s, "selection")
+    out.append(
+        KV(
+            [
+                ("adapted run (chosen)", _get(s, "chosen", "id")),
+                ("variant", _get(s, "chosen", "name")),
+                ("baseline run", _get(s, "baseline", "id")),
+                ("variants tried", f"{sel.get('n_tried', DASH)} of {len(_list(sel, 'variants'))}"),
+                ("chosen by", d.get("chosen_by")),
+            ]
+        )
+    )
+    variants = [v for v in _list(sel, "variants") if isinstance(v, dict)]
+    if variants:
+        out.append(Sub(f"Variants, selected on validation {sel.get('metric')}"))
+        metric = _get(s, "success", "metric")
+        out.append(
+            Table(
+                [
+                    "variant",
+                    "change",
+                    "run",
+                    "status",
+                    str(sel.get("metric")),
+                    f"{metric} delta",
+                    "worst per-category delta",
+                    "time",
+                    "median step",
+                    "cost",
+                    "peak memory",
+                    "tries",
+                    "note",
+                ],  # fmt: skip
+                [
+                    [
+                        Mark(f"{v.get('name')} (selected)", True)
+                        if v.get("selected")
+                        else v.get("name"),
+                        _change(v.get("diff")),
+                        v.get("run_id") or DASH,
+                        v.get("status"),
+                        fmt(v.get("value")),
+                        fdelta(v.get("delta")),
+                        _worst(v.get("worst")),
+                        fsec(v.get("seconds")),
+                        fsec(v.get("median_step_s")),
+                        fusd(v.get("cost_usd")),
+                        fbytes(v.get("peak_memory_bytes")),
+                        fmt(v.get("tries")),
+                        short_text(v.get("reason") or "", 80) if v.get("reason") else "",
+                    ]
+                    for v in variants
+                ],
+            )
+        )
+        ad_hoc = _list(sel, "ad_hoc_runs")
+        if ad_hoc:
+            out.append(
+                Para(
+                    f"{len(ad_hoc)} ad-hoc train run(s) (`train --set`, not in the plan) are "
+                    "listed under Runs but were not eligible for selection"
+                )
+            )
+    rules = []
+    if isinstance(d.get("success"), dict):
+        rules.append(("success", d["success"]))
+    rules += [("guard", g) for g in d.get("guards") or [] if isinstance(g, dict)]
+    if rules:
+        out.append(Sub("Pre-registered checks"))
+        out.append(
+            Table(
+                ["check", "metric", "rule", "baseline", "adapted", "threshold", "status", "detail"],
+                [
+                    [
+                        kind,
+                        r.get("metric"),
+                        r.get("rule"),
+                        fmt(r.get("baseline")),
+                        fmt(r.get("candidate")),
+                        fmt(r.get("threshold")),
+                        Mark(
+                            str(r.get("status")), {"pass": True, "fail": False}.get(r.get("status"))
+                        ),
+                        r.get("detail"),
+                    ]
+                    for kind, r in rules
+                ],
+            )
+        )
+    b = d.get("bootstrap")
+    if isinstance(b, dict):
+        level = f"{100 * b['ci']:g}%" if isnum(b.get("ci")) else "95%"
+        out.append(Sub("Paired bootstrap"))
+        out.append(
+            KV(
+                [
+                    ("statistic", b.get("stat")),
+                    ("gain (point estimate)", fdelta(b.get("delta"))),
+                    (f"{level} CI", f"[{fdelta(b.get('ci_low'))}, {fdelta(b.get('ci_high'))}]"),
+                    ("P(gain \u2264 0)", fmt(b.get("p_le_zero"))),
+                    ("paired examples", fmt(b.get("n"))),
+                    ("resamples", fmt(b.get("n_boot"))),
+                    ("note", b.get("note")),
+                ]
+            )
+        )
+    else:
+        out.append(Para("no paired bootstrap: the gain cannot be told from noise"))
+    return out
+
+
+def _change(diff: Any) -> str:
+    """{key: [old, new]} as `key: old -> new`, one per key."""
+    if not isinstance(diff, dict) or not diff:
+        return DASH
+    parts = []
+    for k, v in diff.items():
+        old, new = v if isinstance(v, list) and len(v) == 2 else (None, v)
+        parts.append(f"{k}: {short_text(old, 30)} -> {short_text(new, 30)}")
+    return "; ".join(parts)
+
+
+def _worst(w: Any) -> str:
+    if not isinstance(w, dict):
+        return DASH
+    return f"{fdelta(w.get('delta'))} ({w.get('name')})"
+
+
+def _rule_text(g: dict) -> str:
+    if g.get("max_drop") is not None:
+        return f"{g.get('metric')} may drop by at most {fmt(g['max_drop'])}"
+    if g.get("min") is not None:
+        return f"{g.get('metric')} must be at least {fmt(g['min'])}"
+    if g.get("min_gain") is not None:
+        return f"{g.get('metric')} must gain at least {fmt(g['min_gain'])}"
+    if g.get("max") is not None:
+        return f"{g.get('metric')} must be at most {fmt(g['max'])}"
+    if g.get("max_rise") is not None:
+        return f"{g.get('metric')} may rise by at most {fmt(g['max_rise'])}"
+    return str(g.get("metric"))
+
+
+def _hypothesis(s: dict) -> list:
+    out: list = [Para(str(s.get("hypothesis") or NOT_RUN + ": no hypothesis recorded"))]
+    task = _dict(s, "task")
+    fields = [f.get("name") if isinstance(f, dict) else f for f in task.get("fields") or []]
+    out.append(
+        KV([("task", task.get("kind")), ("labels", task.get("labels")), ("fields", fields or None)])
+    )
+    out.append(Sub("Success criterion"))
+    succ = s.get("success")
+    if isinstance(succ, dict) and succ.get("metric"):
+        out.append(
+            Para(
+                f"{succ['metric']} must gain at least {fdelta(succ.get('min_gain'))} over the "
+                "baseline, with the lower bound of the paired bootstrap CI above 0."
+            )
+        )
+    else:
+        out.append(Para("no success criterion set: the decision cannot be GO"))
+    out.append(Sub("Guards"))
+    guards = [g for g in _list(s, "guards") if isinstance(g, dict)]
+    out.append(Items([_rule_text(g) for g in guards]) if guards else Para("no guards set"))
+    lim = s.get("limits")
+    if isinstance(lim, dict):
+        out.append(Sub("Limits"))
+        out.append(
+            KV(
+                [
+                    ("peak memory", f"{lim['memory_gb']} GB" if lim.get("memory_gb") else None),
+                    ("time per run", f"{lim['time_hours']} h" if lim.get("time_hours") else None),
+                    ("price", f"{fusd(lim.get('usd_per_hour'))} / h"),
+                    ("cost cap", fusd(lim.get("cost_cap_usd"))),
+                    ("rental days", lim.get("rental_days")),
+                    ("estimate margin", fraw(lim.get("margin"))),
+                    ("operating window", lim.get("window")),
+                ]
+            )
+        )
+    return out
+
+
+def _limitations(s: dict) -> list:
+    lims = [str(x) for x in _list(s, "limitations")]
+    return [Items(lims)] if lims else [Para("No limitation was recorded.")]

@@ -1,0 +1,193 @@
+"""Baseline against adapted on validation: overall, per category or field, confusions."""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+from lorapilot.decision.rule import short_text
+from lorapilot.evaluate.metrics import most_confused, per_group
+from lorapilot.report import plots
+from lorapilot.report.blocks import (
+    KV,
+    Image,
+    NotRun,
+    Para,
+    Sub,
+    Table,
+)
+from lorapilot.report.formatting import (
+    fdelta,
+    fmt,
+    isnum,
+)
+from lorapilot.report.sections.state import MAX_LISTED, _dict, _get, _list, _metric, _numeric_keys
+
+
+def _overall_table(bm: Any, cm: Any, deltas: Any, first: str | None) -> Table:
+    keys = _numeric_keys(bm, cm)
+    if first in keys:
+        keys = [first] + [k for k in keys if k != first]
+    rows = []
+    for k in keys:
+        b, c = _metric(bm, k), _metric(cm, k)
+        d = _get(deltas, "overall", k)
+        if d is None and isnum(b) and isnum(c):
+            d = c - b
+        rows.append([k + (" (success metric)" if k == first else ""), fmt(b), fmt(c), fdelta(d)])
+    return Table(["metric", "baseline", "adapted", "delta"], rows)
+
+
+def _pair(b: Any, c: Any) -> str:
+    if isnum(b) and isnum(c):
+        return f"{fmt(b)} \u2192 {fmt(c)} ({fdelta(c - b)})"
+    return fmt(c if c is not None else b)
+
+
+def _results(s: dict) -> list:
+    base, chosen = _dict(s, "baseline"), _dict(s, "chosen")
+    bm, cm = base.get("metrics"), chosen.get("metrics")
+    if not bm and not cm:
+        return [
+            NotRun(
+                "no baseline and no adapted evaluation (`lorapilot baseline`, `lorapilot train`)"
+            )
+        ]
+    out: list = [
+        KV(
+            [
+                ("baseline run", base.get("id")),
+                ("adapted run", chosen.get("id")),
+                ("evaluation protocol", base.get("eval_protocol") or chosen.get("eval_protocol")),
+            ]
+        )
+    ]
+    if not cm:
+        out.append(NotRun("no completed, comparable train run: only the baseline is shown"))
+    if chosen and chosen.get("comparable") is False:
+        out.append(
+            Para(f"not comparable with the baseline: {chosen.get('not_comparable_reason')}", "warn")
+        )
+    out += [
+        Sub("Overall"),
+        _overall_table(bm, cm, chosen.get("deltas"), _get(s, "success", "metric")),
+    ]
+    group, bper = per_group(bm)
+    group_c, cper = per_group(cm)
+    group = group_c if cm else group
+    names = list(dict.fromkeys([*bper, *cper]))
+    if names:
+        entries = [v for v in [*bper.values(), *cper.values()] if isinstance(v, dict)]
+        ms = [m for m in ("accuracy", "precision", "recall", "f1") if any(m in v for v in entries)]
+        out += [
+            Sub("Per " + ("field" if group == "per_field" else "category")),
+            Table(
+                [group.replace("per_", ""), "support", *ms],
+                [
+                    [
+                        n,
+                        fmt(
+                            _get(cper, n, "support")
+                            if _get(cper, n, "support") is not None
+                            else _get(bper, n, "support")
+                        ),
+                        *(_pair(_get(bper, n, m), _get(cper, n, m)) for m in ms),
+                    ]
+                    for n in names
+                ],
+            ),
+        ]
+        metric = "f1" if "f1" in ms else (ms[0] if ms else None)
+        if metric:
+            out.append(
+                Image(
+                    partial(plots.per_group_bars, bper, cper, metric),
+                    f"{metric} per group",
+                    f"{metric} per {group.replace('per_', '')}: baseline (grey) vs adapted (blue).",
+                )
+            )
+    for who, m in (("baseline", bm), ("adapted", cm)):
+        conf = _get(m, "confusion")
+        if isinstance(conf, dict) and conf.get("matrix") and conf.get("labels"):
+            labels = [str(x) for x in conf["labels"]]
+            if len(labels) > CONFUSION_MAX_LABELS:  # a heatmap this size is unreadable
+                out += _confused_pairs(who, conf["matrix"], labels)
+                continue
+            out += [
+                Sub(f"Confusion matrix: {who}"),
+                Image(
+                    partial(
+                        plots.confusion,
+                        conf["matrix"],
+                        labels,
+                        f"{who}: rows gold, columns predicted",
+                    ),
+                    f"confusion matrix {who}",
+                    f"{who}: rows are the gold label, columns the prediction.",
+                ),
+                Table(
+                    ["gold \\ predicted", *labels],
+                    [
+                        [lab, *(fmt(v) for v in row)]
+                        for lab, row in zip(labels, conf["matrix"], strict=False)
+                    ],
+                    only="md",
+                ),
+            ]
+    f = chosen.get("flips")
+    if isinstance(f, dict):
+        fixed, broken = f.get("fixed") or [], f.get("broken") or []
+        out += [
+            Sub("Flips: examples whose correctness changed"),
+            KV(
+                [
+                    ("fixed (wrong before, right after)", len(fixed)),
+                    ("broken (right before, wrong after)", len(broken)),
+                    ("examples in both runs", f.get("n_common")),
+                    ("only in the baseline", f.get("only_base")),
+                    ("only in the adapted run", f.get("only_candidate")),
+                    (f"fixed ids (first {MAX_LISTED})", fixed[:MAX_LISTED] or None),
+                    (f"broken ids (first {MAX_LISTED})", broken[:MAX_LISTED] or None),
+                ]
+            ),
+        ]
+        for direction in ("fixed", "broken"):
+            shown = [e for e in _list(_dict(f, "examples"), direction) if isinstance(e, dict)]
+            if shown:
+                out += [
+                    Sub(f"{direction.capitalize()} examples (first {len(shown)})"),
+                    Table(
+                        ["id", "text", "gold", "baseline", "adapted"],
+                        [
+                            [
+                                e.get("id"),
+                                e.get("text"),
+                                short_text(e.get("gold"), 120),
+                                short_text(e.get("baseline"), 120),
+                                short_text(e.get("adapted"), 120),
+                            ]
+                            for e in shown
+                        ],
+                    ),
+                ]
+    return out
+
+
+CONFUSION_MAX_LABELS = 12  # above: the most confused pairs, the full matrix as a CSV
+
+
+def _confused_pairs(who: str, matrix: list, labels: list[str]) -> list:
+    pairs = most_confused(matrix, labels)
+    return [
+        Sub(f"Most confused pairs: {who}"),
+        Table(
+            ["gold", "predicted", "count", "share of gold"],
+            [[p["gold"], p["predicted"], p["count"], f"{p['share']:.0%}"] for p in pairs],
+        )
+        if pairs
+        else Para("no confusion: every prediction is its gold label"),
+        Para(
+            f"{len(labels)} labels: the full matrix is in deliverable/confusion_{who}.csv "
+            "(rows gold, columns predicted)."
+        ),
+    ]

@@ -1,0 +1,199 @@
+"""Where the data comes from and how it becomes splits: files or an HF dataset, the field
+mapping, cleaning, the split, the sample, lengths and the leak policy."""
+
+from __future__ import annotations
+
+import re
+from typing import ClassVar, Literal
+
+from pydantic import (
+    Field,
+    field_validator,
+    model_validator,
+)
+
+from lorapilot.spec.common import CLEANING_RULES, _known_names, _Strict
+
+
+class FieldMap(_Strict):
+    text: str = Field("text", description="Column holding the input text.")
+    image: str = Field(
+        "image", description="Column holding the image path, relative to the pilot folder."
+    )
+    label: str = Field("label", description="Column holding the label (classification).")
+    target: str = Field("target", description="Column holding the target object (extraction).")
+    id: str | None = Field("id", description="Column holding a stable example id, if any.")
+
+    _omitted_at: ClassVar[dict[str, tuple]] = {"image": ("image",)}
+
+
+class SplitSpec(_Strict):
+    seed: int = Field(0, description="Seed of the stratified split.")
+    val: float = Field(0.15, gt=0, lt=1, description="Fraction for validation.")
+    test: float = Field(0.15, ge=0, lt=1, description="Fraction reserved for the final test.")
+
+    @model_validator(mode="after")
+    def _sum(self) -> SplitSpec:
+        if self.val + self.test >= 0.9:
+            raise ValueError("val + test must leave at least 10% for train")
+        return self
+
+
+class DataFiles(_Strict):
+    train: str
+    val: str | None = Field(
+        None,
+        description="Validation file; without it a stratified, seeded `data.split.val` "
+        "fraction of train is held out (e.g. a public set with only train and test files).",
+    )
+    test: str | None = None
+
+
+class HFSplits(_Strict):
+    """Which split of an HF dataset is which of ours; used as they are, like data.files."""
+
+    train: str = Field("train", description="Split used for training.")
+    val: str = Field("validation", description="Split used for validation.")
+    test: str | None = Field(None, description="Split reserved for the final test, if any.")
+
+
+class HFDataset(_Strict):
+    """A dataset in the local Hugging Face `datasets` cache, read by name and offline only."""
+
+    name: str = Field(
+        description="Hub id as it was downloaded, e.g. `org/name`; read from the local HF "
+        "datasets cache, never from the network (needs the `datasets` extra)."
+    )
+    config: str | None = Field(
+        None, description="Config (subset) name; needed when several are cached."
+    )
+    split: str | None = Field(
+        None, description="One split to divide into train/val/test (like data.file)."
+    )
+    splits: HFSplits | None = Field(
+        None,
+        description="Splits used as they are. Default (neither split nor splits): "
+        "train + validation/val/dev (+ test) as they are, or the only split divided.",
+    )
+    cache_dir: str | None = Field(
+        None,
+        description="datasets cache folder (a relative path is from the pilot folder); default "
+        "$HF_DATASETS_CACHE, else $HF_HOME/datasets.",
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _hub_id(cls, v: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?", v):
+            raise ValueError(f"{v!r} is not a hub dataset id like `org/name`")
+        return v
+
+    @model_validator(mode="after")
+    def _one_split_rule(self) -> HFDataset:
+        if self.split and self.splits:
+            raise ValueError(
+                "give data.hf_dataset.split (to divide) or .splits (as they are), not both"
+            )
+        return self
+
+
+class SampleSpec(_Strict):
+    """A seeded subset per split (counts, or fractions in (0, 1]), stratified by category:
+    a first pass sized to the machine without writing a script. Part of the data version."""
+
+    train: int | float | None = None
+    val: int | float | None = None
+    test: int | float | None = None
+
+    @field_validator("train", "val", "test")
+    @classmethod
+    def _size(cls, v: int | float | None) -> int | float | None:
+        if v is None or isinstance(v, bool):
+            if isinstance(v, bool):
+                raise ValueError("must be a count (>= 1) or a fraction in (0, 1]")
+            return v
+        if isinstance(v, int) and v < 1:
+            raise ValueError(f"must be a count >= 1 or a fraction in (0, 1] (got {v})")
+        if isinstance(v, float) and not 0 < v <= 1:
+            raise ValueError(f"a fraction must be in (0, 1] (got {v}); a count is an integer")
+        return v
+
+
+class DataSpec(_Strict):
+    source: str | None = Field(None, description="Where the data comes from.")
+    permission: str | None = Field(
+        None, description="The permission to use it: a licence or an internal approval."
+    )
+    file: str | None = Field(
+        None,
+        description="One file to split into train/val/test, or a folder written by `datasets` "
+        "save_to_disk: a Dataset is split, a DatasetDict's train/validation(/test) are used as "
+        "they are.",
+    )
+    files: DataFiles | None = Field(
+        None, description="Pre-split files (or save_to_disk Dataset folders), used as they are."
+    )
+    hf_dataset: HFDataset | None = Field(
+        None, description="A dataset in the local HF datasets cache, by name, offline."
+    )
+    format: Literal["auto", "jsonl", "csv", "parquet", "datasets"] = Field(
+        "auto",
+        description="auto: by extension; a save_to_disk folder is recognised by its metadata.",
+    )
+    fields: FieldMap = Field(default_factory=FieldMap)
+    cleaning: list[str] = Field(
+        default_factory=lambda: ["unicode_nfc", "strip", "collapse_whitespace", "drop_empty"],
+        description=f"Cleaning rules by name, applied in order: {', '.join(CLEANING_RULES)}.",
+    )
+    max_chars: int | None = Field(None, gt=0, description="Limit for the `max_chars` rule.")
+    split: SplitSpec = Field(default_factory=SplitSpec)
+    max_length: int = Field(512, ge=16, description="Max tokens of prompt + answer.")
+    truncation_side: Literal["left", "right"] = Field(
+        "left", description="Which end of the *input text* is cut when too long."
+    )
+    on_error: Literal["fail", "skip"] = Field("fail", description="Policy for invalid records.")
+    on_truncated_target: Literal["fail", "exclude"] = Field(
+        "exclude", description="A target that would be cut is never cut silently."
+    )
+    leakage: Literal["fail", "drop_from_train", "warn"] = Field(
+        "fail", description="Policy for duplicates between train and val/test."
+    )
+    near_dup_threshold: float = Field(0.8, gt=0, le=1, description="Jaccard threshold.")
+    near_dup_bits: int = Field(
+        10,
+        ge=0,
+        le=24,
+        description="Images: candidate near duplicates differ in at most this many of the 64 "
+        "bits of their perceptual hash; their thumbnails then decide.",
+    )
+    category: str | None = Field(
+        None,
+        description="extraction/format: the category of an example for per-category metrics, "
+        "guards, the stratified split and sampling: a column of the data (`doc_type`) or a "
+        "path in the target (`target.intent`). Default: which optional fields the target fills.",
+    )
+    sample: SampleSpec | None = Field(
+        None,
+        description="Use a seeded, stratified subset of each split, e.g. {train: 200, val: 0.5} "
+        "(after the split, before duplicates are searched).",
+    )
+
+    @field_validator("cleaning")
+    @classmethod
+    def _rules(cls, v: list[str]) -> list[str]:
+        return _known_names(v, CLEANING_RULES, "cleaning rule")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> DataSpec:
+        if sum(bool(x) for x in (self.file, self.files, self.hf_dataset)) != 1:
+            raise ValueError(
+                "give exactly one of data.file (to split), data.files or data.hf_dataset"
+            )
+        if "max_chars" in self.cleaning and self.max_chars is None:
+            raise ValueError("the max_chars cleaning rule needs data.max_chars")
+        return self
+
+    _omitted_at: ClassVar[dict[str, tuple]] = {
+        **{k: (None,) for k in ("hf_dataset", "sample", "category")},
+        "near_dup_bits": (10,),
+    }

@@ -1,0 +1,96 @@
+"""How the adapter is judged: the evaluation protocol, the success criterion and the guards
+on what must not degrade."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+from pydantic import (
+    Field,
+    model_serializer,
+    model_validator,
+)
+
+from lorapilot.spec.common import AutoOnOff, _Strict
+
+
+class EvalNormalize(_Strict):
+    case: bool = True
+    whitespace: bool = True
+    list_order: bool = True
+
+
+class EvalSpec(_Strict):
+    mode: Literal["score", "generate"] = Field(
+        "score", description="Classification: score every label (no parse failures) or generate."
+    )
+    batch_size: int = Field(16, gt=0)
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
+        "auto",
+        description="Autocast precision of evaluation, resolved as train.precision; the "
+        "resolved value is recorded in the eval protocol.",
+    )
+    max_new_tokens: int | None = Field(None, gt=0, description="Default: longest target + margin.")
+    normalize: EvalNormalize = Field(default_factory=EvalNormalize)
+    min_support: int = Field(
+        5, ge=1, description="Below this support a per-category verdict is 'insufficient data'."
+    )
+    label_search: Literal["best_first", "all"] = Field(
+        "best_first",
+        description="Label scoring: best_first scores only the labels the argmax needs (a "
+        "label's log-probability can only fall as its tokens are added: the same prediction, "
+        "much faster with many labels; predictions.jsonl keeps the scores computed); all "
+        "scores every label.",
+    )
+    shared_prefix: AutoOnOff = Field(
+        "auto",
+        description="on: the prompt prefix every prompt shares is computed once and its "
+        "key/value cache reused by every batch; off: each batch computes it; auto: on on a "
+        "CPU, off on a GPU (where the extra pass cost more than it saved in all but one "
+        "measured case: bench/README.md). Part of the eval protocol, resolved: in bf16 the "
+        "summation order can flip a close prediction.",
+    )
+
+    # omitted from the spec hash at their defaults: specs written before them hash the same
+    _omitted_at: ClassVar[dict[str, tuple]] = {
+        "label_search": ("best_first",),  # same argmax
+        "shared_prefix": ("auto",),
+    }
+
+
+class SuccessSpec(_Strict):
+    metric: str = Field(description="Main metric, e.g. macro_f1, accuracy, field_f1.")
+    min_gain: float = Field(description="Required absolute gain over the baseline.")
+
+
+GUARD_RULES = ("max_drop", "min", "min_gain", "max", "max_rise")
+
+
+class GuardSpec(_Strict):
+    """A must-not-degrade rule. Give exactly one of max_drop, min, min_gain (metrics where
+    higher is better) or max, max_rise (rates where lower is better: invalid_rate,
+    ungrounded_value_rate)."""
+
+    metric: str = Field(
+        description="A metric name, or `per_category.<m>` / `per_field.<m>` for every one."
+    )
+    max_drop: float | None = Field(None, ge=0, description="base - candidate <= this.")
+    min: float | None = Field(None, description="candidate >= this.")
+    min_gain: float | None = Field(None, description="candidate - base >= this.")
+    max: float | None = Field(None, description="candidate <= this.")
+    max_rise: float | None = Field(None, ge=0, description="candidate - base <= this.")
+
+    @model_validator(mode="after")
+    def _one_rule(self) -> GuardSpec:
+        given = [k for k in GUARD_RULES if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError("a guard needs exactly one of " + ", ".join(GUARD_RULES))
+        return self
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: Any) -> dict[str, Any]:
+        out = handler(self)
+        for key in ("max", "max_rise"):  # unset: left out, so older specs keep their hash
+            if out.get(key, 0) is None:
+                del out[key]
+        return out

@@ -1,0 +1,152 @@
+"""The whole spec (`PilotSpec`): its sections, the rules that span sections, its hash."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import (
+    Field,
+    field_validator,
+    model_validator,
+)
+
+from lorapilot.fsutil import sha256_json
+from lorapilot.spec.common import _NAME_RE, IMAGE_BASE, _Strict
+from lorapilot.spec.data import DataSpec
+from lorapilot.spec.evaluation import EvalSpec, GuardSpec, SuccessSpec
+from lorapilot.spec.limits import LimitsSpec
+from lorapilot.spec.model import ModelSpec
+from lorapilot.spec.plan import SelectionSpec, VariantSpec
+from lorapilot.spec.task import FieldSpec, TaskSpec
+from lorapilot.spec.train import AdapterSpec, TrainSpec
+
+
+class PilotSpec(_Strict):
+    """The whole pilot.yaml."""
+
+    name: str = Field(description="Pilot name: letters, digits, . _ - (used in paths).")
+    hypothesis: str = Field(min_length=1, description="The behaviour to improve, in words.")
+    task: TaskSpec
+    model: ModelSpec = Field(default_factory=ModelSpec)
+    data: DataSpec
+    adapter: AdapterSpec = Field(default_factory=AdapterSpec)
+    train: TrainSpec = Field(default_factory=TrainSpec)
+    eval: EvalSpec = Field(default_factory=EvalSpec)
+    success: SuccessSpec | None = None
+    guards: list[GuardSpec] = Field(default_factory=list)
+    limits: LimitsSpec = Field(default_factory=LimitsSpec)
+    tracking: list[Literal["mlflow", "tensorboard"]] = Field(
+        default_factory=list,
+        description="Mirror every run to these trackers (optional extras: pip install "
+        "'lorapilot[mlflow]' / 'lorapilot[tensorboard]'). The run records stay the source of "
+        "truth; `lorapilot sync` mirrors existing ones.",
+    )
+    variants: list[VariantSpec] = Field(
+        default_factory=list,
+        description="Pre-registered experiments besides `base` (the recipe as written), run "
+        "in order by `lorapilot run`.",
+    )
+    selection: SelectionSpec = Field(default_factory=SelectionSpec)
+
+    @field_validator("variants")
+    @classmethod
+    def _unique(cls, v: list[VariantSpec]) -> list[VariantSpec]:
+        seen: set[str] = set()
+        for i, var in enumerate(v):
+            if var.name in seen:
+                raise ValueError(f"[{i}].name {var.name!r} is given twice")
+            seen.add(var.name)
+        return v
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not _NAME_RE.match(v):
+            raise ValueError("must be 1-64 of letters, digits, '.', '_', '-' (no path separators)")
+        return v
+
+    @field_validator("hypothesis")
+    @classmethod
+    def _hyp(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("must state the behaviour to improve (non-empty)")
+        return v
+
+    @model_validator(mode="after")
+    def _quantized_base_takes_an_adapter(self) -> PilotSpec:
+        if self.model.quantization is None:
+            return self
+        if self.adapter.method == "full":
+            raise ValueError(
+                "model.quantization: a quantized base cannot be fine-tuned in full "
+                "(adapter.method: full); use adapter.method: lora, or drop the quantization"
+            )
+        if self.train.distributed == "fsdp":
+            raise ValueError(
+                "model.quantization: a quantized base is not sharded with FSDP here; use "
+                "train.distributed: ddp (each GPU holds the whole quantized base)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _category_source(self) -> PilotSpec:
+        by = self.data.category
+        if by is None:
+            return self
+        if self.task.labelled:
+            raise ValueError("data.category: a classification example's category is its label")
+        if by.startswith("target.") and self.task.fields:
+            fields: list[FieldSpec] | None = self.task.fields
+            for key in by[len("target.") :].split("."):
+                field = next((f for f in fields or [] if f.name == key), None)
+                if field is None or field.type in ("list", "map"):
+                    raise ValueError(
+                        f"data.category: {by!r} is not a field path of task.fields (an object's "
+                        "fields may be named by dots, e.g. target.intent; lists and maps not)"
+                    )
+                fields = field.fields
+            if fields is not None:
+                raise ValueError(f"data.category: {by!r} is an object, not a category value")
+        return self
+
+    @model_validator(mode="after")
+    def _metrics_exist(self) -> PilotSpec:
+        """The success metric and every guard name a metric this task kind produces."""
+        from lorapilot.spec.metric_names import problem
+
+        fields = [f.name for f in self.task.fields or []]
+        fields += [p for f in self.task.fields or [] for p in f.leaf_paths(f.name) if p != f.name]
+        named = [("success.metric", self.success.metric)] if self.success is not None else []
+        named += [(f"guards[{i}].metric", g.metric) for i, g in enumerate(self.guards)]
+        if self.selection.metric is not None:
+            named.append(("selection.metric", self.selection.metric))
+        for key, name in named:
+            why = problem(name, self.task.kind, self.task.labels, fields, self.task.grounded)
+            if why:
+                raise ValueError(f"{key}: {why}")
+        return self
+
+    @model_validator(mode="after")
+    def _defaults_by_task(self) -> PilotSpec:
+        if self.task.modality == "image" and "base" not in self.model.model_fields_set:
+            self.model.__dict__["base"] = IMAGE_BASE
+        if self.success is None:
+            metric = "macro_f1" if self.task.labelled else "field_f1"
+            object.__setattr__(self, "success", SuccessSpec(metric=metric, min_gain=0.05))
+        return self
+
+    @property
+    def selection_metric(self) -> str:
+        assert self.success is not None
+        return self.selection.metric or self.success.metric
+
+    def variant_names(self) -> list[str]:
+        """The plan, in order: `base` first."""
+        return ["base", *(v.name for v in self.variants)]
+
+    def spec_hash(self) -> str:
+        """Hash of the resolved spec, `tracking` held at its default: where runs are mirrored
+        changes no result, so switching a tracker on keeps reuse and resume working."""
+        resolved = self.model_dump(mode="json")
+        resolved["tracking"] = []
+        return sha256_json(resolved)

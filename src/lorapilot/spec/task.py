@@ -1,0 +1,251 @@
+"""The task: its kind (classification, extraction, format, image classification), the
+labels or the fields with their value types, the prompt template and the image settings."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, ClassVar, Literal
+
+from pydantic import (
+    Field,
+    field_validator,
+    model_validator,
+)
+
+from lorapilot.spec.common import _known_names, _Strict
+
+ValueType = Literal["string", "number", "integer", "boolean", "date", "list", "object", "map"]
+_NESTED_KEYS = ("fields", "items", "values", "ordered")
+
+
+class ValueSpec(_Strict):
+    """The type of a value in an extraction target; `object`, `list` and `map` nest.
+
+    object: named child `fields`; list: `items` of one type (a scalar or an object; none
+    given: any JSON values, compared whole); map: keys chosen by each example (slot names),
+    `values` of one type. A type may be written as its name alone: `items: string`.
+    """
+
+    type: ValueType = Field(
+        "string",
+        description="string, number, integer, boolean, date (ISO YYYY-MM-DD), list, object, map.",
+    )
+    fields: list[FieldSpec] | None = Field(None, description="An object's fields.")
+    items: ValueSpec | None = Field(None, description="A list's item type.")
+    values: ValueSpec | None = Field(None, description="A map's value type.")
+    ordered: bool = Field(
+        False, description="A list compared in order (default: as a multiset, any order)."
+    )
+    description: str = Field("", description="Shown to the model in the prompt.")
+
+    @field_validator("items", "values", mode="before")
+    @classmethod
+    def _type_name(cls, v: Any) -> Any:
+        return {"type": v} if isinstance(v, str) else v
+
+    @model_validator(mode="after")
+    def _shape(self) -> ValueSpec:
+        if self.type == "object":
+            if not self.fields:
+                raise ValueError("an object needs `fields`")
+            names = [f.name for f in self.fields]
+            if len(set(names)) != len(names):
+                raise ValueError("field names must be unique")
+        elif self.fields is not None:
+            raise ValueError(f"`fields` belongs to type object, not {self.type}")
+        if self.items is not None and self.type != "list":
+            raise ValueError(f"`items` belongs to type list, not {self.type}")
+        if self.values is not None and self.type != "map":
+            raise ValueError(f"`values` belongs to type map, not {self.type}")
+        if self.ordered and self.type != "list":
+            raise ValueError(f"`ordered` belongs to type list, not {self.type}")
+        return self
+
+    def leaf_paths(self, path: str = "") -> list[str]:
+        """Every leaf path this type names, in spec order: `slots.*` for a map's keys,
+        `items[]` for a list's scalars, `items[].amount` for its objects' fields. An untyped
+        list (no `items`) is one leaf, compared whole."""
+        if self.type == "object":
+            return [
+                p
+                for f in self.fields or []
+                for p in f.leaf_paths(f"{path}.{f.name}" if path else f.name)
+            ]
+        if self.type == "map":
+            key = f"{path}.*" if path else "*"
+            return self.values.leaf_paths(key) if self.values is not None else [key]
+        if self.type == "list" and self.items is not None:
+            return self.items.leaf_paths(path + "[]")
+        return [path]
+
+    @property
+    def nested(self) -> bool:
+        """Whether this value has structure beyond today's flat fields."""
+        return self.type in ("object", "map") or self.items is not None or self.ordered
+
+    _omitted_at: ClassVar[dict[str, tuple]] = {k: (None, False) for k in _NESTED_KEYS}
+
+
+class FieldSpec(ValueSpec):
+    """One named field of an extraction target (at any level of nesting)."""
+
+    name: str = Field(min_length=1, description="Key in the target JSON object.")
+    required: bool = Field(True, description="A required field must be present and non-null.")
+
+
+ValueSpec.model_rebuild()
+
+
+IMAGE_AUGMENTS = ("hflip", "vflip")
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
+
+
+class ImageSpec(_Strict):
+    """How an image becomes the model's input, in this order: mode, resize, crop, scale to
+    [0, 1], normalise. Keys left unset are taken from the model's image processor
+    (`preprocessor_config.json`); the resolved pipeline is recorded with the data version."""
+
+    size: int | None = Field(
+        None, ge=8, le=4096, description="Side of the square input, in pixels (default: model's)."
+    )
+    resize: Literal["shorter_side", "stretch", "pad"] | None = Field(
+        None,
+        description="shorter_side: scale the shorter side to `size` (keeps the aspect ratio); "
+        "stretch: to size x size; pad: the longer side to `size`, then pad to a square. "
+        "Default: as the model's image processor does, else shorter_side.",
+    )
+    crop: Literal["center", "none"] | None = Field(
+        None,
+        description="center: crop size x size from the middle after resizing. Default: as the "
+        "model's image processor does, else center.",
+    )
+    mode: Literal["RGB", "L"] = Field("RGB", description="Colour mode every image is converted to.")
+    normalize: Literal["from_model", "none"] = Field(
+        "from_model", description="from_model: the image processor's mean/std; none: [0, 1]."
+    )
+    mean: list[float] | None = Field(None, description="Per-channel mean (overrides the model).")
+    std: list[float] | None = Field(None, description="Per-channel std (overrides the model).")
+    augment: list[str] = Field(
+        default_factory=list,
+        description=f"Training-only random transforms: {', '.join(IMAGE_AUGMENTS)}.",
+    )
+    max_pixels: int = Field(
+        40_000_000,
+        gt=0,
+        description="Images with more pixels are refused before they are decoded "
+        "(decompression bombs).",
+    )
+
+    @field_validator("augment")
+    @classmethod
+    def _augments(cls, v: list[str]) -> list[str]:
+        return _known_names(v, IMAGE_AUGMENTS, "augment")
+
+    @model_validator(mode="after")
+    def _stats(self) -> ImageSpec:
+        channels = 1 if self.mode == "L" else 3
+        for key in ("mean", "std"):
+            v = getattr(self, key)
+            if v is not None and len(v) not in (1, channels):
+                raise ValueError(f"`{key}` needs 1 or {channels} values for mode {self.mode}")
+        if self.std is not None and any(x <= 0 for x in self.std):
+            raise ValueError("`std` values must be positive")
+        return self
+
+
+class TaskSpec(_Strict):
+    """What the model must do, and exactly how it is asked."""
+
+    kind: Literal["classification", "extraction", "format", "image_classification"] = Field(
+        description="classification: one label per text; extraction: a JSON object of named "
+        "fields; format: output that must follow a JSON schema or regex; image_classification: "
+        "one label per image."
+    )
+    labels: list[str] | None = Field(None, description="Allowed labels (classification).")
+    fields: list[FieldSpec] | None = Field(None, description="Target fields (extraction).")
+    json_schema: dict[str, Any] | None = Field(
+        None, description="JSON schema the output must satisfy (extraction/format)."
+    )
+    regex: str | None = Field(None, description="Regex the whole output must match (format).")
+    system: str | None = Field(
+        None, description="System prompt; `{labels}` and `{fields}` are substituted."
+    )
+    template: str = Field(
+        "{text}", description="User turn; `{text}` is the input, `{labels}`/`{fields}` as above."
+    )
+    grounded: bool = Field(
+        False,
+        description="extraction/format: every string value must appear in the input text; "
+        "`ungrounded_value_rate` counts the values the model invented.",
+    )
+    image: ImageSpec | None = Field(
+        None, description="image_classification: how images are resized, cropped, normalised."
+    )
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, v: list[str] | None) -> list[str] | None:
+        if v is None:
+            return v
+        if len(v) < 2:
+            raise ValueError("needs at least 2 labels")
+        if len(set(v)) != len(v):
+            raise ValueError("labels must be unique")
+        for label in v:
+            if not label.strip() or any(ord(c) < 32 for c in label):
+                raise ValueError(f"label {label!r} is empty or has control characters")
+        return v
+
+    @field_validator("template")
+    @classmethod
+    def _template(cls, v: str) -> str:
+        if "{text}" not in v:
+            raise ValueError("must contain the placeholder {text}")
+        return v
+
+    @field_validator("regex")
+    @classmethod
+    def _regex(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                re.compile(v)
+            except re.error as e:
+                raise ValueError(f"is not a valid regular expression: {e}") from None
+        return v
+
+    @model_validator(mode="after")
+    def _by_kind(self) -> TaskSpec:
+        if self.labelled and not self.labels:
+            raise ValueError(f"task.labels is required for a {self.kind} task")
+        if self.image is not None and self.kind != "image_classification":
+            raise ValueError("task.image applies to image_classification tasks")
+        if self.kind == "image_classification" and self.image is None:
+            self.__dict__["image"] = ImageSpec()
+        if self.kind == "extraction" and not self.fields:
+            raise ValueError("task.fields is required for an extraction task")
+        if self.kind == "format" and not (self.json_schema or self.regex):
+            raise ValueError("a format task needs task.json_schema or task.regex")
+        if self.fields:
+            names = [f.name for f in self.fields]
+            if len(set(names)) != len(names):
+                raise ValueError("task.fields names must be unique")
+        if self.grounded and self.kind not in ("extraction", "format"):
+            raise ValueError("task.grounded applies to extraction and format tasks")
+        return self
+
+    _omitted_at: ClassVar[dict[str, tuple]] = {"grounded": (False,), "image": (None,)}
+
+    @property
+    def labelled(self) -> bool:
+        """One label per example (text or image): label metrics, a per-label split."""
+        return self.kind in ("classification", "image_classification")
+
+    @property
+    def modality(self) -> Literal["text", "image"]:
+        return "image" if self.kind == "image_classification" else "text"
+
+    @property
+    def nested(self) -> bool:
+        """Whether any field nests (object, map, list with items): the flat prompt and
+        metrics are kept byte for byte for specs without."""
+        return any(f.nested for f in self.fields or [])

@@ -1,0 +1,65 @@
+"""The recipe: the adapter (LoRA rank, alpha, targets) and training (steps, batch,
+learning rate, precision, checkpointing, the shared prefix, distribution)."""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+from pydantic import (
+    Field,
+)
+
+from lorapilot.spec.common import AutoOnOff, _Strict
+
+
+class AdapterSpec(_Strict):
+    method: Literal["lora", "full"] = "lora"
+    r: int = Field(16, gt=0, description="LoRA rank: must be a positive integer.")
+    alpha: float = Field(32, gt=0, description="LoRA alpha (scale = alpha / r).")
+    dropout: float = Field(0.05, ge=0, lt=1)
+    target_modules: list[str] | Literal["all-linear"] = Field(
+        "all-linear", description="Module names to adapt, or `all-linear`."
+    )
+    modules_to_save: list[str] = Field(default_factory=list, description="Extra trained modules.")
+
+
+class TrainSpec(_Strict):
+    seed: int = 0
+    epochs: float = Field(2, gt=0, description="Passes over train (ignored if max_steps is set).")
+    max_steps: int | None = Field(None, gt=0, description="Optimizer steps; overrides epochs.")
+    lr: float = Field(2e-4, gt=0, description="Peak learning rate.")
+    weight_decay: float = Field(0.0, ge=0)
+    schedule: Literal["cosine", "linear", "constant"] = "cosine"
+    warmup_ratio: float = Field(0.05, ge=0, lt=1)
+    micro_batch: int = Field(8, gt=0, description="Examples per forward/backward.")
+    grad_accum: int = Field(1, gt=0, description="Micro-batches per optimizer step.")
+    grad_checkpointing: bool = False
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
+        "auto",
+        description="Autocast precision; auto: bf16 on a GPU with bf16 (else fp16) and on CPUs "
+        "with AMX/AVX512-BF16, fp32 on other CPUs (bf16 is emulated there).",
+    )
+    max_grad_norm: float | None = Field(1.0, gt=0)
+    loss_on: Literal["completion", "all"] = Field(
+        "completion", description="Which tokens carry the loss: the answer only, or all."
+    )
+    eval_every: int | None = Field(None, gt=0, description="Validation every N steps.")
+    save_every: int | None = Field(None, gt=0, description="Checkpoint every N steps.")
+    distributed: Literal["none", "ddp", "fsdp"] = "none"
+    threads: int | None = Field(
+        None,
+        ge=1,
+        description="torch's intra-op CPU threads (default: the cores this process may use, "
+        "or OMP_NUM_THREADS); recorded in each run's environment.",
+    )
+    shared_prefix: AutoOnOff = Field(
+        "auto",
+        description="on: the prompt prefix the rows of a micro-batch share (chat header, "
+        "system prompt) runs once per micro-batch, forward and backward (same loss and "
+        "gradients); off: every row computes it; auto: on on a CPU, and on a GPU only for "
+        "micro-batches where it saves enough work to pay for its second decoder pass "
+        "(measured: bench/README.md). One process, DDP or FSDP, with or without activation "
+        "checkpointing; the run record says which path ran and why.",
+    )
+
+    _omitted_at: ClassVar[dict[str, tuple]] = {"shared_prefix": ("auto",)}  # same gradients
