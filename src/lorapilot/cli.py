@@ -176,10 +176,25 @@ def check(pilot: PilotArg, as_json: JsonFlag = False, sets: SetOpt = None) -> Sh
 
 @app.command()
 @verb
-def schema(as_json: JsonFlag = False) -> Shown:
+def schema(
+    as_json: JsonFlag = False,
+    reference: Annotated[
+        bool,
+        typer.Option(
+            "--reference",
+            help="Print docs/spec-reference.md instead: every key with its type, default and "
+            "description, as Markdown (with --json: {markdown}).",
+        ),
+    ] = False,
+) -> Shown:
     """Print the JSON Schema of pilot.yaml (the same with or without --json)."""
     from lorapilot.spec import json_schema
 
+    if reference:
+        from lorapilot.spec.reference import markdown
+
+        text = markdown()
+        return Shown({"markdown": text}, lambda data: print(data["markdown"], end=""))
     return Shown(json_schema(), print_json)
 
 

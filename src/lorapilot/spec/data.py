@@ -16,6 +16,8 @@ from lorapilot.spec.common import CLEANING_RULES, _known_names, _Strict
 
 
 class FieldMap(_Strict):
+    """Column names of the data, for sets whose columns are named otherwise."""
+
     text: str = Field("text", description="Column holding the input text.")
     image: str = Field(
         "image", description="Column holding the image path, relative to the pilot folder."
@@ -28,6 +30,8 @@ class FieldMap(_Strict):
 
 
 class SplitSpec(_Strict):
+    """The split of a single data file into train, validation and test."""
+
     seed: int = Field(0, description="Seed of the stratified split.")
     val: float = Field(0.15, gt=0, lt=1, description="Fraction for validation.")
     test: float = Field(0.15, ge=0, lt=1, description="Fraction reserved for the final test.")
@@ -40,13 +44,17 @@ class SplitSpec(_Strict):
 
 
 class DataFiles(_Strict):
-    train: str
+    """Pre-split files or folders, relative to the pilot folder."""
+
+    train: str = Field(description="Training file (JSONL, CSV) or folder.")
     val: str | None = Field(
         None,
         description="Validation file; without it a stratified, seeded `data.split.val` "
         "fraction of train is held out (e.g. a public set with only train and test files).",
     )
-    test: str | None = None
+    test: str | None = Field(
+        None, description="Test file, reserved for the final test; without it there is none."
+    )
 
 
 class HFSplits(_Strict):
@@ -101,9 +109,13 @@ class SampleSpec(_Strict):
     """A seeded subset per split (counts, or fractions in (0, 1]), stratified by category:
     a first pass sized to the machine without writing a script. Part of the data version."""
 
-    train: int | float | None = None
-    val: int | float | None = None
-    test: int | float | None = None
+    train: int | float | None = Field(
+        None, description="Training examples kept: a count or a fraction."
+    )
+    val: int | float | None = Field(
+        None, description="Validation examples kept: a count or a fraction."
+    )
+    test: int | float | None = Field(None, description="Test examples kept: a count or a fraction.")
 
     @field_validator("train", "val", "test")
     @classmethod
@@ -120,6 +132,8 @@ class SampleSpec(_Strict):
 
 
 class DataSpec(_Strict):
+    """Where the data comes from, with what permission, and how it becomes versioned splits."""
+
     source: str | None = Field(None, description="Where the data comes from.")
     permission: str | None = Field(
         None, description="The permission to use it: a licence or an internal approval."
@@ -140,13 +154,17 @@ class DataSpec(_Strict):
         "auto",
         description="auto: by extension; a save_to_disk folder is recognised by its metadata.",
     )
-    fields: FieldMap = Field(default_factory=FieldMap)
+    fields: FieldMap = Field(
+        default_factory=FieldMap, description="Which columns of the data hold the input and target."
+    )
     cleaning: list[str] = Field(
         default_factory=lambda: ["unicode_nfc", "strip", "collapse_whitespace", "drop_empty"],
         description=f"Cleaning rules by name, applied in order: {', '.join(CLEANING_RULES)}.",
     )
     max_chars: int | None = Field(None, gt=0, description="Limit for the `max_chars` rule.")
-    split: SplitSpec = Field(default_factory=SplitSpec)
+    split: SplitSpec = Field(
+        default_factory=SplitSpec, description="The seeded, stratified split of a single file."
+    )
     max_length: int = Field(512, ge=16, description="Max tokens of prompt + answer.")
     truncation_side: Literal["left", "right"] = Field(
         "left", description="Which end of the *input text* is cut when too long."

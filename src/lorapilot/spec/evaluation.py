@@ -15,23 +15,30 @@ from lorapilot.spec.common import AutoOnOff, _Strict
 
 
 class EvalNormalize(_Strict):
-    case: bool = True
-    whitespace: bool = True
-    list_order: bool = True
+    """How predicted and gold values are normalised before they are compared."""
+
+    case: bool = Field(True, description="Compare strings casefolded.")
+    whitespace: bool = Field(True, description="Strip strings and collapse their whitespace.")
+    list_order: bool = Field(True, description="Compare lists as sorted (any order).")
 
 
 class EvalSpec(_Strict):
+    """The evaluation protocol: how predictions are made and compared (hashed into every
+    result as `eval_protocol`)."""
+
     mode: Literal["score", "generate"] = Field(
         "score", description="Classification: score every label (no parse failures) or generate."
     )
-    batch_size: int = Field(16, gt=0)
+    batch_size: int = Field(16, gt=0, description="Prompts per evaluation batch.")
     precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
         "auto",
         description="Autocast precision of evaluation, resolved as train.precision; the "
         "resolved value is recorded in the eval protocol.",
     )
     max_new_tokens: int | None = Field(None, gt=0, description="Default: longest target + margin.")
-    normalize: EvalNormalize = Field(default_factory=EvalNormalize)
+    normalize: EvalNormalize = Field(
+        default_factory=EvalNormalize, description="Normalisation of values before comparing."
+    )
     min_support: int = Field(
         5, ge=1, description="Below this support a per-category verdict is 'insufficient data'."
     )
@@ -59,6 +66,8 @@ class EvalSpec(_Strict):
 
 
 class SuccessSpec(_Strict):
+    """The pre-registered success criterion: a metric and the gain over the baseline it needs."""
+
     metric: str = Field(description="Main metric, e.g. macro_f1, accuracy, field_f1.")
     min_gain: float = Field(description="Required absolute gain over the baseline.")
 

@@ -44,6 +44,8 @@ class QuantizationSpec(_Strict):
 
 
 class ModelSpec(_Strict):
+    """The base model the adapter is trained on, and how it is loaded."""
+
     base: str = Field(
         DEFAULT_BASE,
         description="`smollm2-135m-instruct` (fetched by `lorapilot model fetch`), a local HF "

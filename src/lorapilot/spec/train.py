@@ -13,10 +13,14 @@ from lorapilot.spec.common import AutoOnOff, _Strict
 
 
 class AdapterSpec(_Strict):
-    method: Literal["lora", "full"] = "lora"
+    """The adapter put on the base: LoRA (rank, alpha, dropout, target modules) or full."""
+
+    method: Literal["lora", "full"] = Field(
+        "lora", description="lora: a LoRA adapter on the frozen base; full: every weight trains."
+    )
     r: int = Field(16, gt=0, description="LoRA rank: must be a positive integer.")
     alpha: float = Field(32, gt=0, description="LoRA alpha (scale = alpha / r).")
-    dropout: float = Field(0.05, ge=0, lt=1)
+    dropout: float = Field(0.05, ge=0, lt=1, description="LoRA dropout on the adapter input.")
     target_modules: list[str] | Literal["all-linear"] = Field(
         "all-linear", description="Module names to adapt, or `all-linear`."
     )
@@ -24,28 +28,42 @@ class AdapterSpec(_Strict):
 
 
 class TrainSpec(_Strict):
-    seed: int = 0
+    """The training recipe: duration, optimizer, batch, precision, checkpoints."""
+
+    seed: int = Field(0, description="Seed of initialisation, data order and dropout.")
     epochs: float = Field(2, gt=0, description="Passes over train (ignored if max_steps is set).")
     max_steps: int | None = Field(None, gt=0, description="Optimizer steps; overrides epochs.")
     lr: float = Field(2e-4, gt=0, description="Peak learning rate.")
-    weight_decay: float = Field(0.0, ge=0)
-    schedule: Literal["cosine", "linear", "constant"] = "cosine"
-    warmup_ratio: float = Field(0.05, ge=0, lt=1)
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    schedule: Literal["cosine", "linear", "constant"] = Field(
+        "cosine", description="Learning-rate schedule after the warm-up."
+    )
+    warmup_ratio: float = Field(
+        0.05, ge=0, lt=1, description="Share of the steps spent warming the learning rate up."
+    )
     micro_batch: int = Field(8, gt=0, description="Examples per forward/backward.")
     grad_accum: int = Field(1, gt=0, description="Micro-batches per optimizer step.")
-    grad_checkpointing: bool = False
+    grad_checkpointing: bool = Field(
+        False, description="Activation checkpointing: less memory, about a third more compute."
+    )
     precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
         "auto",
         description="Autocast precision; auto: bf16 on a GPU with bf16 (else fp16) and on CPUs "
         "with AMX/AVX512-BF16, fp32 on other CPUs (bf16 is emulated there).",
     )
-    max_grad_norm: float | None = Field(1.0, gt=0)
+    max_grad_norm: float | None = Field(
+        1.0, gt=0, description="Gradient norm clipping; null: no clipping."
+    )
     loss_on: Literal["completion", "all"] = Field(
         "completion", description="Which tokens carry the loss: the answer only, or all."
     )
     eval_every: int | None = Field(None, gt=0, description="Validation every N steps.")
     save_every: int | None = Field(None, gt=0, description="Checkpoint every N steps.")
-    distributed: Literal["none", "ddp", "fsdp"] = "none"
+    distributed: Literal["none", "ddp", "fsdp"] = Field(
+        "none",
+        description="Under torchrun or accelerate launch: fsdp shards the weights over the "
+        "processes (FSDP2); none or ddp: DDP. One process ignores it (docs/distributed.md).",
+    )
     threads: int | None = Field(
         None,
         ge=1,
