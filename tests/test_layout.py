@@ -56,6 +56,7 @@ LAYERS = {
     "lorapilot.evaluate.session": 4,
     "lorapilot.evaluate.image_session": 4,
     "lorapilot.sizing.estimate": 4,
+    "lorapilot.sizing.rental": 4,
     "lorapilot.decision.reload": 4,
     "lorapilot.steps": 5,
     "lorapilot.views": 6,

@@ -508,12 +508,44 @@ def probe(
 
 @app.command()
 @verb
-def budget(pilot: PilotArg, as_json: JsonFlag = False, sets: SetOpt = None) -> Shown:
+def budget(
+    pilot: PilotArg,
+    as_json: JsonFlag = False,
+    sets: SetOpt = None,
+    gpu: Annotated[
+        str | None,
+        typer.Option(
+            "--gpu",
+            help="Before renting: plan onto these GPU classes (comma-separated, or `all`) from "
+            "the base's config.json and tokenizer alone, no probe and no weights needed.",
+        ),
+    ] = None,
+    price: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--price",
+            help="NAME=USD: the hourly price of a GPU class (repeatable; overrides "
+            "limits.gpu_prices). Without one, no cost is shown for that class.",
+        ),
+    ] = None,
+    gpu_spec: Annotated[
+        Path | None,
+        typer.Option(
+            "--gpu-spec",
+            help="A JSON file of more GPU classes (the form of lorapilot/sizing/gpus.json).",
+        ),
+    ] = None,
+) -> Shown:
     """Time and cost of the run from the latest probe, a 3/7/30-day rental plan, and (after a
-    train run) the estimate against what the run really took."""
-    from lorapilot.steps.budget import run_budget
+    train run) the estimate against what the run really took. With --gpu: which GPU fits the
+    plan, how long it takes and what it costs, before renting anything."""
+    from lorapilot.steps.budget import run_budget, run_pre_rental
 
-    return Shown(run_budget(_pilot(pilot, sets)), views.budget)
+    if gpu is None:
+        if price or gpu_spec is not None:
+            raise UsageError("--price and --gpu-spec go with --gpu (the pre-rental plan)")
+        return Shown(run_budget(_pilot(pilot, sets)), views.budget)
+    return Shown(run_pre_rental(_pilot(pilot, sets), gpu, price or [], gpu_spec), views.pre_rental)
 
 
 @app.command()

@@ -486,6 +486,39 @@ def budget(r: dict) -> None:
             )
 
 
+def pre_rental(r: dict) -> None:
+    """`budget --gpu`: one row per GPU class, best value first."""
+    t = Table(title="the plan on each GPU class, before renting (an estimate until a probe)")
+    cols = ("gpu", "memory", "fits", "micro x accum", "ckpt", "peak train/eval GiB", "step s",
+            "plan h", "3/7/30 days", "cost", "calibration")  # fmt: skip
+    for col in cols:
+        t.add_column(col)
+    for g in r["gpus"]:
+        days = "/".join("yes" if g["fits_days"][d] else "no" for d in ("3", "7", "30"))
+        peak = g["peak_gib"]
+        t.add_row(
+            esc(g["name"]),
+            f"{g['memory_gib']:g} GiB",
+            "yes" if g["fits"] else "[red]no[/]",
+            f"{g['micro_batch']} x {g['grad_accum']}" if g["fits"] else "-",
+            ("on" if g["checkpointing"] else "off") if g["fits"] else "-",
+            f"{peak.get('train', 0):.1f} / {peak.get('eval', 0):.1f}",
+            f"{g['step_s']:.3f}" if g.get("step_s") else "-",
+            f"{g['plan_hours']:.2f}" if g.get("plan_hours") is not None else "-",
+            days,
+            f"${g['cost_usd']:.2f}" if g.get("cost_usd") is not None else "no price",
+            g["calibration"].split(":", 1)[0],
+        )
+    stdout.print(t)
+    i = r["inputs"]
+    stdout.print(
+        f"lengths: typical {i['lengths']['typical']}, long {i['lengths']['long']} tokens "
+        f"(shared prefix {i['lengths']['shared_prefix']}); data {i['data']}; variants "
+        f"{', '.join(i['variants'])}"
+    )
+    stdout.print(f"[dim]{esc(r['method'])}[/]")
+
+
 def _plan(r: dict) -> None:
     plan, rows = r.get("plan"), r.get("variants") or []
     if not plan or not rows:

@@ -223,8 +223,8 @@ def test_every_float_field_of_the_spec_refuses_non_finite_values():
     for model in models:
         for name, info in model.model_fields.items():
             ann = info.annotation
-            if float not in (ann, *typing.get_args(ann)):
-                continue
+            if float not in (ann, *typing.get_args(ann)) or typing.get_origin(ann) is dict:
+                continue  # a mapping's values are checked by its own validator
             seen += 1
             obj = model.model_construct()
             for value in (float("inf"), float("nan"), "inf"):

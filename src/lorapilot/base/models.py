@@ -440,8 +440,12 @@ def resolve_base(
     root: Path | None = None,
     allow_pickle: bool = False,
     cache_dir: Path | None = None,
+    weights: bool = True,
 ) -> ResolvedModel:
     """Turn a spec's `base:` into a folder on disk, without touching the network.
+
+    `weights=False`: the weights are neither required nor hashed (a folder of config.json and
+    tokenizer files is enough): for `budget --gpu`, which plans from the shape alone.
 
     Order: the default alias, then an existing folder (relative to `root`, the pilot
     folder), then a hub id looked up in the local Hugging Face cache (`cache_dir`, default
@@ -459,6 +463,8 @@ def resolve_base(
                 f"the default {what} model {name} is not on this machine ({path}); "
                 f"run `{fetch}` first"
             )
+        if not weights:
+            return ResolvedModel(path, name, None, None, "default")
         fmt, files = _weights_of(path, allow_pickle, str(path))
         return ResolvedModel(path, name, None, _pin(path, files), "default", fmt)
 
@@ -469,12 +475,16 @@ def resolve_base(
         if not (candidate / "config.json").is_file():
             raise UsageError(f"base folder {candidate} has no config.json: not a model folder")
         path = candidate.resolve()
+        if not weights:
+            return ResolvedModel(path, base, None, None, "local")
         fmt, files = _weights_of(path, allow_pickle, f"base folder {path}")
         return ResolvedModel(path, base, None, _pin(path, files), "local", fmt)
     if _looks_like_path(base):
         raise UsageError(f"base folder {candidate} does not exist")
 
     path, commit = _from_hf_cache(base, revision, cache_dir)
+    if not weights:
+        return ResolvedModel(path, base, commit, None, "hf_cache")
     fmt, files = _weights_of(path, allow_pickle, f"cached snapshot of {base}")
     return ResolvedModel(path, base, commit, _pin(path, files), "hf_cache", fmt)
 
@@ -730,14 +740,17 @@ def image_processor_config(pilot: Pilot) -> dict | None:
     return config
 
 
-def load_tokenizer(pilot: Pilot) -> tuple[Any, Any]:
-    """(resolved base, tokenizer) for the pilot's base model, offline."""
+def load_tokenizer(pilot: Pilot, weights: bool = True) -> tuple[Any, Any]:
+    """(resolved base, tokenizer) for the pilot's base model, offline (`weights=False`: see
+    resolve_base)."""
     from transformers import AutoTokenizer
 
     require_text(pilot, "a text model")
 
     m = pilot.spec.model
-    resolved = resolve_base(m.base, m.revision, root=pilot.dir, allow_pickle=m.allow_pickle)
+    resolved = resolve_base(
+        m.base, m.revision, root=pilot.dir, allow_pickle=m.allow_pickle, weights=weights
+    )
     tok = AutoTokenizer.from_pretrained(
         resolved.path, local_files_only=True, trust_remote_code=m.trust_remote_code
     )

@@ -241,11 +241,26 @@ def budget_of(pilot: Pilot, only=None) -> dict[str, Any]:
         "actual": None,
         "errors": None,
     }
+    out["pre_rental"] = _pre_rental(pilot, probe, figures)
     rec = registry.latest_run(pilot.dir, "train")
     if rec is not None:
         out.update(compare_with_run(rec, pilot, probe, sizes))
     out.update(plan_budget(pilot, out["pilot"], sizes, only))
     return out
+
+
+def _pre_rental(pilot: Pilot, probe: registry.RunRecord, figures: ProbeFigures) -> dict | None:
+    """`budget --gpu`'s estimate for the class the probe ran on, beside the probe's figures
+    (None for an image pilot, which `budget --gpu` does not plan)."""
+    if pilot.spec.task.modality == "image":
+        return None
+    from lorapilot.sizing.gpus import gpu_classes
+    from lorapilot.sizing.rental import beside_probe
+
+    return beside_probe(
+        pilot, probe.environment or {}, figures.later_step_s, figures.peak_memory_bytes,
+        gpu_classes(),
+    )  # fmt: skip
 
 
 def plan_budget(pilot: Pilot, pilot_phases: dict, sizes: dict, only=None) -> dict:

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
-from pydantic import (
-    Field,
-)
+from pydantic import Field, field_validator
 
 from lorapilot.spec.common import _Strict
 
@@ -25,3 +24,16 @@ class LimitsSpec(_Strict):
     )
     margin: float = Field(0.2, ge=0, description="Safety margin on estimates (fraction).")
     window: str | None = Field(None, description="The agreed operating window, free text.")
+    gpu_prices: dict[str, float] = Field(
+        default_factory=dict,
+        description="Hourly prices in USD by GPU class, for `budget --gpu` (e.g. {h100-80gb: "
+        "2.49}); `--price NAME=USD` overrides. lorapilot never invents a price.",
+    )
+
+    @field_validator("gpu_prices")
+    @classmethod
+    def _prices(cls, v: dict[str, float]) -> dict[str, float]:
+        for name, price in v.items():
+            if not math.isfinite(price) or price <= 0:
+                raise ValueError(f"{name}: a price must be a positive finite number (got {price})")
+        return {name.lower(): price for name, price in v.items()}

@@ -145,8 +145,10 @@ class PilotSpec(_Strict):
         return ["base", *(v.name for v in self.variants)]
 
     def spec_hash(self) -> str:
-        """Hash of the resolved spec, `tracking` held at its default: where runs are mirrored
-        changes no result, so switching a tracker on keeps reuse and resume working."""
+        """Hash of the resolved spec, `tracking` held at its default and `limits.gpu_prices`
+        left out: where runs are mirrored and what a GPU would cost change no result, so
+        changing them keeps reuse and resume working."""
         resolved = self.model_dump(mode="json")
         resolved["tracking"] = []
+        resolved["limits"].pop("gpu_prices", None)
         return sha256_json(resolved)

@@ -167,6 +167,7 @@ def _budget(s: dict) -> list:
                 ],
             ),
         ]
+    out += _pre_rental(b.get("pre_rental"))
     out.append(Sub("Estimate vs actual"))
     errors = b.get("errors")
     if isinstance(errors, dict) and errors:
@@ -221,3 +222,37 @@ def _budget(s: dict) -> list:
             ),
         ]
     return out
+
+
+def _pre_rental(pr) -> list:
+    """`budget --gpu`'s estimate for the probe's GPU class beside what the probe measured."""
+    if not isinstance(pr, dict):
+        return []
+    out: list = [Sub("Pre-rental estimate vs the probe")]
+    if not pr.get("gpu"):
+        return out + [
+            Para(f"No pre-rental estimate to compare: {pr.get('why') or 'no GPU class'}.")
+        ]
+    return out + [
+        Table(
+            ["figure", "pre-rental estimate", "measured by the probe", "relative error"],
+            [
+                [
+                    "step time (s)",
+                    fmt(pr.get("estimated_step_s"), 3),
+                    fmt(pr.get("measured_step_s"), 3),
+                    fpct(pr.get("step_error")),
+                ],
+                [
+                    "training peak (GiB)",
+                    fmt(pr.get("estimated_peak_gib"), 2),
+                    fmt(pr.get("measured_peak_gib"), 2),
+                    "",
+                ],
+            ],
+        ),
+        Para(
+            f"GPU class {pr['gpu']} ({pr.get('device')}); {pr.get('calibration') or ''}. The "
+            "measurement replaces the estimate in every figure above."
+        ),
+    ]
