@@ -403,12 +403,13 @@ def pre_rental(
 
 def match_class(device_name: str, classes: list[GpuClass]) -> GpuClass | None:
     """The class a device is (`NVIDIA H100 80GB HBM3` -> h100-80gb): every part of the class
-    name in the device's name, squashed to letters and digits, not followed by a digit (so
-    `l4` is not an `L40S`)."""
-    squashed = "".join(ch for ch in device_name.lower() if ch.isalnum())
+    name found in the device's name, words kept apart or run together (`RTX 4090` is
+    rtx4090), and not followed by a digit (so `l4` is not an `L40S`)."""
+    spaced = " ".join("".join(ch if ch.isalnum() else " " for ch in device_name.lower()).split())
+    squashed = spaced.replace(" ", "")
     for c in classes:
         parts = [p for p in c.name.lower().split("-") if p]
-        if parts and all(_has(squashed, p) for p in parts):
+        if parts and all(_has(spaced, p) or _has(squashed, p) for p in parts):
             return c
     return None
 
