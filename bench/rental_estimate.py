@@ -76,6 +76,7 @@ def table(cals: dict[str, Calibration]) -> list[dict]:
             "measured_s": row["measured_s"],
             "estimated_s": round(est, 4),
             "time_error": round(est / row["measured_s"] - 1, 3),
+            "fitted_on": row.get("fit", True),
         }
         if row.get("peak_gib"):
             mem = memory_estimate(row, shape)
@@ -94,7 +95,7 @@ def fit(kind: str, what: str) -> tuple[float, float, float, float]:
     where rows with checkpointing exist)."""
     rows, shapes = calibration_rows()
     devs = devices()
-    mine = [r for r in rows if r["kind"] == kind and r["what"] == what]
+    mine = [r for r in rows if r["kind"] == kind and r["what"] == what and r.get("fit", True)]
     factors = (
         [1 + i / 10 for i in range(0, 13)]
         if any(r.get("grad_checkpointing") for r in mine)
