@@ -435,9 +435,23 @@ def smoke(
     pilot: PilotArg,
     as_json: JsonFlag = False,
     per_category: Annotated[
-        int, typer.Option("--per-category", min=1, help="Examples per category to overfit.")
-    ] = 2,
-    steps: Annotated[int, typer.Option("--steps", min=1, help="Optimizer steps.")] = 40,
+        int | None,
+        typer.Option(
+            "--per-category",
+            min=1,
+            help="Examples per category to overfit (default: the "
+            "spec's smoke.per_category, 1; at least smoke.min_examples in all, 8).",
+        ),
+    ] = None,
+    steps: Annotated[
+        int | None,
+        typer.Option(
+            "--steps",
+            min=1,
+            help="Optimizer steps at most (default: the spec's "
+            "smoke.max_steps, auto: 20 passes over the examples, 30-300).",
+        ),
+    ] = None,
     no_progress: NoProgress = False,
     sets: SetOpt = None,
 ) -> Shown:

@@ -297,6 +297,9 @@ def _go():
     return {"decision": "GO", "reasons": ["macro_f1 gains +0.500"]}
 
 
+SMOKE = {"id": "smoke-1", "status": "completed", "ok": True, "error": None}
+
+
 def test_no_go_without_verify_and_final_test():
     from lorapilot.decision.rule import gate
 
@@ -304,12 +307,14 @@ def test_no_go_without_verify_and_final_test():
     gain = {"metric": "macro_f1", "baseline": 0.2, "adapted": 0.7, "gain": 0.5,
             "bootstrap": {"ci_low": 0.3, "ci_high": 0.6, "ci": 0.95}}  # fmt: skip
     test = {"id": "eval-1", "metrics": {}, "gain": gain}
-    assert gate(_go(), ok_verify, test)["decision"] == "GO"
-    no_verify = gate(_go(), None, test)
+    assert gate(_go(), ok_verify, test, SMOKE)["decision"] == "GO"
+    no_verify = gate(_go(), None, test, SMOKE)
     assert no_verify["decision"] == "INCONCLUSIVE"
     assert "lorapilot verify" in no_verify["reasons"][-1]
-    assert no_verify["gates"] == {"verify": "not run", "final_test": "done", "test_confirms": True}
-    no_test = gate(_go(), ok_verify, None)
+    assert no_verify["gates"] == {
+        "smoke": "ok", "verify": "not run", "final_test": "done", "test_confirms": True
+    }
+    no_test = gate(_go(), ok_verify, None, SMOKE)
     assert (
         no_test["decision"] == "INCONCLUSIVE" and "--split test --final" in no_test["reasons"][-1]
     )
@@ -329,21 +334,22 @@ def test_go_needs_the_final_test_to_confirm_the_validation_gain():
     ok_verify = {"id": "verify-1", "status": "completed", "ok": True}
     noisy = {"metric": "macro_f1", "baseline": 0.50, "adapted": 0.52, "gain": 0.02,
              "bootstrap": {"ci_low": -0.04, "ci_high": 0.08, "ci": 0.95}}  # fmt: skip
-    out = gate(_go(), ok_verify, {"id": "eval-1", "gain": noisy})
+    out = gate(_go(), ok_verify, {"id": "eval-1", "gain": noisy}, SMOKE)
     assert out["decision"] == "INCONCLUSIVE" and out["gates"]["test_confirms"] is False
     assert any("+0.020 over the base on test" in r and "includes 0" in r for r in out["reasons"])
     assert "does not confirm" in out["reasons"][-1]
-    old = gate(_go(), ok_verify, {"id": "eval-1", "gain": None})
+    old = gate(_go(), ok_verify, {"id": "eval-1", "gain": None}, SMOKE)
     assert old["decision"] == "INCONCLUSIVE"
     assert any("no test gain" in r for r in old["reasons"])
     clear = {**noisy, "gain": 0.3, "adapted": 0.8,
              "bootstrap": {"ci_low": 0.1, "ci_high": 0.5, "ci": 0.95}}  # fmt: skip
-    assert gate(_go(), ok_verify, {"id": "eval-1", "gain": clear})["decision"] == "GO"
+    assert gate(_go(), ok_verify, {"id": "eval-1", "gain": clear}, SMOKE)["decision"] == "GO"
 
 
 def test_report_decision_waits_for_verify_then_the_final_test(tmp_path):
     """A pilot whose train run clearly beats the baseline: INCONCLUSIVE naming verify until
-    a verify run of the chosen adapter completes, then naming the test, then GO."""
+    a verify run of the chosen adapter completes, then naming the test, then GO once a
+    passing smoke of this spec is on the record (a failed one keeps it INCONCLUSIVE)."""
     import json
     import shutil
 
@@ -403,6 +409,23 @@ def test_report_decision_waits_for_verify_then_the_final_test(tmp_path):
         )
         run.update(split="test", metrics={"macro_f1": 1.0}, n=60,
                    baseline_metrics={"macro_f1": 0.0})  # fmt: skip
+    no_smoke = collect(pilot)["decision"]
+    assert no_smoke["decision"] == "INCONCLUSIVE" and no_smoke["gates"]["smoke"] == "not run"
+    assert any("no smoke test of this spec" in r for r in no_smoke["reasons"])
+
+    def smoke(ok: bool) -> str:
+        with registry.open_run(pilot_dir, "smoke", spec_hash=pilot.spec.spec_hash(),
+                               config={"name": "t"}) as run:  # fmt: skip
+            run.update(ok=ok)
+            if not ok:
+                run.fail_check("smoke: the pipeline could not overfit 8 examples in 30 steps")
+        return run.id
+
+    failed_id = smoke(False)
+    after_failed = collect(pilot)["decision"]
+    assert after_failed["decision"] == "INCONCLUSIVE" and after_failed["gates"]["smoke"] == "failed"
+    assert any(failed_id in r and "could not overfit" in r for r in after_failed["reasons"])
+    smoke(True)
     final = collect(pilot)
     assert final["decision"]["decision"] == "GO", final["decision"]["reasons"]
     assert final["test"]["gain"]["gain"] == 1.0 and final["test"]["gain"]["bootstrap"]["ci_low"] > 0

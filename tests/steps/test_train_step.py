@@ -57,7 +57,7 @@ def test_combined_variant_label(tmp_path, tiny_model_dir):
         "train", str(pilot), "--set", "adapter.r=4", "--set", "train.lr=0.001", "--no-progress"
     )
     assert out["variant"] == "combined" and out["variant_name"] is None  # ad hoc, not planned
-    assert out["variant_diff"] == {"adapter.r": [16, 4], "train.lr": [0.0003, 0.001]}
+    assert out["variant_diff"] == {"adapter.r": [16, 4], "train.lr": [0.0005, 0.001]}
 
 
 def test_bad_set_value_is_exit_2(tmp_path, tiny_model_dir):

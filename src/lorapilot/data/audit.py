@@ -136,3 +136,20 @@ def sample_per_category(records: list[Record], per_category: int, seed: int = 0)
         recs = sorted(by_cat[cat], key=lambda r: r.id)
         out += rng.sample(recs, min(per_category, len(recs)))
     return out
+
+
+def smoke_sample(
+    records: list[Record], per_category: int, min_n: int, max_n: int, seed: int = 0
+) -> list[Record]:
+    """The smoke's examples: `per_category` from every category, topped up to `min_n` from
+    the other records when the categories are few, cut to a seeded `max_n` when they are many
+    (a smoke proves wiring: it need not see every one of 77 labels)."""
+    few = sample_per_category(records, per_category, seed)
+    rng = random.Random(seed)
+    if len(few) < min_n:
+        taken = {r.id for r in few}
+        rest = sorted((r for r in records if r.id not in taken), key=lambda r: r.id)
+        few += rng.sample(rest, min(min_n - len(few), len(rest)))
+    if len(few) > max_n:
+        few = sorted(rng.sample(few, max_n), key=lambda r: (r.category, r.id))
+    return few

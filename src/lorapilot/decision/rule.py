@@ -307,16 +307,21 @@ def decide(
     }
 
 
-def gate(decision: dict, verify: dict | None, test: dict | None) -> dict:
-    """The protocol's own gates on a decision: a run that was not reloaded in a fresh process
-    (`verify`), not evaluated once on the reserved test split, or whose test gain over the
-    base (paired bootstrap on test, `test["gain"]`) has a CI reaching 0, is at most
-    INCONCLUSIVE; a failed verify is NO-GO. A NO-GO stays NO-GO. -> a new decision dict,
-    `gates` added."""
+def gate(
+    decision: dict, verify: dict | None, test: dict | None, smoke: dict | None = None
+) -> dict:
+    """The protocol's own gates on a decision: a pilot whose latest smoke for this spec failed
+    or that has none (`smoke`: {id, status, ok, error} or None), a run that was not reloaded
+    in a fresh process (`verify`), not evaluated once on the reserved test split, or whose
+    test gain over the base (paired bootstrap on test, `test["gain"]`) has a CI reaching 0,
+    is at most INCONCLUSIVE; a failed verify is NO-GO. A NO-GO stays NO-GO. -> a new decision
+    dict, `gates` added."""
     out = {**decision, "reasons": list(decision.get("reasons", []))}
     verified = verify is not None and verify.get("status") == "completed" and verify.get("ok")
     failed = verify is not None and verify.get("status") == "failed"
-    gates = {"verify": "ok" if verified else "failed" if failed else "not run",
+    smoked = smoke is not None and smoke.get("status") == "completed" and smoke.get("ok")
+    gates = {"smoke": "ok" if smoked else "failed" if smoke is not None else "not run",
+             "verify": "ok" if verified else "failed" if failed else "not run",
              "final_test": "done" if test is not None else "not run"}  # fmt: skip
     out["gates"] = gates
     if failed:
@@ -328,6 +333,13 @@ def gate(decision: dict, verify: dict | None, test: dict | None) -> dict:
         )
         return out
     missing = []
+    if smoke is None:
+        missing.append("no smoke test of this spec: run `lorapilot smoke` (it proves the wiring)")
+    elif not smoked:
+        missing.append(
+            f"the latest smoke test of this spec failed ({smoke.get('id')}): "
+            f"{smoke.get('error') or 'it could not memorise its examples'}"
+        )
     if not verified:
         missing.append("not reloaded in a fresh process yet: run `lorapilot verify`")
     if test is None:

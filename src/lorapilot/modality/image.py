@@ -167,7 +167,9 @@ class ImageModality:
         _refuse_unbuilt(pilot)
         resolved, model = load_image_classifier(pilot)
         prepared = self.prepare()
-        train_recs, val_recs = training_records(prepared, smoke_per_category, spec.train.seed)
+        train_recs, val_recs = training_records(
+            prepared, smoke_per_category, spec.train.seed, spec.smoke
+        )
         adapter = adapter or spec.adapter
         if adapter.method == "lora":
             saved = list(dict.fromkeys([*adapter.modules_to_save, model.head_path]))

@@ -80,7 +80,9 @@ class TextModality:
         resolved, model, tok = load_base(pilot)
         prepared = prepare_data(pilot, tok)
         fmt = formatter_for(pilot, tok)
-        train_recs, val_recs = training_records(prepared, smoke_per_category, spec.train.seed)
+        train_recs, val_recs = training_records(
+            prepared, smoke_per_category, spec.train.seed, spec.smoke
+        )
         pad_id = pad_id_of(tok)
 
         def examples(records: list) -> TextExamples:

@@ -6,8 +6,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from lorapilot.data.audit import sample_per_category
+from lorapilot.data.audit import smoke_sample
 from lorapilot.data.dataset import PreparedData
+from lorapilot.spec import SmokeSpec
 
 
 @dataclass
@@ -46,10 +47,16 @@ class Loaded:
     protocol: dict  # the pilot's evaluation protocol for this base and data version
 
 
-def training_records(prepared: PreparedData, smoke_per_category: int | None, seed: int):
+def training_records(
+    prepared: PreparedData, smoke_per_category: int | None, seed: int, smoke: SmokeSpec | None
+):
     """(train, val) records of a train run; for the smoke, both are the same few training
-    examples per category (what it memorises is what it is checked on)."""
+    examples per category, at least `smoke.min_examples` and at most `smoke.max_examples`
+    (what it memorises is what it is checked on)."""
     if smoke_per_category is None:
         return prepared.splits["train"], prepared.splits["val"]
-    few = sample_per_category(prepared.splits["train"], smoke_per_category, seed)
+    smoke = smoke or SmokeSpec()
+    few = smoke_sample(
+        prepared.splits["train"], smoke_per_category, smoke.min_examples, smoke.max_examples, seed
+    )
     return few, few

@@ -115,7 +115,11 @@ def _pid_alive(pid: int) -> bool:
 
 
 def effective_status(record: RunRecord) -> Status:
-    """`running` whose process is gone (same host) is reported as `interrupted`."""
+    """`running` whose process is gone (same host) is reported as `interrupted`; a check
+    recorded as `completed` with `ok: false` before checks closed as failed (a smoke that
+    could not memorise) is reported as `failed`."""
+    if record.status == "completed" and record.kind == "smoke" and record.result.get("ok") is False:
+        return "failed"
     if (
         record.status == "running"
         and record.host == socket.gethostname()
@@ -151,7 +155,12 @@ def list_runs(pilot_dir: Path, kind: str | None = None) -> list[RunRecord]:
             rec = rec.model_copy(
                 update={
                     "status": status,
-                    "error": rec.error or "process ended without closing the run (killed?)",
+                    "error": rec.error
+                    or (
+                        "the check did not pass (ok: false)"
+                        if status == "failed"
+                        else "process ended without closing the run (killed?)"
+                    ),
                 }
             )
         out.append(rec)
@@ -193,6 +202,7 @@ class RunHandle:
         self.dir = run_dir
         self.record = record
         self.write = write  # False: another process owns the files (a non-zero DDP rank)
+        self.check_failed: str | None = None
 
     @property
     def id(self) -> str:
@@ -206,6 +216,11 @@ class RunHandle:
         """Merge keys into `result` and write the record now (partial results survive a kill)."""
         self.record.result.update(result)
         self.save()
+
+    def fail_check(self, reason: str) -> None:
+        """Close this run as `failed` with `reason` although nothing raised: a check that ran
+        to its end and did not pass (a smoke that could not memorise)."""
+        self.check_failed = reason
 
 
 @contextlib.contextmanager
@@ -304,7 +319,10 @@ def open_run(
             close("failed", f"{type(e).__name__}: {e}")
             raise
         else:
-            close("completed")
+            if handle.check_failed:
+                close("failed", handle.check_failed)
+            else:
+                close("completed")
 
 
 def adapter_of(pilot_dir: Path, run_id: str | None) -> tuple[str, Path]:

@@ -21,6 +21,13 @@ from lorapilot.records import registry
 from lorapilot.spec import Pilot
 
 
+def latest_smoke(runs: list, spec_hash: str) -> dict | None:
+    """The latest finished smoke run of this very spec (None: there is none)."""
+    for r in reversed(runs):
+        if r.kind == "smoke" and r.spec_hash == spec_hash and r.status in ("completed", "failed"):
+            return {"id": r.id, "status": r.status, "ok": r.result.get("ok"), "error": r.error}
+    return None
+
 def _rows(run_dir: Path) -> list[dict]:
     return read_jsonl(run_dir / "predictions.jsonl")
 
@@ -235,8 +242,9 @@ def collect(pilot: Pilot) -> dict:
                     "n": r.result.get("n"),
                     "guards": _test_guards(pilot, r),
                 }
-    if decision is not None:  # no GO without the protocol's gates (verify, final test)
-        decision = gate(decision, verify, test)
+    smoke = latest_smoke(runs, spec.spec_hash())
+    if decision is not None:  # no GO without the protocol's gates (smoke, verify, final test)
+        decision = gate(decision, verify, test, smoke)
         decision["chosen_by"] = SELECTION_RULE
     ledger = read_jsonl(registry.runs_dir(pilot.dir) / "test_ledger.jsonl")
     curves = {}

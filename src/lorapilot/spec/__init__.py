@@ -5,12 +5,16 @@ guards are written before any model is trained, and every run records the spec's
 Everything but `name`, `hypothesis`, `task` and `data` has a default.
 
 One module per topic: `task`, `model`, `data`, `train` (adapter and training), `evaluation`
-(protocol, success, guards), `limits`, `plan` (variants, selection), `pilot` (the whole spec),
-`load` (reading, overrides, variants, the `Pilot`), with `common` beneath them; `requirements`
-(what the machine must have for a spec), `metric_names` and `scaffold` (`init`). The spec is
+(protocol, success, guards), `limits`, `checks` (the smoke), `plan` (variants, selection),
+`pilot` (the whole spec), `load` (reading, overrides, variants, the `Pilot`), with `common`
+beneath them; `requirements` (what the machine must have for a spec), `metric_names`,
+`scaffold` (`init`) and `reference` (docs/spec-reference.md). The spec is
 the lowest layer: it imports only `errors` and `fsutil`, and every name is re-exported here.
 """
 
+from lorapilot.spec.checks import (
+    SmokeSpec,
+)
 from lorapilot.spec.common import (
     _NAME_RE,
     CLEANING_RULES,
@@ -86,6 +90,7 @@ from lorapilot.spec.train import (
 )
 
 __all__ = [
+    "SmokeSpec",
     "SPEC_FILENAME",
     "DEFAULT_BASE",
     "IMAGE_BASE",

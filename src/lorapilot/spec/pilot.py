@@ -11,6 +11,7 @@ from pydantic import (
 )
 
 from lorapilot.fsutil import sha256_json
+from lorapilot.spec.checks import SmokeSpec
 from lorapilot.spec.common import _NAME_RE, IMAGE_BASE, _Strict
 from lorapilot.spec.data import DataSpec
 from lorapilot.spec.evaluation import EvalSpec, GuardSpec, SuccessSpec
@@ -35,6 +36,9 @@ class PilotSpec(_Strict):
     success: SuccessSpec | None = None
     guards: list[GuardSpec] = Field(default_factory=list)
     limits: LimitsSpec = Field(default_factory=LimitsSpec)
+    smoke: SmokeSpec = Field(
+        default_factory=SmokeSpec, description="How the smoke test sizes itself to the task."
+    )
     tracking: list[Literal["mlflow", "tensorboard"]] = Field(
         default_factory=list,
         description="Mirror every run to these trackers (optional extras: pip install "
@@ -147,8 +151,11 @@ class PilotSpec(_Strict):
     def spec_hash(self) -> str:
         """Hash of the resolved spec, `tracking` held at its default and `limits.gpu_prices`
         left out: where runs are mirrored and what a GPU would cost change no result, so
-        changing them keeps reuse and resume working."""
+        changing them keeps reuse and resume working. `smoke` counts only when it differs from
+        its defaults, so that specs written before it existed keep their hash."""
         resolved = self.model_dump(mode="json")
         resolved["tracking"] = []
         resolved["limits"].pop("gpu_prices", None)
+        if resolved.get("smoke") == SmokeSpec().model_dump(mode="json"):
+            resolved.pop("smoke")
         return sha256_json(resolved)

@@ -36,7 +36,7 @@ from lorapilot.steps.eval import run_eval
 from lorapilot.steps.inspect import run_inspect
 from lorapilot.steps.probe import run_probe
 from lorapilot.steps.report import run_report
-from lorapilot.steps.smoke import run_smoke
+from lorapilot.steps.smoke import failure_text, run_smoke
 from lorapilot.steps.train import run_train
 from lorapilot.steps.verify import run_verify
 
@@ -163,19 +163,10 @@ def run_pipeline(
     sm = phase(
         "smoke",
         "smoke",
-        lambda: run_smoke(pilot, per_category=1, max_steps=30, progress=progress, log=log),
+        lambda: run_smoke(pilot, progress=progress, log=log),
     )
     if not sm.get("ok"):
-        failed = sm.get("failed_examples") or []
-        loss = sm.get("final_loss")
-        raise CheckFailed(
-            f"smoke: the pipeline could not overfit {sm.get('n_examples')} examples in "
-            f"{sm.get('steps')} steps (final loss {loss if loss is None else f'{loss:.4g}'}; "
-            f"{len(failed)} not reproduced by the evaluation"
-            + (f": {', '.join(map(str, failed[:5]))}" if failed else "")
-            + "); check the loss mask and labels",
-            {"phases": phases},
-        )
+        raise CheckFailed(failure_text(sm), {"phases": phases})
     # A probe measured beside other jobs is not reused: its times would plan the rental.
     for shape, vp in shapes.items():
         phase(

@@ -1,7 +1,15 @@
 """`lorapilot smoke`: overfit a few examples through the real train and eval code. It proves
-wiring (labels aligned, loss mask right, eval prompt = training prompt), not quality."""
+wiring (labels aligned, loss mask right, eval prompt = training prompt), not quality.
+
+Sized to the task (spec key `smoke`): `per_category` examples from every category, at least
+`min_examples` (topped up when the categories are few) and at most `max_examples`; `auto`
+steps are AUTO_PASSES passes over them, bounded. A smoke that does not memorise its examples
+closes its run record as `failed` (the reason in `error`), so `runs` lists it as failed and
+the decision of a pilot whose latest smoke failed is at most INCONCLUSIVE."""
 
 from __future__ import annotations
+
+import math
 
 from lorapilot.base.precision import autocast, resolve
 from lorapilot.modality import modality_of
@@ -11,24 +19,38 @@ from lorapilot.train.loop import train
 
 PASS_LOSS = 0.1  # mean loss per target (token, or image) on the memorised examples after training
 STOP_LOSS = 0.01  # below this a step asks whether the model already gives every target
+MICRO_BATCH = 16
+AUTO_PASSES = 20  # memorising a few dozen examples at lr 2e-3 takes 5-15 passes (measured)
+AUTO_MIN_STEPS, AUTO_MAX_STEPS = 30, 300
+
+
+def smoke_steps(max_steps: int | str, n_examples: int) -> int:
+    """`smoke.max_steps`: a number, or `auto`: AUTO_PASSES passes over the examples at
+    MICRO_BATCH per step, within [AUTO_MIN_STEPS, AUTO_MAX_STEPS]."""
+    if max_steps != "auto":
+        return int(max_steps)
+    per_pass = math.ceil(max(1, n_examples) / MICRO_BATCH)
+    return max(AUTO_MIN_STEPS, min(AUTO_MAX_STEPS, AUTO_PASSES * per_pass))
 
 
 def run_smoke(
     pilot: Pilot,
     *,
-    per_category: int = 2,
-    max_steps: int = 40,
-    lr: float = 2e-3,
+    per_category: int | None = None,
+    max_steps: int | None = None,
+    lr: float | None = None,
     progress: bool = True,
     log=print,
 ) -> dict:
     """Overfit a few examples per category through the real training and evaluation code.
 
     It proves wiring (labels aligned, mask right, eval prompt = training prompt; for images
-    the labels and the head), not quality: a correct pipeline memorises a dozen examples in a
-    few dozen steps.
+    the labels and the head), not quality: a correct pipeline memorises a few dozen examples
+    in a few dozen steps. Arguments left None come from the spec's `smoke` section.
     """
     spec = pilot.spec
+    per_category = per_category or spec.smoke.per_category
+    lr = lr or spec.smoke.lr
     with open_run(pilot, "smoke") as run:
         tr = modality_of(pilot).trainee(
             adapter=spec.adapter.model_copy(update={"dropout": 0.0}),
@@ -36,11 +58,12 @@ def run_smoke(
         )
         run.record.data_version = tr.prepared.version
         model, records, examples = tr.model, tr.train_records, tr.train_set
+        max_steps = max_steps or smoke_steps(spec.smoke.max_steps, len(examples))
         cfg = spec.train.model_copy(
             update={
                 "max_steps": max_steps,
                 "lr": lr,
-                "micro_batch": min(len(examples), 16),
+                "micro_batch": min(len(examples), MICRO_BATCH),
                 "grad_accum": 1,
                 "warmup_ratio": 0.0,
                 "schedule": "constant",
@@ -80,11 +103,29 @@ def run_smoke(
             "steps": result.steps,
             "max_steps": max_steps,
             "stopped_early": result.steps < max_steps,
+            "per_category": per_category,
+            "lr": lr,
             "note": "smoke proves wiring (labels, loss mask, eval prompt), not quality",
             "failed_examples": [r["id"] for r in ev.predictions if not r["correct"]],
         }
         run.update(**out)
+        if not ok:
+            run.fail_check(failure_text(out))
     return {"run_id": run.id, "status": run.record.status, **out}
+
+
+def failure_text(sm: dict) -> str:
+    """Why a smoke failed, with what would fix it: the run's error and `run`'s message."""
+    failed = sm.get("failed_examples") or []
+    loss = sm.get("final_loss")
+    return (
+        f"smoke: the pipeline could not overfit {sm.get('n_examples')} examples in "
+        f"{sm.get('steps')} steps (final loss {loss if loss is None else f'{loss:.4g}'}; "
+        f"{len(failed)} not reproduced by the evaluation"
+        + (f": {', '.join(map(str, failed[:5]))}" if failed else "")
+        + "); check the loss mask and labels, or give it more steps (smoke.max_steps) or "
+        "fewer examples (smoke.per_category, smoke.max_examples)"
+    )
 
 
 def _reproduces_all(model, examples, precision: str, batch: int = 16) -> bool:

@@ -1,0 +1,36 @@
+"""The launch checks' settings: how the smoke test sizes itself to the task."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from lorapilot.spec.common import _Strict
+
+
+class SmokeSpec(_Strict):
+    """The smoke test: overfit a few training examples through the real train and eval code.
+    It proves wiring (labels, loss mask, evaluation prompt), not quality; `run` stops when it
+    fails, and a pilot whose latest smoke failed is at most INCONCLUSIVE."""
+
+    per_category: int = Field(
+        1, ge=1, le=16, description="Training examples taken from every category."
+    )
+    min_examples: int = Field(
+        8,
+        ge=1,
+        le=256,
+        description="At least this many, topped up from the other examples "
+        "when the categories are few (an extraction task whose fields are all required has one).",
+    )
+    max_examples: int = Field(
+        64, ge=1, le=1024, description="At most this many (many labels: a seeded sample of them)."
+    )
+    max_steps: int | Literal["auto"] = Field(
+        "auto",
+        description="Optimizer steps at most; auto: 20 passes over the examples (micro-batch "
+        "16), at least 30 and at most 300. Training stops as soon as a step's loss is below "
+        "0.01 and every example is reproduced by the evaluation.",
+    )
+    lr: float = Field(2e-3, gt=0, le=1, description="A learning rate fit for memorising.")
