@@ -449,7 +449,7 @@ def smoke(
             "--steps",
             min=1,
             help="Optimizer steps at most (default: the spec's "
-            "smoke.max_steps, auto: 20 passes over the examples, 30-300).",
+            "smoke.max_steps, auto: 20 passes over the examples, 40-300).",
         ),
     ] = None,
     no_progress: NoProgress = False,

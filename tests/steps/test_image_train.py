@@ -17,6 +17,8 @@ def _on_model(pilot, base, **train):
     spec["model"] = {"base": str(base)}
     spec["train"] = {"precision": "fp32", "micro_batch": 4, "lr": 1e-2, **train}
     spec["eval"] = {"precision": "fp32"}
+    # 2 noise images of each of the 3 labels: what a tiny random ViT memorises in 40 steps
+    spec["smoke"] = {"per_category": 2, "min_examples": 6}
     (pilot / "pilot.yaml").write_text(yaml.safe_dump(spec))
     return pilot
 

@@ -32,7 +32,7 @@ def test_many_labels_are_sampled_down_to_the_maximum_and_seeded():
 
 
 def test_auto_steps_grow_with_the_examples_within_bounds():
-    assert smoke_steps("auto", 8) == 30  # 20 passes of one step: the floor
+    assert smoke_steps("auto", 8) == 40  # 20 passes of one step: the floor
     assert smoke_steps("auto", 60) == 80  # 4 steps a pass x 20
     assert smoke_steps("auto", 10_000) == 300
     assert smoke_steps(12, 60) == 12

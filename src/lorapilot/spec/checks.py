@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
@@ -27,10 +27,10 @@ class SmokeSpec(_Strict):
     max_examples: int = Field(
         64, ge=1, le=1024, description="At most this many (many labels: a seeded sample of them)."
     )
-    max_steps: int | Literal["auto"] = Field(
+    max_steps: Annotated[int, Field(ge=1, le=10_000)] | Literal["auto"] = Field(
         "auto",
         description="Optimizer steps at most; auto: 20 passes over the examples (micro-batch "
-        "16), at least 30 and at most 300. Training stops as soon as a step's loss is below "
+        "16), at least 40 and at most 300. Training stops as soon as a step's loss is below "
         "0.01 and every example is reproduced by the evaluation.",
     )
     lr: float = Field(2e-3, gt=0, le=1, description="A learning rate fit for memorising.")

@@ -21,7 +21,7 @@ PASS_LOSS = 0.1  # mean loss per target (token, or image) on the memorised examp
 STOP_LOSS = 0.01  # below this a step asks whether the model already gives every target
 MICRO_BATCH = 16
 AUTO_PASSES = 20  # memorising a few dozen examples at lr 2e-3 takes 5-15 passes (measured)
-AUTO_MIN_STEPS, AUTO_MAX_STEPS = 30, 300
+AUTO_MIN_STEPS, AUTO_MAX_STEPS = 40, 300
 
 
 def smoke_steps(max_steps: int | str, n_examples: int) -> int:
