@@ -231,3 +231,41 @@ def test_data_sample_changes_the_version_and_keeps_label_proportions(tmp_path, d
 
     with pytest.raises(UsageError, match=r"data.sample.train: must be a count >= 1"):
         load_pilot(pilot, ["data.sample.train=0"])
+
+
+def test_truncation_is_never_silent(tmp_path, default_model_dir):
+    """#35: a max_length that cuts inputs fails `data` (exit 1) naming the examples and the
+    length that fits them all; `data.truncation: allow` passes and counts them per split and
+    category; the default `auto` cuts nothing and says why."""
+    pilot = tmp_path / "tt"
+    shutil.copytree(EXAMPLES / "ticket-triage", pilot, ignore=shutil.ignore_patterns("runs"))
+    spec = yaml.safe_load((pilot / "pilot.yaml").read_text())
+    spec["data"]["max_length"] = 80
+    (pilot / "pilot.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    bad = run_json("data", str(pilot), expect=1)
+    tr = bad["truncation"]
+    assert tr["n_truncated"] > 0 and tr["max_length"] == 80 and tr["policy"] == "fail"
+    assert tr["fits_at"] > 80 and sum(tr["per_split"].values()) == tr["n_truncated"]
+    first_id = tr["examples"][0].split(" ", 1)[0]
+    assert f"cuts the input of {tr['n_truncated']} example(s)" in bad["error"]
+    assert first_id in bad["error"] and f"max_length of {tr['fits_at']} fits" in bad["error"]
+    assert "data.truncation: allow" in bad["error"]
+    rec = json.loads((pilot / "runs" / bad["run_id"] / "run.json").read_text())
+    assert rec["status"] == "failed"
+
+    spec["data"]["truncation"] = "allow"
+    (pilot / "pilot.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    ok = run_json("data", str(pilot))
+    tr2 = ok["truncation"]
+    assert tr2["n_truncated"] == tr["n_truncated"] and tr2["policy"] == "allow"
+    per_cat = sum(n for cats in tr2["per_category"].values() for n in cats.values())
+    assert per_cat == tr2["n_truncated"]
+
+    del spec["data"]["max_length"], spec["data"]["truncation"]
+    (pilot / "pilot.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    whole = run_json("data", str(pilot))
+    auto = whole["truncation"]
+    assert auto["n_truncated"] == 0 and auto["max_length_setting"] == "auto"
+    assert auto["max_length"] == 8192 and "model's context" in auto["max_length_source"]
+    assert auto["longest_tokens"] == max(v["max"] for v in whole["lengths"].values())
+    assert auto["longest_tokens"] == tr["fits_at"]  # what the failure said would fit

@@ -41,6 +41,42 @@ def length_stats(encoded: dict[str, list[Encoded]], max_length: int) -> dict[str
     return out
 
 
+def truncation_report(
+    encoded: dict[str, list[Encoded]],
+    splits: dict[str, list[Record]],
+    max_length: int,
+    policy: str,
+    shown: int = 20,
+) -> dict[str, Any]:
+    """The inputs `max_length` cut, counted per split and per category, with their ids and
+    the length that would fit every example whole (`fits_at`: the longest example's tokens,
+    the cut ones counted uncut)."""
+    per_split: dict[str, int] = {}
+    per_category: dict[str, dict[str, int]] = {}
+    ids: list[str] = []
+    longest = 0
+    for split, encs in encoded.items():
+        for rec, enc in zip(splits.get(split, []), encs, strict=True):
+            whole = enc.n_tokens + enc.n_text_tokens_cut
+            longest = max(longest, whole)
+            if not enc.truncated:
+                continue
+            per_split[split] = per_split.get(split, 0) + 1
+            cats = per_category.setdefault(split, {})
+            cats[rec.category] = cats.get(rec.category, 0) + 1
+            ids.append(f"{rec.id} ({split}, {enc.n_text_tokens_cut} tokens cut)")
+    return {
+        "max_length": max_length,
+        "policy": policy,
+        "n_truncated": sum(per_split.values()),
+        "per_split": per_split,
+        "per_category": per_category,
+        "examples": ids[:shown],
+        "longest_tokens": longest,
+        "fits_at": longest,
+    }
+
+
 def expected_target(fmt: PromptFormatter, enc: Encoded) -> str:
     """What the loss positions must decode to, built from strings, not from the ids checked."""
     eot = (

@@ -7,7 +7,9 @@ version id, so `baseline`, `train`, `verify` and the final test all see the data
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from lorapilot.data.clean import clean_records
@@ -315,10 +317,38 @@ def check_leakage(pilot: Pilot, prepared: PreparedData) -> None:
     )
 
 
+DEFAULT_CONTEXT = 2048  # a base whose config.json states no context length
+
+
+def model_context(tokenizer: Any) -> int:
+    """The base's context length: config.json's max_position_embeddings beside the tokenizer
+    (the base folder), else the tokenizer's own model_max_length when it is a real one."""
+    folder = Path(str(getattr(tokenizer, "name_or_path", "") or ""))
+    try:
+        cfg = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        cfg = cfg.get("text_config", cfg) if "max_position_embeddings" not in cfg else cfg
+        if isinstance(cfg.get("max_position_embeddings"), int):
+            return int(cfg["max_position_embeddings"])
+    except (OSError, ValueError, AttributeError):
+        pass
+    n = getattr(tokenizer, "model_max_length", None)
+    return int(n) if isinstance(n, int) and 16 <= n < 10_000_000 else DEFAULT_CONTEXT
+
+
+def max_length_of(pilot: Pilot, tokenizer: Any) -> int:
+    """`data.max_length` as a number: `auto` is the model's context."""
+    m = pilot.spec.data.max_length
+    return model_context(tokenizer) if m == "auto" else int(m)
+
+
 def formatter_for(pilot: Pilot, tokenizer: Any) -> PromptFormatter:
     spec = pilot.spec
     return PromptFormatter(
-        tokenizer, spec.task, spec.data.max_length, spec.data.truncation_side, spec.train.loss_on
+        tokenizer,
+        spec.task,
+        max_length_of(pilot, tokenizer),
+        spec.data.truncation_side,
+        spec.train.loss_on,
     )
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from lorapilot.data.audit import length_stats, mask_audit
+from lorapilot.data.audit import length_stats, mask_audit, truncation_report
 from lorapilot.data.dataset import (
     PreparedData,
     describe_leaks,
@@ -81,7 +81,17 @@ def data_report(pilot: Pilot, prepared: PreparedData, tokenizer: Any) -> dict[st
     return {
         **{k: shared[k] for k in order},
         "duplicates": shared["duplicates"],
-        "lengths": length_stats(encoded, spec.data.max_length),
+        "lengths": length_stats(encoded, fmt.max_length),
+        "truncation": {
+            **truncation_report(encoded, prepared.splits, fmt.max_length, spec.data.truncation),
+            "max_length_setting": spec.data.max_length,
+            "max_length_source": (
+                "auto: the model's context (config.json's max_position_embeddings); no input is "
+                "cut unless it is longer"
+                if spec.data.max_length == "auto"
+                else "data.max_length"
+            ),
+        },
         "skipped": shared["skipped"],
         "dropped_by_cleaning": shared["dropped_by_cleaning"],
         "target_excluded": prepared.target_excluded,
@@ -136,3 +146,20 @@ def require_permission(pilot: Pilot) -> None:
             "the data "
             "comes from and the permission to use it (a licence or an internal approval)"
         )
+
+
+def truncation_failure(tr: dict[str, Any]) -> str | None:
+    """Why `data` fails when max_length cuts inputs under `data.truncation: fail` (None: it
+    does not), naming the examples and the length that fits them all."""
+    n = tr.get("n_truncated") or 0
+    if not n or tr.get("policy") == "allow":
+        return None
+    where = ", ".join(f"{s}: {k}" for s, k in tr["per_split"].items())
+    shown = "; ".join(tr["examples"][:10])
+    return (
+        f"data.max_length={tr['max_length_setting']} ({tr['max_length']} tokens) cuts the input "
+        f"of {n} example(s) ({where}): {shown}. A max_length of {tr['fits_at']} fits every "
+        "example whole: raise data.max_length (or leave it auto, the model's context), or set "
+        "data.truncation: allow to train and evaluate on the cut inputs (counted per split and "
+        "category in the data report)"
+    )

@@ -12,7 +12,7 @@ from typing import Any
 from lorapilot.base.models import load_tokenizer
 from lorapilot.data.audit import example_view, sample_per_category
 from lorapilot.data.dataset import PreparedData, encode_records, formatter_for, prepare_data
-from lorapilot.data.summary import data_report
+from lorapilot.data.summary import data_report, truncation_failure
 from lorapilot.modality.trainee import Loaded, Trainee, training_records
 from lorapilot.spec import AdapterSpec, Pilot
 
@@ -32,7 +32,9 @@ class TextModality:
         return data_report(self.pilot, prepared, self.tokenizer)
 
     def failed_check(self, report: dict[str, Any]) -> str | None:
-        return None if report["mask_audit"]["ok"] else "the loss-mask audit failed (see mask_audit)"
+        if not report["mask_audit"]["ok"]:
+            return "the loss-mask audit failed (see mask_audit)"
+        return truncation_failure(report.get("truncation") or {})
 
     def inspect(
         self, prepared: PreparedData, split: str, per_category: int, seed: int, out: Path | None

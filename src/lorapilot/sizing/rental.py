@@ -104,7 +104,7 @@ def gather(pilot: Pilot) -> PilotShape:
     if not train:
         raise UsageError(f"{pilot.spec_path}: the train split is empty: nothing to plan")
     lengths = [e.n_tokens for e in train]
-    targets = target_lengths(lengths, pilot.spec.data.max_length)
+    targets = target_lengths(lengths, fmt.max_length)
     prompts = sorted(e.prompt_len for e in train)
     answers = [e.n_tokens - e.prompt_len for e in train]
     labels = pilot.spec.task.labels or []

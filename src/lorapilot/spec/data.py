@@ -4,7 +4,7 @@ mapping, cleaning, the split, the sample, lengths and the leak policy."""
 from __future__ import annotations
 
 import re
-from typing import ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import (
     Field,
@@ -165,7 +165,18 @@ class DataSpec(_Strict):
     split: SplitSpec = Field(
         default_factory=SplitSpec, description="The seeded, stratified split of a single file."
     )
-    max_length: int = Field(512, ge=16, description="Max tokens of prompt + answer.")
+    max_length: Annotated[int, Field(ge=16)] | Literal["auto"] = Field(
+        "auto",
+        description="Max tokens of prompt + answer; auto: the model's context (config.json's "
+        "max_position_embeddings), so no example is cut unless it is longer; the data report "
+        "says the longest example.",
+    )
+    truncation: Literal["fail", "allow"] = Field(
+        "fail",
+        description="An input cut by max_length: fail (`data` exits 1 naming the examples and "
+        "the length that fits them all) or allow (trained and evaluated cut, counted per split "
+        "and category in the data report).",
+    )
     truncation_side: Literal["left", "right"] = Field(
         "left", description="Which end of the *input text* is cut when too long."
     )

@@ -67,7 +67,7 @@ from typing import Any
 from lorapilot.base.adapter import build_adapter, set_checkpointing
 from lorapilot.base.models import load_base, load_tokenizer, pad_id_of
 from lorapilot.base.quantize import is_quantized
-from lorapilot.data.dataset import encode_records, formatter_for, prepare_data
+from lorapilot.data.dataset import encode_records, formatter_for, max_length_of, prepare_data
 from lorapilot.decision.plan import step_shape
 from lorapilot.errors import UsageError
 from lorapilot.evaluate.runner import evaluate_records, make_protocol
@@ -236,9 +236,10 @@ def _estimate_only(pilot: Pilot, run, started: dict, log) -> dict:
         raise UsageError(f"{resolved.path / 'config.json'}: {e}") from e
     train_ex, _, _ = _encoded_train(pilot, tok)
     lengths = [e.n_tokens for e in train_ex]
-    targets = target_lengths(lengths, spec.data.max_length)
-    if spec.data.max_length > targets["long"]:
-        targets["max_length"] = spec.data.max_length  # the longest input the spec allows
+    max_length = max_length_of(pilot, tok)
+    targets = target_lengths(lengths, max_length)
+    if spec.data.max_length != "auto" and max_length > targets["long"]:
+        targets["max_length"] = max_length  # the longest input the spec allows
     trainable = lora_trainable_params(shape, spec.adapter)
     weight_bytes = weight_bytes_of(spec)
     mb = spec.train.micro_batch
@@ -479,7 +480,7 @@ def _measured(
         model=model,
         device=device,
         train_ex=train_ex,
-        targets=target_lengths([e.n_tokens for e in train_ex], spec.data.max_length),
+        targets=target_lengths([e.n_tokens for e in train_ex], fmt.max_length),
         pad_id=pad_id_of(tok),
         shape=ModelShape.from_config(config, n_params=base_params),
         config=config,
