@@ -429,3 +429,26 @@ def test_the_base_section_states_the_quantization_the_adapter_is_bound_to(state)
     base_md = md_section(render_markdown(s), "Base model and revision")
     assert "4-bit nf4, double quantization True, compute bf16, block 64" in base_md
     assert "0.50.2" in base_md
+
+
+def test_the_budget_section_sets_the_pre_rental_estimate_beside_the_probe(state):
+    s = copy.deepcopy(state)
+    s["budget"]["pre_rental"] = {
+        "gpu": "h200",
+        "device": "NVIDIA H200",
+        "estimated_step_s": 0.175,
+        "measured_step_s": 0.204,
+        "step_error": -0.142,
+        "estimated_peak_gib": 2.08,
+        "measured_peak_gib": 2.14,
+        "calibration": "measured: h200 has calibration rows",
+    }
+    sec = md_section(render_markdown(s), "Budget: estimate, actual and rental plans")
+    assert "Pre-rental estimate vs the probe" in sec
+    assert "| step time (s) | 0.175 | 0.204 | -14.2% |" in sec
+    s["budget"]["pre_rental"] = {
+        "gpu": None,
+        "why": "the probe ran on the CPU, not one of the GPU classes",
+    }
+    sec = md_section(render_markdown(s), "Budget: estimate, actual and rental plans")
+    assert "No pre-rental estimate to compare: the probe ran on the CPU" in sec
