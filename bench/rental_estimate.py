@@ -23,8 +23,15 @@ import statistics
 import time
 from importlib import resources
 
-from lorapilot.sizing.gpus import calibration, calibration_rows, gpu_classes, predict_row
+from lorapilot.sizing.gpus import (
+    BENCH_ADAPTER,
+    calibration,
+    calibration_rows,
+    gpu_classes,
+    predict_row,
+)
 from lorapilot.sizing.memory import GIB, estimate_step_memory
+from lorapilot.sizing.probe_plan import lora_trainable_params
 from lorapilot.sizing.timemodel import Calibration, GpuClass
 
 CAL_FILE = resources.files("lorapilot.sizing").joinpath("calibration.json")
@@ -39,11 +46,9 @@ def devices() -> dict[str, GpuClass]:
 
 
 def memory_estimate(row: dict, shape) -> float:
-    from lorapilot.sizing.gpus import lora_params
-
     est = estimate_step_memory(
         shape,
-        trainable_params=lora_params(shape, 16),
+        trainable_params=lora_trainable_params(shape, BENCH_ADAPTER),
         weight_dtype_bytes=row["weight_bytes"],
         micro_batch=row["rows"],
         seq_len=row["seq_len"],

@@ -64,7 +64,8 @@ def truncation_report(
             per_split[split] = per_split.get(split, 0) + 1
             cats = per_category.setdefault(split, {})
             cats[rec.category] = cats.get(rec.category, 0) + 1
-            ids.append(f"{rec.id} ({split}, {enc.n_text_tokens_cut} tokens cut)")
+            n = enc.n_text_tokens_cut
+            ids.append(f"{rec.id} ({split}, {n} token{'' if n == 1 else 's'} cut)")
     return {
         "max_length": max_length,
         "policy": policy,

@@ -13,6 +13,7 @@ from typing import Any
 
 from lorapilot.errors import UsageError
 from lorapilot.sizing.memory import ModelShape
+from lorapilot.sizing.probe_plan import lora_trainable_params
 from lorapilot.sizing.timemodel import (
     Calibration,
     GpuClass,
@@ -20,8 +21,10 @@ from lorapilot.sizing.timemodel import (
     eval_batch_seconds,
     step_seconds,
 )
+from lorapilot.spec import AdapterSpec
 
 _FIELDS = {f.name for f in dataclasses.fields(GpuClass)}
+BENCH_ADAPTER = AdapterSpec(r=16, target_modules="all-linear")  # the calibration rows' LoRA
 
 
 def _data(name: str) -> dict:
@@ -105,7 +108,7 @@ def predict_row(row: dict, device: GpuClass, cal: Calibration, shape: ModelShape
             seq_len=row["seq_len"],
             shared_prefix=row["shared_prefix"],
             loss_positions=row["loss_positions"],
-            trainable_params=lora_params(shape, 16),
+            trainable_params=lora_trainable_params(shape, BENCH_ADAPTER),
             grad_checkpointing=row["grad_checkpointing"],
             weight_bytes=row["weight_bytes"],
         )
@@ -120,9 +123,3 @@ def predict_row(row: dict, device: GpuClass, cal: Calibration, shape: ModelShape
         new_tokens=row["new_tokens"],
         precision=row["precision"],
     )
-
-
-def lora_params(shape: ModelShape, r: int) -> int:
-    """LoRA r on every decoder linear: r x (in + out) each."""
-    attention = 2 * r * (shape.hidden + shape.q_dim) + 2 * r * (shape.hidden + shape.kv_dim)
-    return shape.n_layers * (attention + 3 * r * (shape.hidden + shape.intermediate))
