@@ -668,7 +668,8 @@ def init(
     name: Annotated[str, typer.Argument(help="Name of the new pilot folder.")],
     as_json: JsonFlag = False,
     task: Annotated[
-        str, typer.Option("--task", help="classification or extraction.")
+        str,
+        typer.Option("--task", help="classification, extraction or image_classification."),
     ] = "classification",
     directory: Annotated[Path, typer.Option("--dir", help="Where to create the folder.")] = Path(
         "."
