@@ -262,3 +262,26 @@ def test_a_cached_hf_dataset_is_reported_with_its_splits(tmp_path):
     assert _error(bad).endswith(
         "data.hf_dataset.split: acme/ticket-tiny has no split 'dev' (splits: train, validation)"
     )
+
+
+def test_check_says_number_or_integer_by_the_key_and_bounds_what_it_can(tmp_path):
+    """#35 item 12: `train.lr: -1` is a number, `adapter.r: -1` an integer; an absurd epoch
+    count and a rank larger than the base's smallest adapted dimension are refused by `check`
+    (from the base's config.json), not much later."""
+    import shutil
+
+    from conftest import EXAMPLES
+
+    pilot = tmp_path / "tt"
+    shutil.copytree(EXAMPLES / "ticket-triage", pilot, ignore=shutil.ignore_patterns("runs"))
+
+    def error(*sets: str) -> str:
+        args = [a for s in sets for a in ("--set", s)]
+        return run_json("check", str(pilot), *args, expect=2)["error"]
+
+    assert "train.lr: must be a positive number (got -1)" in error("train.lr=-1")
+    assert "adapter.r: must be a positive integer (got -1)" in error("adapter.r=-1")
+    assert "train.epochs: must be at most 1000" in error("train.epochs=1e9")
+    msg = error("adapter.r=100000")
+    assert "adapter.r: 100000 is larger than the smallest dimension it adapts (192" in msg
+    assert run_json("check", str(pilot), "--set", "adapter.r=192")["ok"]

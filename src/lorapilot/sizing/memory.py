@@ -60,6 +60,13 @@ COMPONENTS = (
     "workspace",
 )
 LINEAR_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+LORA_SHAPES = {  # module -> (input width, output width) in terms of ModelShape
+    "q_proj": lambda s: (s.hidden, s.q_dim), "k_proj": lambda s: (s.hidden, s.kv_dim),
+    "v_proj": lambda s: (s.hidden, s.kv_dim), "o_proj": lambda s: (s.q_dim, s.hidden),
+    "gate_proj": lambda s: (s.hidden, s.intermediate),
+    "up_proj": lambda s: (s.hidden, s.intermediate),
+    "down_proj": lambda s: (s.intermediate, s.hidden),
+}  # fmt: skip
 OPTIMIZER_STATES = {"adamw": 2, "sgd": 0}
 DEFAULT_WORKSPACE_FRACTION = 0.10
 # CPU: the peak RSS increase of a step was 1.30-1.92x (median 1.48x) the live bytes this

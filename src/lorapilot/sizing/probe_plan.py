@@ -15,6 +15,7 @@ from lorapilot.sizing.memory import (
     CPU_WORKSPACE_FRACTION,
     CPU_WORKSPACE_FRACTION_CHECKPOINTING,
     DEFAULT_WORKSPACE_FRACTION,
+    LORA_SHAPES,
     ModelShape,
     estimate_eval_memory,
     estimate_step_memory,
@@ -32,15 +33,6 @@ STEP_GROWTH = (
 
 
 TOTAL = "total"
-
-
-LORA_SHAPES = {  # module -> (input width, output width) in terms of ModelShape
-    "q_proj": lambda s: (s.hidden, s.q_dim), "k_proj": lambda s: (s.hidden, s.kv_dim),
-    "v_proj": lambda s: (s.hidden, s.kv_dim), "o_proj": lambda s: (s.q_dim, s.hidden),
-    "gate_proj": lambda s: (s.hidden, s.intermediate),
-    "up_proj": lambda s: (s.hidden, s.intermediate),
-    "down_proj": lambda s: (s.intermediate, s.hidden),
-}  # fmt: skip
 
 
 _ATTENTION_PARENT = {"q_proj", "k_proj", "v_proj", "o_proj"}

@@ -4,7 +4,7 @@ overrides and pre-registered variants applied and recorded, and the `Pilot` the 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import yaml
 from pydantic import (
@@ -38,6 +38,25 @@ _FRIENDLY = {
 }
 
 
+def _integer_field(loc: tuple) -> bool:
+    """Whether the spec key at `loc` takes integers only (so `train.lr: -1` is told it must be
+    a positive number, `adapter.r: -1` a positive integer): the field's annotation, found by
+    walking the models along the path."""
+    model: Any = PilotSpec
+    ann: Any = None
+    for part in loc:
+        fields = getattr(model, "model_fields", None)
+        if isinstance(part, int) or fields is None:
+            continue
+        if part not in fields:
+            return False
+        ann = fields[part].annotation
+        inner = [a for a in (ann, *get_args(ann)) for a in (a, *get_args(a))]
+        model = next((a for a in inner if isinstance(a, type) and hasattr(a, "model_fields")), None)
+    args = {a for a in (ann, *get_args(ann)) if isinstance(a, type)}
+    return int in args and float not in args
+
+
 def format_validation_error(err: ValidationError, source: str) -> str:
     """One paragraph naming every bad key path, e.g. `adapter.r: must be a positive integer`."""
     lines = []
@@ -46,8 +65,10 @@ def format_validation_error(err: ValidationError, source: str) -> str:
         typ = e["type"]
         msg = e["msg"]
         if typ == "greater_than" and e.get("ctx", {}).get("gt") == 0:
-            kind = "integer" if isinstance(e.get("input"), int) else "number"
+            kind = "integer" if _integer_field(e["loc"]) else "number"
             msg = f"must be a positive {kind} (got {e.get('input')!r})"
+        elif typ == "less_than_equal":
+            msg = f"must be at most {e.get('ctx', {}).get('le')} (got {e.get('input')!r})"
         elif typ == "finite_number":
             msg = f"must be a finite number (got {e.get('input')!r})"
         elif typ in _FRIENDLY:

@@ -31,8 +31,15 @@ class TrainSpec(_Strict):
     """The training recipe: duration, optimizer, batch, precision, checkpoints."""
 
     seed: int = Field(0, description="Seed of initialisation, data order and dropout.")
-    epochs: float = Field(2, gt=0, description="Passes over train (ignored if max_steps is set).")
-    max_steps: int | None = Field(None, gt=0, description="Optimizer steps; overrides epochs.")
+    epochs: float = Field(
+        2,
+        gt=0,
+        le=1000,
+        description="Passes over train (ignored if max_steps is set); at most 1000.",
+    )
+    max_steps: int | None = Field(
+        None, gt=0, le=10_000_000, description="Optimizer steps; overrides epochs."
+    )
     lr: float = Field(2e-4, gt=0, description="Peak learning rate.")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     schedule: Literal["cosine", "linear", "constant"] = Field(

@@ -4,15 +4,20 @@ or reading records. A bad key exits 2 naming it (and the resolved path)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+from lorapilot.base.models import resolve_base
 from lorapilot.data.source import check_data_source
+from lorapilot.errors import UsageError
+from lorapilot.sizing.memory import LORA_SHAPES, ModelShape
 from lorapilot.spec import Pilot
 
 
 def run_check(pilot: Pilot) -> dict[str, Any]:
     """The resolved spec, its hash and the data sources found."""
     s = pilot.spec
+    base = check_rank(pilot)
     return {
         "ok": True,
         "pilot": str(pilot.dir),
@@ -25,4 +30,37 @@ def run_check(pilot: Pilot) -> dict[str, Any]:
         "guards": [g.model_dump(exclude_none=True) for g in s.guards],
         "resolved": s.model_dump(mode="json"),
         "data_source": check_data_source(pilot),
+        "base_shape": base,
     }
+
+
+def check_rank(pilot: Pilot) -> dict | None:
+    """A LoRA rank the base cannot take is refused now (exit 2), from the base's config.json
+    alone: r must not exceed the smallest dimension of a module it adapts. -> the base's
+    shape, or None where it cannot be read without loading it (an image base, a base not on
+    this machine yet: later steps say so)."""
+    s = pilot.spec
+    if s.task.modality == "image" or s.adapter.method != "lora":
+        return None
+    try:
+        resolved = resolve_base(s.model.base, s.model.revision, root=pilot.dir, weights=False)
+        shape = ModelShape.from_config(
+            json.loads((resolved.path / "config.json").read_text(encoding="utf-8"))
+        )
+    except (UsageError, OSError, ValueError):
+        return None
+    targets = s.adapter.target_modules
+    dims = {
+        m: min(f(shape))
+        for m, f in LORA_SHAPES.items()
+        if targets == "all-linear" or any(t == m or t.endswith("." + m) for t in targets)
+    }
+    if dims:
+        module, smallest = min(dims.items(), key=lambda kv: kv[1])
+        if s.adapter.r > smallest:
+            raise UsageError(
+                f"{pilot.spec_path}: adapter.r: {s.adapter.r} is larger than the smallest "
+                f"dimension it adapts ({smallest}, {module} of {s.model.base}): a LoRA rank "
+                f"cannot exceed it; use at most {smallest} (ranks of 8-64 are usual)"
+            )
+    return {"n_layers": shape.n_layers, "hidden": shape.hidden, "n_params": shape.n_params}
