@@ -146,3 +146,39 @@ def test_a_guard_on_the_ungrounded_value_rate():
     assert check_guards(guard, honest, invents, 0)[0].status == "fail"
     rise = [GuardSpec(metric="ungrounded_value_rate", max_rise=0.0)]
     assert check_guards(rise, honest, invents, 0)[0].status == "fail"
+
+
+def test_grounding_counts_free_text_only_closed_sets_are_left_out():
+    """#35 item 3: an intent (a closed set: `enum`, or `grounded: false`) beside a slot map is
+    not counted as invented; a prediction equal to gold has ungrounded_value_rate 0, and an
+    invented slot value still counts."""
+    import json
+
+    from lorapilot.data.targets import grounded_strings
+    from lorapilot.evaluate.leaves import root_spec
+    from lorapilot.evaluate.structured import extraction_metrics
+    from lorapilot.spec import EvalNormalize, TaskSpec
+
+    texts = ["play the latest album by adele on spotify", "book a table for two in paris"]
+    gold = [
+        {"intent": "PlayMusic", "slots": {"artist": "adele", "service": "spotify"}},
+        {"intent": "BookRestaurant", "slots": {"party_size": "two", "city": "paris"}},
+    ]
+    for intent in (
+        {"name": "intent", "enum": ["PlayMusic", "BookRestaurant"]},
+        {"name": "intent", "grounded": False},
+    ):
+        slots = {"name": "slots", "type": "map", "values": "string"}
+        task = TaskSpec(kind="extraction", grounded=True, fields=[intent, slots])
+        preds = [json.dumps(g) for g in gold]
+        m = extraction_metrics(gold, preds, task, EvalNormalize(), texts=texts)
+        assert m["ungrounded_value_rate"] == 0.0
+        invented = [*preds[:1], json.dumps({**gold[1], "slots": {"city": "rome"}})]
+        m2 = extraction_metrics(gold, invented, task, EvalNormalize(), texts=texts)
+        assert m2["ungrounded_value_rate"] == pytest.approx(1 / 3)  # rome of adele, spotify, rome
+        assert grounded_strings(gold[0], root_spec(task)) == ["adele", "spotify"]
+    free = TaskSpec(kind="extraction", grounded=True, fields=[{"name": "intent"}, slots])
+    before = extraction_metrics(
+        gold, [json.dumps(g) for g in gold], free, EvalNormalize(), texts=texts
+    )
+    assert before["ungrounded_value_rate"] == pytest.approx(2 / 6)  # the two intents, as before

@@ -14,8 +14,9 @@ from lorapilot.data.dataset import (
     formatter_for,
     remaining_leaks,
 )
-from lorapilot.data.targets import grounded_in, string_values
+from lorapilot.data.targets import grounded_in, grounded_strings
 from lorapilot.errors import UsageError
+from lorapilot.evaluate.leaves import root_spec
 from lorapilot.spec import Pilot
 
 
@@ -66,7 +67,7 @@ def data_report(pilot: Pilot, prepared: PreparedData, tokenizer: Any) -> dict[st
         s: encode_records(fmt, spec.task, recs, prepared.answer_budget)
         for s, recs in prepared.splits.items()
     }
-    grounding = gold_grounding(prepared) if spec.task.grounded else None
+    grounding = gold_grounding(prepared, root_spec(spec.task)) if spec.task.grounded else None
     grounding_warnings = []
     if grounding and grounding["n_ungrounded"]:
         shown = "; ".join(
@@ -102,14 +103,16 @@ def data_report(pilot: Pilot, prepared: PreparedData, tokenizer: Any) -> dict[st
     }
 
 
-def gold_grounding(prepared: PreparedData, shown: int = 5) -> dict[str, Any]:
-    """Gold string values that are not in their own input text: a grounded task whose
-    annotations invent values teaches the model to invent them."""
+def gold_grounding(prepared: PreparedData, root: Any = None, shown: int = 5) -> dict[str, Any]:
+    """Gold free-text values that are not in their own input text: a grounded task whose
+    annotations invent values teaches the model to invent them. `root`: the target's
+    ValueSpec, so that closed-set values (an `enum`, `grounded: false`) are left out as the
+    metric leaves them out."""
     n_values = 0
     bad = []
     for split, records in prepared.splits.items():
         for r in records:
-            for value in string_values(r.target):
+            for value in grounded_strings(r.target, root):
                 n_values += 1
                 if not grounded_in(value, r.text):
                     bad.append({"id": r.id, "split": split, "value": value[:80]})

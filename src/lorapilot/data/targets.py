@@ -205,6 +205,29 @@ def string_values(value: Any) -> list[str]:
     return []
 
 
+def grounded_strings(value: Any, spec: Any, grounded: bool = True) -> list[str]:
+    """The string leaves of a value that `task.grounded` counts: free text only. A value's
+    `grounded` (ValueSpec) decides for it and what it holds; unset, a value inherits its
+    parent's, and a string with an `enum` (a closed set: an intent, a status) is never
+    counted. Keys and values the spec does not declare are counted as the parent says."""
+    own = grounded
+    if spec is not None:
+        if spec.grounded is not None:
+            own = spec.grounded
+        elif spec.enum:
+            own = False
+    if isinstance(value, str):
+        return [value] if own else []
+    if isinstance(value, dict):
+        fields = {f.name: f for f in (spec.fields or [])} if spec is not None else {}
+        child = spec.values if spec is not None and spec.type == "map" else None
+        return [s for k, v in value.items() for s in grounded_strings(v, fields.get(k, child), own)]
+    if isinstance(value, list):
+        item = spec.items if spec is not None else None
+        return [s for v in value for s in grounded_strings(v, item, own)]
+    return []
+
+
 def grounded_in(value: str, text: str) -> bool:
     """Whether a string value appears in the input text (casefolded, whitespace collapsed)."""
     needle = " ".join(value.split()).casefold()

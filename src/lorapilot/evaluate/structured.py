@@ -17,8 +17,8 @@ from typing import Any
 from lorapilot.data.targets import (
     category_of,
     grounded_in,
+    grounded_strings,
     is_text_target,
-    string_values,
     target_validator,
 )
 from lorapilot.evaluate import leaves
@@ -106,7 +106,7 @@ class Scorer:
             c[("leaf", path, "pred")] = p
             c[("leaf", path, "wrong")] = not tp == g == p
         if self.task.grounded:
-            values = string_values(obj) if obj is not None else []
+            values = grounded_strings(obj, self.root) if obj is not None else []
             c["strings"] = len(values)
             c["ungrounded"] = sum(not grounded_in(v, text) for v in values)
         if category is not None:

@@ -37,6 +37,17 @@ class ValueSpec(_Strict):
         False, description="A list compared in order (default: as a multiset, any order)."
     )
     description: str = Field("", description="Shown to the model in the prompt.")
+    enum: list[str] | None = Field(
+        None,
+        description="A string value's closed set of allowed values (an intent, a status). A "
+        "closed-set value is not free text: task.grounded does not count it.",
+    )
+    grounded: bool | None = Field(
+        None,
+        description="Whether this value's strings must appear in the input text; default: "
+        "task.grounded, except a value with an `enum` (never counted). Set false on a "
+        "classification-like field without an enum.",
+    )
 
     @field_validator("items", "values", mode="before")
     @classmethod
@@ -57,6 +68,8 @@ class ValueSpec(_Strict):
             raise ValueError(f"`items` belongs to type list, not {self.type}")
         if self.values is not None and self.type != "map":
             raise ValueError(f"`values` belongs to type map, not {self.type}")
+        if self.enum is not None and (self.type != "string" or not self.enum):
+            raise ValueError("`enum` is a non-empty list of the values of a string")
         if self.ordered and self.type != "list":
             raise ValueError(f"`ordered` belongs to type list, not {self.type}")
         return self
@@ -83,7 +96,11 @@ class ValueSpec(_Strict):
         """Whether this value has structure beyond today's flat fields."""
         return self.type in ("object", "map") or self.items is not None or self.ordered
 
-    _omitted_at: ClassVar[dict[str, tuple]] = {k: (None, False) for k in _NESTED_KEYS}
+    _omitted_at: ClassVar[dict[str, tuple]] = {
+        **{k: (None, False) for k in _NESTED_KEYS},
+        "enum": (None,),
+        "grounded": (None,),
+    }
 
 
 class FieldSpec(ValueSpec):
