@@ -49,3 +49,18 @@ def test_not_comparable_reason_names_the_protocol_keys(tmp_path):
     )
     same = _record(pilot_dir, "train", PROTOCOL)
     assert run_summary(pilot, same, base)["comparable"] is True
+
+
+def test_a_near_constant_baseline_is_named_as_a_limitation():
+    """#35 item 6 (the warning): a zero-shot baseline that puts more than half of the
+    examples in one class is a weak starting point, and the report says so with the numbers."""
+    from lorapilot.report.collect import degenerate_baseline
+
+    rows = [{"parsed": "Refund_not_showing_up"}] * 149 + [{"parsed": "card_arrival"}] * 5
+    [line] = degenerate_baseline(rows)
+    assert "'Refund_not_showing_up' for 149 of 154" in line and "(97%)" in line
+    balanced = [{"parsed": lab} for lab in ("a", "b", "c")] * 10
+    assert degenerate_baseline(balanced) == [] and degenerate_baseline(None) == []
+    assert (
+        degenerate_baseline([{"parsed": "a"}] * 5 + [{"parsed": "b"}] * 5) == []
+    )  # half: not more

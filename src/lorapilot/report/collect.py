@@ -287,8 +287,31 @@ def collect(pilot: Pilot) -> dict:
         else [],
         "limitations": limitations(
             pilot, rows, chosen, ledger, latest["data"] and latest["data"].result
-        ),
+        )
+        + degenerate_baseline(baseline and _rows(registry.runs_dir(pilot.dir) / baseline.id)),
     }
+
+
+def degenerate_baseline(predictions: list[dict] | None, share: float = 0.5) -> list[str]:
+    """A classification baseline that puts more than `share` of the examples in one class is
+    a weak starting point: any adapter gains against it, so the report says so."""
+    if not predictions:
+        return []
+    counts: dict[str, int] = {}
+    for r in predictions:
+        label = r.get("parsed")
+        if isinstance(label, str):
+            counts[label] = counts.get(label, 0) + 1
+    if not counts:
+        return []
+    label, n = max(counts.items(), key=lambda kv: kv[1])
+    if n <= share * len(predictions):
+        return []
+    return [
+        f"the baseline predicted {label!r} for {n} of {len(predictions)} validation examples "
+        f"({n / len(predictions):.0%}): a near-constant zero-shot baseline is a weak starting "
+        "point, and the gain over it says more about the prompt than about the adapter"
+    ]
 
 
 def _test_guards(pilot: Pilot, rec: registry.RunRecord) -> list[dict]:
