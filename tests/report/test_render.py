@@ -452,3 +452,18 @@ def test_the_budget_section_sets_the_pre_rental_estimate_beside_the_probe(state)
     }
     sec = md_section(render_markdown(s), "Budget: estimate, actual and rental plans")
     assert "No pre-rental estimate to compare: the probe ran on the CPU" in sec
+
+
+def test_the_variants_table_names_the_group_its_worst_delta_is_over(state):
+    """#35 item 9: an extraction pilot's worst delta is over fields, not categories."""
+    s = copy.deepcopy(state)
+
+    def variant(group: str) -> dict:
+        return {"name": "base", "run_id": "r1", "status": "completed", "value": 0.4,
+                "delta": 0.1, "worst": {"group": group, "name": "total", "delta": -0.02}}  # fmt: skip
+
+    s["selection"] = {"metric": "leaf_f1", "variants": [variant("per_field")], "n_tried": 1}
+    dec = md_section(render_markdown(s), "Decision")
+    assert "worst per-field delta" in dec and "worst per-category delta" not in dec
+    s["selection"]["variants"] = [variant("per_category")]
+    assert "worst per-category delta" in md_section(render_markdown(s), "Decision")

@@ -109,6 +109,10 @@ def test_run_whole_pilot_then_rerun_reuses_every_phase(tmp_path, default_model_d
     assert train["update_audit"]["ok"] and train["train"]["steps"] == 20
     assert train["final_val_loss"] < train["initial_val_loss"]
     assert (pilot / "runs" / first["train_run"] / "adapter" / "adapter_model.safetensors").is_file()
+    handed = json.loads((pilot / "deliverable" / "decision.json").read_text())
+    assert handed["decision"] == first["decision"]  # one level, not {"decision": {"decision"}}
+    assert handed["reasons"] == first["reasons"] and handed["chosen_run"] == first["train_run"]
+    assert handed["gates"]["smoke"] == "ok"  # run's own smoke passed, so the gate holds
     t0 = time.time()
     second = run_json("run", str(pilot), "--no-progress")
     assert time.time() - t0 < 60

@@ -61,10 +61,12 @@ def fill_deliverable(pilot: Pilot, state: dict, report_dir: Path) -> Path:
         src = runs / state["test"]["id"] / "predictions.jsonl"
         if src.is_file():
             shutil.copy2(src, d / "final_test_predictions.jsonl")
+    # one level: decision.json's "decision" is the verdict itself (GO / NO-GO / INCONCLUSIVE),
+    # beside its reasons, gates and the rest of the decision record
     atomic_write_json(
         d / "decision.json",
         {
-            "decision": state["decision"],
+            **(state["decision"] or {"decision": None}),
             "limitations": state["limitations"],
             "chosen_run": state["chosen"] and state["chosen"]["id"],
         },

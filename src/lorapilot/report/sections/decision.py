@@ -56,6 +56,11 @@ def _decision(s: dict) -> list:
     if variants:
         out.append(Sub(f"Variants, selected on validation {sel.get('metric')}"))
         metric = _get(s, "success", "metric")
+        # extraction compares fields, classification categories: say which the delta is over
+        group = next(
+            (v["worst"].get("group") for v in variants if isinstance(v.get("worst"), dict)),
+            "per_category",
+        )
         out.append(
             Table(
                 [
@@ -65,7 +70,7 @@ def _decision(s: dict) -> list:
                     "status",
                     str(sel.get("metric")),
                     f"{metric} delta",
-                    "worst per-category delta",
+                    f"worst {str(group).replace('_', '-')} delta",
                     "time",
                     "median step",
                     "cost",
