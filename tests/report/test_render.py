@@ -459,8 +459,9 @@ def test_the_variants_table_names_the_group_its_worst_delta_is_over(state):
     s = copy.deepcopy(state)
 
     def variant(group: str) -> dict:
+        worst = {"group": group, "name": "total", "delta": -0.02}
         return {"name": "base", "run_id": "r1", "status": "completed", "value": 0.4,
-                "delta": 0.1, "worst": {"group": group, "name": "total", "delta": -0.02}}  # fmt: skip
+                "delta": 0.1, "worst": worst}  # fmt: skip
 
     s["selection"] = {"metric": "leaf_f1", "variants": [variant("per_field")], "n_tried": 1}
     dec = md_section(render_markdown(s), "Decision")
