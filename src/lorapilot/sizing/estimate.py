@@ -199,8 +199,10 @@ def compare_with_run(
     }
 
 
-def budget_of(pilot: Pilot, only=None) -> dict[str, Any]:
-    """Time/cost estimate of one training run, limits, 3/7/30-day plans, estimate vs actual."""
+def budget_of(pilot: Pilot, only=None, pre_rental: bool = True) -> dict[str, Any]:
+    """Time/cost estimate of one training run, limits, 3/7/30-day plans, estimate vs actual;
+    `pre_rental=False` leaves out `budget --gpu`'s estimate beside the probe (it tokenizes the
+    data again: not worth it where only the limits are asked, as before training)."""
     spec = pilot.spec
     probe = probe_for(pilot)
     if probe is None:
@@ -241,7 +243,7 @@ def budget_of(pilot: Pilot, only=None) -> dict[str, Any]:
         "actual": None,
         "errors": None,
     }
-    out["pre_rental"] = _pre_rental(pilot, probe, figures)
+    out["pre_rental"] = _pre_rental(pilot, probe, figures) if pre_rental else None
     rec = registry.latest_run(pilot.dir, "train")
     if rec is not None:
         out.update(compare_with_run(rec, pilot, probe, sizes))
@@ -400,7 +402,7 @@ def refuse_over_limits(pilot: Pilot, log=print) -> None:
     """Before training: refuse (exit 1) when the latest probe's measured memory or the budget
     estimate exceeds the spec's limits. Without a probe there is nothing measured to check."""
     try:
-        budget = budget_of(pilot)
+        budget = budget_of(pilot, pre_rental=False)
     except LorapilotError as e:
         log(f"limits not checked before training: {e}")
         return
