@@ -182,3 +182,27 @@ def test_grounding_counts_free_text_only_closed_sets_are_left_out():
         gold, [json.dumps(g) for g in gold], free, EvalNormalize(), texts=texts
     )
     assert before["ungrounded_value_rate"] == pytest.approx(2 / 6)  # the two intents, as before
+
+
+def test_field_accuracy_comes_with_the_gold_and_predicted_counts():
+    """#35 item 8: an adapter that answers empty lists keeps a high field_accuracy on mostly
+    empty gold; the counts beside it show it (CoNLL: accuracy 0.695, recall 0.07)."""
+    import json
+
+    from lorapilot.evaluate.structured import extraction_metrics
+    from lorapilot.spec import EvalNormalize, TaskSpec
+
+    fields = [{"name": n, "type": "list", "items": "string", "required": False}
+              for n in ("per", "org", "loc", "misc")]  # fmt: skip
+    task = TaskSpec(kind="extraction", fields=fields)
+    gold = [{"per": ["Ada"], "org": [], "loc": [], "misc": []}] + [
+        {"per": [], "org": [], "loc": [], "misc": []}
+    ] * 3
+    empty = [json.dumps({"per": [], "org": [], "loc": [], "misc": []})] * 4
+    m = extraction_metrics(gold, empty, task, EvalNormalize())
+    assert m["field_accuracy"] > 0.9 and m["leaf_recall"] == 0.0
+    assert (m["leaf_gold"], m["leaf_predicted"]) == (1, 0)  # the one name, not given
+    # an empty list is a value at field level: 16 fields given, 16 in gold
+    assert (m["field_gold"], m["field_predicted"]) == (16, 16)
+    cat = next(iter(m["per_category"].values()))
+    assert "field_gold" in cat and "field_predicted" in cat

@@ -181,6 +181,12 @@ class Scorer:
             "field_precision": fp,
             "field_recall": fr,
             "field_f1": ff,
+            # beside the accuracy: how many values gold has and the model gave (an adapter
+            # that answers empty fields can keep a high accuracy on mostly empty gold)
+            "field_gold": round(fgold),  # counts, like per_field's support and predicted
+            "field_predicted": round(fpred),
+            "leaf_gold": round(lgold),
+            "leaf_predicted": round(lpred),
             "leaf_precision": lp,
             "leaf_recall": lr,
             "leaf_f1": lf,
@@ -215,6 +221,8 @@ class Scorer:
                 "exact_match": _div(t.get("exact", 0), n),
                 "field_accuracy": _div(sum(accs), len(accs)),
                 "field_f1": _prf(ftp, fgold, fpred)[2],
+                "field_gold": fgold,
+                "field_predicted": fpred,
                 "leaf_f1": _prf(*(t.get("leaf_" + k, 0) for k in ("tp", "gold", "pred")))[2],
             }
             if self.task.grounded:

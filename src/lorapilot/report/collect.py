@@ -366,7 +366,8 @@ def limitations(
         small = [
             f"{k} ({v.get('support')})"
             for k, v in per.items()
-            if isinstance(v.get("support"), int) and v["support"] < spec.eval.min_support
+            # a path no gold example fills has nothing to be small about
+            if isinstance(v.get("support"), int) and 0 < v["support"] < spec.eval.min_support
         ]
         if small:
             out.append(f"small validation support (< {spec.eval.min_support}): {', '.join(small)}")

@@ -17,6 +17,8 @@ PER_CATEGORY_EXTRACTION = (
     "exact_match",
     "field_accuracy",
     "field_f1",
+    "field_gold",
+    "field_predicted",
     "leaf_f1",
 )
 _EXTRACTION = (
