@@ -177,7 +177,15 @@ def test_a_val_row_duplicated_in_test_fails_under_drop_from_train(tmp_path, defa
     out = run_json("data", str(pilot), expect=1)
     assert val[0]["id"] in out["error"] and "val-copy" in out["error"]
     assert "drop_from_train cannot fix" in out["error"]
+    assert "never the test row" in out["error"]
     spec = yaml.safe_load((pilot / "pilot.yaml").read_text())
+    # #35 item 7: under `fail` a val ~ test pair is offered only what can fix it (this data
+    # also has train ~ test pairs, which drop_from_train does fix)
+    spec["data"]["leakage"] = "fail"
+    (pilot / "pilot.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    fail = run_json("data", str(pilot), expect=1)["error"]
+    assert "drop_from_train for the pairs with a train row" in fail
+    assert "validation row of the 1 val ~ test pair(s)" in fail and "never the test row" in fail
     spec["data"]["leakage"] = "warn"
     (pilot / "pilot.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
     ok = run_json("data", str(pilot))
@@ -269,3 +277,19 @@ def test_truncation_is_never_silent(tmp_path, default_model_dir):
     assert auto["max_length"] == 8192 and "model's context" in auto["max_length_source"]
     assert auto["longest_tokens"] == max(v["max"] for v in whole["lengths"].values())
     assert auto["longest_tokens"] == tr["fits_at"]  # what the failure said would fit
+
+
+def test_a_val_test_pair_alone_is_never_offered_drop_from_train(monkeypatch):
+    from types import SimpleNamespace
+
+    from lorapilot.data import dataset
+    from lorapilot.errors import CheckFailed
+
+    pair = {"a_split": "val", "a_id": "v1", "b_split": "test", "b_id": "t9", "kind": "near",
+            "similarity": 0.93}  # fmt: skip
+    monkeypatch.setattr(dataset, "remaining_leaks", lambda pilot, prepared: [pair])
+    pilot = SimpleNamespace(spec=SimpleNamespace(data=SimpleNamespace(leakage="fail")))
+    with pytest.raises(CheckFailed) as e:
+        dataset.check_leakage(pilot, None)
+    assert "val:v1 ~ test:t9" in str(e.value) and "never the test row" in str(e.value)
+    assert "drop_from_train" not in str(e.value)

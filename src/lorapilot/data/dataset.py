@@ -304,15 +304,30 @@ def check_leakage(pilot: Pilot, prepared: PreparedData) -> None:
     if not leaks or policy == "warn":
         return
     if policy == "fail":
+        held_out = [p for p in leaks if "train" not in (p["a_split"], p["b_split"])]
+        if len(held_out) == len(leaks):  # val ~ test only: dropping train rows fixes none
+            fix = (
+                "Remove the validation row of each pair from the data (never the test row), "
+                "or set data.leakage: warn"
+            )
+        elif held_out:
+            fix = (
+                "Set data.leakage: drop_from_train for the pairs with a train row, and remove "
+                f"the validation row of the {len(held_out)} val ~ test pair(s) from the data, "
+                "never the test row (or set data.leakage: warn)"
+            )
+        else:
+            fix = "Fix the data, or set data.leakage: drop_from_train (or warn)"
         raise CheckFailed(
             f"{len(leaks)} duplicate pair(s) across splits (leaks): {describe_leaks(leaks)}. "
-            "Fix the data, or set data.leakage: drop_from_train (or warn).",
+            f"{fix}.",
             {"cross_split": leaks},
         )
     raise CheckFailed(
         f"{len(leaks)} duplicate pair(s) between held-out splits, which data.leakage: "
         f"drop_from_train cannot fix (it drops train rows only): {describe_leaks(leaks)}. "
-        "Remove one row of each pair from the data, or set data.leakage: warn.",
+        "Remove the validation row of each pair from the data (never the test row), or set "
+        "data.leakage: warn.",
         {"cross_split": leaks},
     )
 
