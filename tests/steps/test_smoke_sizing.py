@@ -6,7 +6,7 @@ from __future__ import annotations
 from lorapilot.data.audit import smoke_sample
 from lorapilot.data.rows import Record
 from lorapilot.decision.rule import gate
-from lorapilot.steps.smoke import smoke_steps
+from lorapilot.spec import SmokeSpec
 
 
 def recs(n_categories: int, per: int) -> list[Record]:
@@ -32,10 +32,12 @@ def test_many_labels_are_sampled_down_to_the_maximum_and_seeded():
 
 
 def test_auto_steps_grow_with_the_examples_within_bounds():
-    assert smoke_steps("auto", 8) == 40  # 20 passes of one step: the floor
-    assert smoke_steps("auto", 60) == 80  # 4 steps a pass x 20
-    assert smoke_steps("auto", 10_000) == 300
-    assert smoke_steps(12, 60) == 12
+    assert SmokeSpec().steps_for(8) == 40  # 20 passes of one step: the floor
+    assert SmokeSpec().steps_for(60) == 80  # 4 steps a pass x 20
+    assert SmokeSpec().steps_for(10_000) == 300
+    assert SmokeSpec(max_steps=12).steps_for(60) == 12
+    # what the budget plans for: 77 labels x 1 capped at 64, 6 labels topped up to 8
+    assert SmokeSpec().examples_for(77, 616) == 64 and SmokeSpec().examples_for(6, 516) == 8
 
 
 GO = {"decision": "GO", "reasons": ["gain ok"]}

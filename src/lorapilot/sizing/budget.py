@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 
 from lorapilot.sizing.memory import GIB
-from lorapilot.spec import LimitsSpec
+from lorapilot.spec import LimitsSpec, PilotSpec
 
 RENTAL_DAYS = (3, 7, 30)
 HOURS_PER_DAY = 24.0
@@ -312,3 +312,11 @@ def limit_checks(lim: LimitsSpec, started: float):
             )
 
     return deadline, cost_check
+
+
+def smoke_steps_of(spec: PilotSpec, sizes: dict) -> int:
+    """The most steps the smoke of this pilot trains (its examples from the labels, one
+    category where they are not known before the data is read)."""
+    smoke = spec.smoke
+    n_categories = len(spec.task.labels or []) or 1
+    return smoke.steps_for(smoke.examples_for(n_categories, sizes.get("train", 0)))

@@ -41,6 +41,7 @@ from lorapilot.sizing.budget import (
     exceeded,
     plan_fits,
     plans,
+    smoke_steps_of,
     steps_of,
 )
 from lorapilot.spec import Pilot, variant_label
@@ -221,7 +222,7 @@ def budget_of(pilot: Pilot, only=None, pre_rental: bool = True) -> dict[str, Any
         "estimate": estimate,
         "window": spec.limits.window,
         "limits": check_limits(estimate, figures.pilot_peak_memory_bytes, spec.limits),
-        "pilot": pilot_time(figures, estimate, sizes, probe),
+        "pilot": pilot_time(pilot, figures, estimate, sizes, probe),
         "rental": plans(estimate),
         "rental_days": spec.limits.rental_days,
         "probe_run": probe.id,
@@ -354,19 +355,16 @@ def plan_refusal(plan: dict) -> str | None:
     return "; ".join(parts) or None
 
 
-SMOKE_STEPS = 30  # what `run` gives the smoke phase
-
-
-def pilot_time(figures, estimate: dict, sizes: dict, probe) -> dict:
+def pilot_time(pilot: Pilot, figures, estimate: dict, sizes: dict, probe) -> dict:
     """The whole pilot, phase by phase, not only one train run: the baseline and the final
-    test at the probe's evaluation throughput (each with a model load), the smoke phase's
-    steps at the probe's step time, the probe as it took, the train run's estimate (its
-    final evaluation, verify's and its margin included), the final test (adapter and base on
-    the test split). Seconds; no margin on the others."""
+    test at the probe's evaluation throughput (each with a model load), the smoke's most
+    steps (`SmokeSpec.steps_for`) at the probe's step time, the probe as it took, the train
+    run's estimate (its final evaluation, verify's and its margin included), the final test
+    (adapter and base on the test split). Seconds; no margin on the others."""
     load = figures.model_load_s
     phases = {
         "baseline_s": load + sizes.get("val", 0) / figures.eval_examples_per_s,
-        "smoke_s": load + SMOKE_STEPS * figures.later_step_s,
+        "smoke_s": load + smoke_steps_of(pilot.spec, sizes) * figures.later_step_s,
         "probe_s": probe.duration_s or 0.0,
         "train_s": estimate["total_s"],
         # the final test evaluates the adapter and the base on the same rows

@@ -27,7 +27,13 @@ from lorapilot.base.quantize import weight_bytes_per_param
 from lorapilot.data.dataset import encode_records, formatter_for, prepare_data
 from lorapilot.decision.plan import step_shape, variant_pilots
 from lorapilot.errors import UsageError
-from lorapilot.sizing.budget import RENTAL_DAYS, ProbeFigures, estimate_run, plan_fits
+from lorapilot.sizing.budget import (
+    RENTAL_DAYS,
+    ProbeFigures,
+    estimate_run,
+    plan_fits,
+    smoke_steps_of,
+)
 from lorapilot.sizing.gpus import calibration
 from lorapilot.sizing.memory import (
     GIB,
@@ -52,7 +58,6 @@ DISK_GBS = 1.0  # reading the base from a rented machine's local disk, GB/s (an 
 LOAD_FIXED_S = 5.0  # importing torch/transformers/peft and building the model, before the weights
 CHECKPOINT_GBS = 0.5  # writing an adapter checkpoint with its optimizer state, GB/s (assumed)
 PROBE_STEPS = 6 + 2  # per length: the measured steps and warm-up `run`'s probe takes, rounded up
-SMOKE_STEPS = 30  # as sizing.estimate.SMOKE_STEPS: what `run` gives the smoke phase
 PROBE_EVAL_EXAMPLES = 32
 CALIBRATED = {"h200"}  # classes with measured rows in calibration.json
 
@@ -352,7 +357,7 @@ def plan_on(gpu: GpuClass, ps: PilotShape, pilots: list[Pilot], price: float | N
     probes = {v["step_shape"]: v["probe_s"] for v in variants}
     fixed = {
         "baseline_s": load + ps.sizes.get("val", 0) / rate,
-        "smoke_s": load + SMOKE_STEPS * base["step_s"],
+        "smoke_s": load + smoke_steps_of(pilots[0].spec, ps.sizes) * base["step_s"],
         "probe_s": sum(probes.values()),
         "test_s": load + 2 * ps.sizes.get("test", 0) / rate,
     }

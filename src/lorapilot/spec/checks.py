@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Literal
 
 from pydantic import Field
 
 from lorapilot.spec.common import _Strict
+
+MICRO_BATCH = 16  # the smoke's examples per step (fewer when it has fewer)
+AUTO_PASSES = 20  # memorising a few dozen examples at lr 2e-3 takes 5-15 passes (measured)
+AUTO_MIN_STEPS, AUTO_MAX_STEPS = 40, 300
 
 
 class SmokeSpec(_Strict):
@@ -34,3 +39,18 @@ class SmokeSpec(_Strict):
         "0.01 and every example is reproduced by the evaluation.",
     )
     lr: float = Field(2e-3, gt=0, le=1, description="A learning rate fit for memorising.")
+
+    def examples_for(self, n_categories: int, n_train: int) -> int:
+        """How many examples the smoke takes from `n_train` training examples in
+        `n_categories` categories (as data.audit.smoke_sample picks them)."""
+        wanted = max(self.min_examples, min(self.max_examples, self.per_category * n_categories))
+        return min(n_train, wanted) if n_train else wanted
+
+    def steps_for(self, n_examples: int) -> int:
+        """`max_steps`, or `auto`: AUTO_PASSES passes over the examples at MICRO_BATCH a step,
+        within [AUTO_MIN_STEPS, AUTO_MAX_STEPS]: the most the smoke trains (it stops earlier
+        once every example is reproduced)."""
+        if self.max_steps != "auto":
+            return int(self.max_steps)
+        per_pass = math.ceil(max(1, n_examples) / MICRO_BATCH)
+        return max(AUTO_MIN_STEPS, min(AUTO_MAX_STEPS, AUTO_PASSES * per_pass))

@@ -3,34 +3,22 @@ wiring (labels aligned, loss mask right, eval prompt = training prompt), not qua
 
 Sized to the task (spec key `smoke`): `per_category` examples from every category, at least
 `min_examples` (topped up when the categories are few) and at most `max_examples`; `auto`
-steps are AUTO_PASSES passes over them, bounded. A smoke that does not memorise its examples
-closes its run record as `failed` (the reason in `error`), so `runs` lists it as failed and
-the decision of a pilot whose latest smoke failed is at most INCONCLUSIVE."""
+steps are 20 passes over them, bounded (`SmokeSpec.steps_for`). A smoke that does not
+memorise its examples closes its run record as `failed` (the reason in `error`), so `runs`
+lists it as failed and the decision of a pilot whose latest smoke failed is at most
+INCONCLUSIVE."""
 
 from __future__ import annotations
-
-import math
 
 from lorapilot.base.precision import autocast, resolve
 from lorapilot.modality import modality_of
 from lorapilot.records.steprun import open_run
 from lorapilot.spec import Pilot
+from lorapilot.spec.checks import MICRO_BATCH
 from lorapilot.train.loop import train
 
 PASS_LOSS = 0.1  # mean loss per target (token, or image) on the memorised examples after training
 STOP_LOSS = 0.01  # below this a step asks whether the model already gives every target
-MICRO_BATCH = 16
-AUTO_PASSES = 20  # memorising a few dozen examples at lr 2e-3 takes 5-15 passes (measured)
-AUTO_MIN_STEPS, AUTO_MAX_STEPS = 40, 300
-
-
-def smoke_steps(max_steps: int | str, n_examples: int) -> int:
-    """`smoke.max_steps`: a number, or `auto`: AUTO_PASSES passes over the examples at
-    MICRO_BATCH per step, within [AUTO_MIN_STEPS, AUTO_MAX_STEPS]."""
-    if max_steps != "auto":
-        return int(max_steps)
-    per_pass = math.ceil(max(1, n_examples) / MICRO_BATCH)
-    return max(AUTO_MIN_STEPS, min(AUTO_MAX_STEPS, AUTO_PASSES * per_pass))
 
 
 def run_smoke(
@@ -58,7 +46,7 @@ def run_smoke(
         )
         run.record.data_version = tr.prepared.version
         model, records, examples = tr.model, tr.train_records, tr.train_set
-        max_steps = max_steps or smoke_steps(spec.smoke.max_steps, len(examples))
+        max_steps = max_steps or spec.smoke.steps_for(len(examples))
         cfg = spec.train.model_copy(
             update={
                 "max_steps": max_steps,
