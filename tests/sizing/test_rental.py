@@ -180,3 +180,10 @@ def test_budget_with_a_cpu_probe_says_there_is_no_class_to_compare(tmp_path, tin
     run_json("probe", str(pilot))
     out = run_json("budget", str(pilot))
     assert out["pre_rental"]["gpu"] is None and "the CPU" in out["pre_rental"]["why"]
+
+
+def test_fp32_compute_is_said_to_be_timed_at_the_bf16_peak(ticket):
+    out = run_json("budget", str(ticket), "--gpu", "l4", "--set", "train.precision=fp32")
+    assert "timed at the class's bf16 peak" in out["gpus"][0]["variants"][0]["note"]
+    auto = run_json("budget", str(ticket), "--gpu", "l4")
+    assert "note" not in auto["gpus"][0]["variants"][0]

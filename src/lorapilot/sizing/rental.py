@@ -270,6 +270,11 @@ def _variant_on(gpu: GpuClass, cal, ps: PilotShape, vp: Pilot) -> dict:
         out.update(fits=False, peak_gib={**out["peak_gib"], "train": smallest["peak_gib"]})
         return out
     mb, ga, ckpt, shared, peak = chosen
+    if precision == "fp32":
+        out["note"] = (
+            "train.precision fp32: timed at the class's bf16 peak (fp32 compute is not "
+            "modelled), so the step time is optimistic"
+        )
     step = step_seconds(gpu, cal, ps.shape, _step_work(ps, spec, mb, ckpt, shared), precision)
     rate = _eval_rate(gpu, cal, ps, spec)
     weights = ps.shape.n_params * (

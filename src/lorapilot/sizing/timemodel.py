@@ -50,8 +50,9 @@ class GpuClass:
                 raise ValueError(f"{key} must be a positive number, got {value!r}")
 
     def peak_flops(self, precision: str) -> float:
-        """Dense peak FLOP/s in the compute dtype (fp32 compute: a sixteenth of bf16 is not
-        assumed; such a step is refused as not modelled by the caller)."""
+        """Dense peak FLOP/s in the compute dtype: fp16 where the class states it, else bf16.
+        fp32 compute has no figure here and is timed at the bf16 peak (an optimistic step
+        time; `budget --gpu` says so in the variant's `note`)."""
         if precision == "fp16" and self.fp16_tflops:
             return self.fp16_tflops * 1e12
         return self.bf16_tflops * 1e12
