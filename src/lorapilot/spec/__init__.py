@@ -40,6 +40,10 @@ from lorapilot.spec.evaluation import (
     GuardSpec,
     SuccessSpec,
 )
+from lorapilot.spec.export import (
+    EXPORT_FORMATS,
+    ExportSpec,
+)
 from lorapilot.spec.limits import (
     LimitsSpec,
 )
@@ -118,6 +122,8 @@ __all__ = [
     "TrainSpec",
     "EvalNormalize",
     "EvalSpec",
+    "EXPORT_FORMATS",
+    "ExportSpec",
     "SuccessSpec",
     "GUARD_RULES",
     "GuardSpec",

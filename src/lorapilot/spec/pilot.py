@@ -15,6 +15,7 @@ from lorapilot.spec.checks import SmokeSpec
 from lorapilot.spec.common import _NAME_RE, IMAGE_BASE, _Strict
 from lorapilot.spec.data import DataSpec
 from lorapilot.spec.evaluation import EvalSpec, GuardSpec, SuccessSpec
+from lorapilot.spec.export import ExportSpec
 from lorapilot.spec.limits import LimitsSpec
 from lorapilot.spec.model import ModelSpec
 from lorapilot.spec.plan import SelectionSpec, VariantSpec
@@ -51,6 +52,10 @@ class PilotSpec(_Strict):
         "in order by `lorapilot run`.",
     )
     selection: SelectionSpec = Field(default_factory=SelectionSpec)
+    export: ExportSpec = Field(
+        default_factory=ExportSpec,
+        description="The formats `run` exports and checks for the deliverable.",
+    )
 
     @field_validator("variants")
     @classmethod
@@ -149,12 +154,14 @@ class PilotSpec(_Strict):
         return ["base", *(v.name for v in self.variants)]
 
     def spec_hash(self) -> str:
-        """Hash of the resolved spec, `tracking` held at its default and `limits.gpu_prices`
-        left out: where runs are mirrored and what a GPU would cost change no result, so
-        changing them keeps reuse and resume working. `smoke` counts only when it differs from
-        its defaults, so that specs written before it existed keep their hash."""
+        """Hash of the resolved spec, `tracking` held at its default, `export` and
+        `limits.gpu_prices` left out: where runs are mirrored, what is exported and what a GPU
+        would cost change no result, so changing them keeps reuse and resume working. `smoke`
+        counts only when it differs from its defaults, so that specs written before it existed
+        keep their hash."""
         resolved = self.model_dump(mode="json")
         resolved["tracking"] = []
+        resolved.pop("export", None)
         resolved["limits"].pop("gpu_prices", None)
         if resolved.get("smoke") == SmokeSpec().model_dump(mode="json"):
             resolved.pop("smoke")

@@ -5,13 +5,10 @@ against the adapter on the validation split."""
 from __future__ import annotations
 
 import shutil
-import tempfile
-from collections.abc import Callable
 from pathlib import Path
 
 from lorapilot.base.manifest import (
     MANIFEST,
-    adapter_files,
     file_problems,
     read_manifest,
     weights_sha256,
@@ -22,7 +19,8 @@ from lorapilot.data.dataset import formatter_for, prepare_data
 from lorapilot.decision.plan import pilot_of_run
 from lorapilot.errors import CheckFailed, UsageError
 from lorapilot.evaluate.runner import evaluate_records, make_protocol
-from lorapilot.fsutil import atomic_write_json, follow_umask
+from lorapilot.export.folder import require_new_folder, write_folder
+from lorapilot.export.gguf_export import export_gguf, recheck
 from lorapilot.records import registry
 
 MERGE_TOLERANCE = 1e-3
@@ -35,16 +33,34 @@ MERGE_AGREEMENT_MIN = 0.99
 predictions as the adapter on that base for at least this share of examples."""
 
 
-def run_export(pilot, run_id: str | None, out: Path, merge: bool = False) -> dict:
+def run_export(
+    pilot,
+    run_id: str | None,
+    out: Path | None,
+    merge: bool = False,
+    *,
+    gguf: bool = False,
+    gguf_base: str | None = None,
+    min_agreement: float | None = None,
+    check: Path | None = None,
+    progress=None,
+) -> dict:
     """The adapter folder, its files checked against its manifest (`merge` False), or a merged
     model folder checked against the adapter: logits on validation inputs, and for a quantized
-    base (and for images) the validation split's predictions (`merge_agreement`)."""
-    out = Path(out).resolve()
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise UsageError(f"--out {out}: exists and is not empty; choose a new folder")
+    base (and for images) the validation split's predictions (`merge_agreement`). `gguf`: the
+    llama.cpp / Ollama folder, checked in llama.cpp (`export.gguf_export`); `check`: that
+    check again on a folder already written."""
+    if check is not None:
+        return recheck(pilot, check, min_agreement)
+    out = require_new_folder(out)
     train_id, adapter_dir = registry.adapter_of(pilot.dir, run_id)
     pilot = pilot_of_run(pilot, train_id)  # a variant's run: its own recipe (quantization)
     manifest = read_manifest(adapter_dir)
+    if gguf:
+        return export_gguf(
+            pilot, train_id, adapter_dir, out, base_type=gguf_base, merge=merge,
+            min_agreement=min_agreement, progress=progress,
+        )  # fmt: skip
     if not merge:
         return _export_adapter(train_id, adapter_dir, manifest, out)
     if manifest.get("method") != "lora":
@@ -72,7 +88,7 @@ def _export_adapter(train_id: str, adapter_dir: Path, manifest: dict, out: Path)
             shutil.copy2(adapter_dir / name, tmp / name)
         return None  # the adapter's own manifest, copied
 
-    files = _write_folder(out, write)
+    files = write_folder(out, write)
     return {
         "ok": True,
         "out": str(out),
@@ -128,7 +144,7 @@ def _merge_text(pilot, train_id: str, adapter_dir: Path, manifest: dict, out: Pa
         tok.save_pretrained(tmp)
         return _merged_manifest(train_id, manifest, max_diff=max_diff, tolerance=tolerance, **extra)
 
-    files = _write_folder(out, write)
+    files = write_folder(out, write)
     if quantized:
         ok = extra["merge_agreement"] >= MERGE_AGREEMENT_MIN
     else:
@@ -204,7 +220,7 @@ def _merge_image(pilot, train_id: str, adapter_dir: Path, manifest: dict, out: P
             train_id, manifest, max_diff=diff, tolerance=MERGE_TOLERANCE, **checks
         )
 
-    files = _write_folder(out, write)
+    files = write_folder(out, write)
     diff = checks.pop("max_logit_diff")
     return _merged_result(out, train_id, files, diff, MERGE_TOLERANCE, checks)
 
@@ -295,25 +311,3 @@ def _merge_quantized(pilot, base, tok, fmt, prompts: list, adapter_dir: Path, pr
             f"({describe(spec.model.quantization)}), in {spec.model.dtype}",
         },
     )
-
-
-def _write_folder(out: Path, write: Callable[[Path], dict | None]) -> dict:
-    """Fill a temp folder beside `out` with `write`, which returns the manifest to add (None:
-    it wrote its own) and may raise to leave nothing behind, then rename the folder into
-    place: a killed export leaves no half folder. Returns the files' sha256 (the manifest
-    excluded)."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
-        body = write(tmp)
-        files = adapter_files(tmp)
-        if body is not None:
-            atomic_write_json(tmp / MANIFEST, {**body, "files": files})
-        follow_umask(tmp)
-        if out.exists():
-            out.rmdir()
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return files

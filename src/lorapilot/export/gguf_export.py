@@ -1,0 +1,505 @@
+"""`lorapilot export --gguf`: the adapter for llama.cpp and Ollama, and the proof that the served
+model answers what the evaluated one did.
+
+The folder holds `base.gguf` (the GGUF the base was dequantized from, or one converted from
+its safetensors), `adapter.gguf`, optionally `merged.gguf`, an Ollama `Modelfile`, a README
+and `lorapilot.json` (every file's sha256, the base it is bound to, the check). The serving
+check runs in a fresh process that imports llama.cpp and no torch (`export.serving`): every
+validation prompt's tokens compared, every example predicted with the pilot's rule, and the
+predictions compared with the ones lorapilot made for the same adapter.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from lorapilot.base.manifest import MANIFEST, read_manifest, weights_sha256
+from lorapilot.base.models import load_tokenizer, original_gguf
+from lorapilot.data.dataset import formatter_for, prepare_data
+from lorapilot.data.format import render_messages
+from lorapilot.errors import CheckFailed, LorapilotError, UsageError
+from lorapilot.evaluate.runner import label_token_ids, score_predictions, stop_token_ids
+from lorapilot.export import gguf_files as gf
+from lorapilot.export import ollama
+from lorapilot.export.folder import write_folder
+from lorapilot.fsutil import atomic_write_json, read_jsonl, sha256_file
+from lorapilot.records import registry
+from lorapilot.spec.requirements import available
+
+SERVE_INSTALL = (
+    "pip install -e '.[serve]' (gguf 0.19.0 and llama-cpp-python 0.3.36, built from its sdist "
+    "with cmake and a C++ compiler: about 4.5 minutes on 2 cores), or `make serve`"
+)
+BASE_FILE, ADAPTER_FILE, MERGED_FILE = "base.gguf", "adapter.gguf", "merged.gguf"
+GATED_TYPES = ("original", "f32", "f16")
+"""Base files that hold the trained-on weights (or a rounding of them no coarser than f16):
+the agreement gates. A q8_0 base is quantized further than the one trained on: reported."""
+PROBE_TEXT = (
+    "Hello world! 3.14159 + 2,718 = 5.86 ... ¿Qué tal? Ünïcödé — 日本語 \t tabs  and   spaces\n"
+    "new line {\"json\": [1, 2, null]} <tag> don't it's CAPS camelCase snake_case 12345678"
+)
+Progress = Callable[[str], None]
+
+
+def require_serving(where: str = "--gguf") -> None:
+    missing = [m for m in ("gguf", "llama_cpp") if not available(m)]
+    if missing:
+        raise UsageError(
+            f"{where}: needs {', '.join(missing)} (the `serve` extra), not installed here; "
+            f"install it: {SERVE_INSTALL}"
+        )
+
+
+def _refuse_unsupported(pilot, manifest: dict) -> None:
+    if pilot.spec.task.modality == "image":
+        raise UsageError(
+            f"{pilot.spec_path}: task.modality is image; --gguf exports text models for "
+            "llama.cpp (an image pilot exports its adapter, or --merge for a model folder)"
+        )
+    if manifest.get("method") != "lora":
+        raise UsageError(
+            f"--gguf: the train run is a {manifest.get('method')} fine-tune, not a LoRA adapter; "
+            "export its weights without --gguf and convert them with llama.cpp's "
+            "convert_hf_to_gguf.py"
+        )
+
+
+def _base_type(requested: str, original: Path | None, source: dict) -> str:
+    if requested == "auto":
+        return "original" if original is not None else "f16"
+    if requested == "original" and original is None:
+        why = (
+            f"{source.get('gguf_file')} (from {source.get('package')} {source.get('version')}) "
+            "is not installed with the sha256 the base was built from"
+            if source.get("gguf_sha256")
+            else "the base was not built from a GGUF"
+        )
+        raise UsageError(f"--gguf-base original: {why}; use --gguf-base f16 or q8_0")
+    return requested
+
+
+def export_gguf(
+    pilot,
+    train_id: str,
+    adapter_dir: Path,
+    out: Path,
+    *,
+    base_type: str | None = None,
+    merge: bool = False,
+    min_agreement: float | None = None,
+    progress: Progress | None = None,
+) -> dict:
+    """Write the GGUF folder at `out` (atomically, its check recorded in it), then raise
+    CheckFailed if the served predictions agree with lorapilot's less than the minimum."""
+    say = progress or (lambda m: None)
+    manifest = read_manifest(adapter_dir)
+    _refuse_unsupported(pilot, manifest)
+    require_serving()
+    spec = pilot.spec
+    resolved, tok = load_tokenizer(pilot)
+    if weights_sha256(resolved.path, spec.model.allow_pickle) != manifest["base"]["sha256"]:
+        raise CheckFailed(
+            f"the base weights in {resolved.path} are not the ones the adapter was trained on"
+        )
+    config = json.loads((resolved.path / "config.json").read_text(encoding="utf-8"))
+    arch = gf.gguf_architecture(config, str(resolved.path / "config.json"))
+    from safetensors.numpy import load_file
+
+    adapter_cfg = json.loads((adapter_dir / "adapter_config.json").read_text(encoding="utf-8"))
+    adapter_w = load_file(str(adapter_dir / "adapter_model.safetensors"))
+    alpha, lora = gf.lora_tensors(adapter_w, adapter_cfg, config, str(adapter_dir))
+    original, source = original_gguf(resolved.path)
+    kind = _base_type(base_type or spec.export.gguf_base, original, source)
+    minimum = spec.export.min_agreement if min_agreement is None else min_agreement
+    cases = _cases(pilot, tok, manifest, train_id)
+    messages = render_messages(spec.task, "{text}")
+    system = next((m["content"] for m in messages if m["role"] == "system"), None)
+    user = next(m["content"] for m in messages if m["role"] == "user")
+    template = ollama.template_for(getattr(tok, "chat_template", None))
+    stops = sorted({tok.decode([i]) for i in cases["stop_ids"]})
+    name = f"{spec.name} {train_id}"
+
+    def write(tmp: Path) -> dict:
+        say(f"writing {ADAPTER_FILE} ({len(lora) // 2} LoRA pairs, alpha {alpha:g})")
+        gf.write_adapter_gguf(tmp / ADAPTER_FILE, arch, alpha, lora, name)
+        base_note = _write_base(tmp / BASE_FILE, kind, original, resolved.path, config, tok, say)
+        if merge:
+            say(f"writing {MERGED_FILE} (the adapter merged in, {_merged_type(kind)})")
+            merged = _merged_weights(resolved.path, adapter_w, adapter_cfg, config)
+            tensors = gf.model_tensors(merged, config, str(resolved.path))
+            if original is not None:
+                gf.rewrite_gguf(original, tensors, tmp / MERGED_FILE, _merged_type(kind))
+            else:
+                gf.convert_hf(
+                    resolved.path, tensors, tmp / MERGED_FILE, _merged_type(kind),
+                    _pre_of(tmp / BASE_FILE), name,
+                )  # fmt: skip
+        n_ctx = cases["n_ctx"]
+        header = f"written by lorapilot export --gguf: pilot {spec.name}, train run {train_id}"
+        mf = dict(template=template, system=system, stops=stops, num_ctx=n_ctx, header=header)
+        (tmp / "Modelfile").write_text(
+            ollama.modelfile(model_file=BASE_FILE, adapter_file=ADAPTER_FILE, **mf)
+        )
+        if merge:
+            (tmp / "Modelfile.merged").write_text(
+                ollama.modelfile(model_file=MERGED_FILE, adapter_file=None, **mf)
+            )
+        configs = [{"name": "base+adapter", "model": BASE_FILE, "lora": ADAPTER_FILE}]
+        if merge:
+            configs.append({"name": "merged", "model": MERGED_FILE, "lora": None})
+        files = {p.name: sha256_file(p) for p in sorted(tmp.iterdir()) if p.is_file()}
+        say(f"serving check: {len(cases['records'])} validation examples in llama.cpp")
+        check = serving_check(pilot, tmp, files, configs, cases, minimum, kind in GATED_TYPES)
+        matches = None
+        if template is not None and cases["records"]:
+            first = cases["records"][0].text
+            matches = (
+                ollama.chatml_prompt(system, user.replace("{text}", first))
+                == cases["prompt_text_of_first"]
+            )
+        check["modelfile_prompt_matches"] = matches
+        (tmp / "README.md").write_text(
+            ollama.readme(
+                pilot=spec.name, train_run=train_id, base_file=BASE_FILE, base_note=base_note,
+                adapter_file=ADAPTER_FILE, merged_file=MERGED_FILE if merge else None,
+                system=system, user_template=user, check=check,
+            )
+        )  # fmt: skip
+        return {
+            "manifest_version": 1,
+            "kind": "gguf",
+            "pilot": spec.name,
+            "train_run": train_id,
+            "base": manifest["base"],
+            "base_identity": manifest.get("base_identity"),
+            "base_gguf": {
+                "file": BASE_FILE,
+                "type": kind,
+                "note": base_note,
+                "original": source if kind == "original" else None,
+            },
+            "adapter_gguf": {"file": ADAPTER_FILE, "alpha": alpha, "pairs": len(lora) // 2},
+            "merged_gguf": {"file": MERGED_FILE, "type": _merged_type(kind)} if merge else None,
+            "architecture": arch,
+            "adapter_manifest": {
+                k: manifest.get(k) for k in ("data_version", "eval_protocol", "method")
+            },
+            "serving_check": _summary(check),
+        }
+
+    say(f"exporting to {out}")
+    t0 = time.perf_counter()
+    files = write_folder(out, write)
+    written = read_manifest(out)
+    check = written["serving_check"]
+    result = {
+        "ok": bool(check["ok"]),
+        "out": str(out),
+        "train_run": train_id,
+        "format": "gguf",
+        "files": sorted([*files, MANIFEST]),
+        "sha256": files,
+        "base_gguf": written["base_gguf"],
+        "merged": merge,
+        "seconds": round(time.perf_counter() - t0, 1),
+        **check,
+    }
+    if not check["ok"]:
+        raise CheckFailed(_why(check), result)
+    return result
+
+
+def recheck(pilot, folder: Path, min_agreement: float | None = None) -> dict:
+    """The serving check again on an exported folder: its files re-hashed against its
+    manifest (a changed byte: exit 1 naming the file), its validation predictions again."""
+    require_serving("--check")
+    folder = Path(folder).resolve()
+    written = read_manifest(folder)
+    if written.get("kind") != "gguf":
+        raise UsageError(f"--check {folder}: not a GGUF export folder (its {MANIFEST} says so)")
+    train_id = written["train_run"]
+    _, adapter_dir = registry.adapter_of(pilot.dir, train_id)
+    manifest = read_manifest(adapter_dir)
+    _, tok = load_tokenizer(pilot)
+    cases = _cases(pilot, tok, manifest, train_id)
+    configs = [{"name": "base+adapter", "model": BASE_FILE, "lora": ADAPTER_FILE}]
+    if written.get("merged_gguf"):
+        configs.append({"name": "merged", "model": MERGED_FILE, "lora": None})
+    minimum = pilot.spec.export.min_agreement if min_agreement is None else min_agreement
+    gated = written["base_gguf"]["type"] in GATED_TYPES
+    check = serving_check(pilot, folder, written["files"], configs, cases, minimum, gated)
+    result = {"ok": bool(check["ok"]), "out": str(folder), "train_run": train_id, **check}
+    if not check["ok"]:
+        raise CheckFailed(_why(check), result)
+    return result
+
+
+def _why(check: dict) -> str:
+    if check.get("problems"):
+        return "serving check refused: " + "; ".join(check["problems"])
+    return (
+        f"llama.cpp agrees with lorapilot's predictions on {check['serving_agreement']:.1%} of "
+        f"the validation examples (< {check['serving_agreement_min']:.0%})"
+    )
+
+
+def _summary(check: dict) -> dict:
+    return {k: v for k, v in check.items() if k != "differing_all"}
+
+
+# --- the base file -------------------------------------------------------------------------
+
+
+def _merged_type(kind: str) -> str:
+    """A merged model cannot be quantized to the original's type without losing the update."""
+    return "f16" if kind == "original" else kind
+
+
+def _write_base(
+    dest: Path, kind: str, original: Path | None, folder: Path, config: dict, tok, say: Progress
+) -> str:
+    from safetensors.numpy import load_file
+
+    if kind == "original":
+        assert original is not None
+        say(f"copying {original.name} (the GGUF the base was dequantized from)")
+        shutil.copyfile(original, dest)
+        return f"{original.name}, the GGUF the trained-on weights were dequantized from"
+    weights: dict = {}
+    for f in sorted(folder.glob("*.safetensors")):
+        weights.update(load_file(str(f)))
+    tensors = gf.model_tensors(weights, config, str(folder))
+    if original is not None:
+        say(f"writing {BASE_FILE} as {kind} from the safetensors, metadata from {original.name}")
+        gf.rewrite_gguf(original, tensors, dest, kind)
+        return f"{kind}, converted from the trained-on safetensors; metadata of {original.name}"
+    pre = choose_pre_tokenizer(folder, config, tok, say)
+    say(f"writing {BASE_FILE} as {kind} from the safetensors (pre-tokenizer {pre})")
+    gf.convert_hf(folder, tensors, dest, kind, pre, config.get("_name_or_path") or folder.name)
+    return f"{kind}, converted from the trained-on safetensors (pre-tokenizer {pre})"
+
+
+def _pre_of(gguf_path: Path) -> str:
+    return str(gf.read_metadata(gguf_path).get("tokenizer.ggml.pre", "default"))
+
+
+def choose_pre_tokenizer(folder: Path, config: dict, tok, say: Progress) -> str:
+    """llama.cpp's pre-tokenizer for a converted tokenizer: the first of gf.PRE_TOKENIZERS under
+    which llama.cpp tokenizes the probe text as the base's own tokenizer does (the serving
+    check then compares every validation prompt too)."""
+    from llama_cpp import Llama
+
+    want = tok(PROBE_TEXT, add_special_tokens=False)["input_ids"]
+    with tempfile.TemporaryDirectory(prefix="lorapilot-vocab-") as d:
+        for pre in gf.PRE_TOKENIZERS:
+            path = Path(d) / f"vocab-{pre}.gguf"
+            gf.convert_hf(folder, [], path, "f32", pre, "vocab")
+            try:
+                llm = Llama(model_path=str(path), vocab_only=True, verbose=False)
+            except Exception:  # noqa: BLE001 - a name this llama.cpp does not know
+                continue
+            got = llm.tokenize(PROBE_TEXT.encode(), add_bos=False, special=True)
+            del llm
+            if got == want:
+                say(f"llama.cpp tokenizes like the base with pre-tokenizer {pre!r}")
+                return pre
+    raise CheckFailed(
+        f"{folder / 'tokenizer.json'}: under none of llama.cpp's pre-tokenizers tried "
+        f"({', '.join(gf.PRE_TOKENIZERS)}) does llama.cpp tokenize text as this base does; "
+        "convert the base with llama.cpp's convert_hf_to_gguf.py and pass it with --gguf-base"
+    )
+
+
+def _merged_weights(folder: Path, adapter_w: dict, adapter_cfg: dict, config: dict) -> dict:
+    """Base weights plus every LoRA update B @ A * scale, in float32 (what PEFT's merge adds)."""
+    import numpy as np
+    from safetensors.numpy import load_file
+
+    weights: dict = {}
+    for f in sorted(folder.glob("*.safetensors")):
+        weights.update({k: v.astype(np.float32) for k, v in load_file(str(f)).items()})
+    if config.get("tie_word_embeddings") and "lm_head.weight" not in weights:
+        pass  # tied: llama.cpp reuses token_embd
+    pairs: dict[str, dict[str, Any]] = {}
+    for key, value in adapter_w.items():
+        m = gf._LORA_KEY.match(key)
+        if m:
+            module = m["module"].removeprefix("base_model.model.")
+            pairs.setdefault(module, {})[m["which"]] = value.astype(np.float32)
+    for module, ab in pairs.items():
+        a, b = ab["A"], ab["B"]
+        scale = gf._module_scale(module, a.shape[0], adapter_cfg)
+        weights[module + ".weight"] = weights[module + ".weight"] + (b @ a) * np.float32(scale)
+    return weights
+
+
+# --- the check -----------------------------------------------------------------------------
+
+
+def _cases(pilot, tok, manifest: dict, train_id: str) -> dict:
+    """The validation prompts exactly as lorapilot evaluated them, and its predictions."""
+    spec = pilot.spec
+    prepared = prepare_data(pilot, tok)
+    if prepared.version != manifest["data_version"]:
+        raise CheckFailed(
+            f"data version {prepared.version} differs from the one the adapter was trained and "
+            f"evaluated on ({manifest['data_version']}); the check compares the same examples"
+        )
+    fmt = formatter_for(pilot, tok)
+    protocol = manifest["eval_protocol"]
+    budget = protocol["answer_budget"]
+    records = prepared.splits["val"]
+    prompts = [fmt.encode_prompt(r.text, budget) for r in records]
+    texts = [tok.decode(p) for p in prompts]
+    mode = protocol["mode"]
+    labels = label_token_ids(fmt, spec.task, budget) if mode == "score" else []
+    stop = stop_token_ids(tok, fmt)
+    max_new = protocol.get("max_new_tokens") or 0
+    longest = max((len(p) for p in prompts), default=1)
+    extra = max((len(x) for x in labels), default=0) if mode == "score" else max_new
+    n_ctx = -(-(longest + extra + 8) // 64) * 64
+    train_dir = registry.runs_dir(pilot.dir) / train_id
+    theirs = {p["id"]: p for p in read_jsonl(train_dir / "predictions.jsonl")}
+    metrics = json.loads((train_dir / "metrics.json").read_text(encoding="utf-8"))
+    return {
+        "records": records,
+        "prompt_texts": texts,
+        "prompt_text_of_first": fmt.prompt_text(records[0].text) if records else "",
+        "prompts": [
+            {"id": r.id, "text": t, "ids": p}
+            for r, t, p in zip(records, texts, prompts, strict=True)
+        ],
+        "mode": mode,
+        "labels": labels,
+        "stop_ids": stop,
+        "max_new_tokens": max_new,
+        "n_ctx": n_ctx,
+        "lorapilot_predictions": theirs,
+        "lorapilot_metrics": metrics,
+    }
+
+
+def serving_check(
+    pilot, folder: Path, files: dict, configs: list, cases: dict, minimum: float, gated: bool
+) -> dict:
+    """Run the fresh llama.cpp process over `folder`, then score its predictions with the
+    pilot's metrics and compare them with lorapilot's, example by example."""
+    spec = pilot.spec
+    payload = {
+        "folder": str(folder),
+        "files": {k: v for k, v in files.items() if k != MANIFEST},
+        "configs": configs,
+        "mode": cases["mode"],
+        "prompts": cases["prompts"],
+        "labels": cases["labels"],
+        "stop_ids": cases["stop_ids"],
+        "max_new_tokens": cases["max_new_tokens"],
+        "n_ctx": cases["n_ctx"],
+        "threads": spec.train.threads,
+    }
+    with tempfile.TemporaryDirectory(prefix="lorapilot-serve-") as d:
+        cases_path, out_path = Path(d) / "cases.json", Path(d) / "out.json"
+        atomic_write_json(cases_path, payload)
+        t0 = time.perf_counter()
+        proc = subprocess.run(
+            [sys.executable, "-m", "lorapilot.export.serving", str(cases_path), str(out_path)],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONHASHSEED": "0"},
+        )
+        if proc.returncode != 0 or not out_path.is_file():
+            raise LorapilotError(
+                f"the llama.cpp check process failed (exit {proc.returncode}): "
+                f"{proc.stderr.strip()[-2000:]}"
+            )
+        child = json.loads(out_path.read_text(encoding="utf-8"))
+        wall = time.perf_counter() - t0
+    base = {
+        "serving_agreement_min": minimum,
+        "gated": gated,
+        "n_examples": len(cases["records"]),
+        "llama_cpp_python": child.get("llama_cpp_python"),
+        "check_seconds": round(wall, 1),
+    }
+    if child.get("refused"):
+        return base | {"ok": False, "serving_agreement": None, "problems": child["problems"]}
+    results, problems = [], []
+    for conf in child["configs"]:
+        if conf["tokenization_mismatches"]:
+            first = conf["tokenization_mismatches"][0]
+            problems.append(
+                f"{conf['name']}: llama.cpp tokenizes {len(conf['tokenization_mismatches'])} "
+                f"validation prompt(s) differently, first example {first['id']!r} at token "
+                f"{first['first_difference_at']} (lorapilot {first['lorapilot']}, llama.cpp "
+                f"{first['llama_cpp']})"
+            )
+            results.append(conf | {"serving_agreement": None})
+            continue
+        results.append(_compare(spec, cases, conf))
+    agreements = [r["serving_agreement"] for r in results if r["serving_agreement"] is not None]
+    agreement = min(agreements) if agreements and not problems else None
+    ok = not problems and (not gated or (agreement is not None and agreement >= minimum))
+    main_metric = spec.selection.metric or (spec.success.metric if spec.success else None)
+    return base | {
+        "ok": ok,
+        "serving_agreement": agreement,
+        "problems": problems,
+        "metric": main_metric,
+        "configs": results,
+    }
+
+
+HEADLINE = ("accuracy", "macro_f1", "json_valid", "leaf_f1", "field_f1", "exact_match")
+
+
+def _compare(spec, cases: dict, conf: dict) -> dict:
+    import numpy as np
+
+    records = cases["records"]
+    scores = np.array(conf["scores"], dtype=np.float64) if "scores" in conf else None
+    metrics, rows = score_predictions(
+        spec, records, cases["prompt_texts"], scores, conf.get("outputs")
+    )
+    theirs = cases["lorapilot_predictions"]
+    differing = []
+    same = 0
+    for row in rows:
+        mine = theirs.get(row["id"], {})
+        if mine.get("parsed") == row["parsed"]:
+            same += 1
+        else:
+            differing.append(
+                {
+                    "id": row["id"],
+                    "gold": row["gold"],
+                    "lorapilot": mine.get("parsed"),
+                    "llama_cpp": row["parsed"],
+                    "llama_cpp_raw": row["raw_output"],
+                }
+            )
+    n = len(rows)
+    lp = cases["lorapilot_metrics"]
+    chosen = spec.selection.metric or (spec.success.metric if spec.success else None)
+    keys = [k for k in (chosen, *HEADLINE) if k and isinstance(metrics.get(k), int | float)]
+    keys = list(dict.fromkeys(keys))
+    return {
+        "name": conf["name"],
+        "serving_agreement": same / n if n else 1.0,
+        "n_same": same,
+        "n_examples": n,
+        "metrics": {k: {"lorapilot": lp.get(k), "llama_cpp": metrics[k]} for k in keys},
+        "differing": differing[:50],
+        "n_differing": len(differing),
+        "seconds": conf.get("seconds"),
+        "examples_per_s": conf.get("examples_per_s"),
+        "load_s": conf.get("load_s"),
+    }

@@ -1,0 +1,125 @@
+"""The texts beside the GGUF files: an Ollama Modelfile that asks the served model exactly as the
+pilot asked it (system prompt, chat template, stop token, greedy), and a README with the
+llama.cpp, Ollama and Python commands. Pure: strings in, strings out."""
+
+from __future__ import annotations
+
+CHATML = (
+    "{{ if .System }}<|im_start|>system\n{{ .System }}<|im_end|>\n{{ end }}"
+    "{{ if .Prompt }}<|im_start|>user\n{{ .Prompt }}<|im_end|>\n{{ end }}"
+    "<|im_start|>assistant\n{{ .Response }}<|im_end|>\n"
+)
+"""Ollama's Go template for ChatML chat templates (SmolLM2, Qwen2)."""
+
+
+def chatml_prompt(system: str | None, user: str) -> str:
+    """What the CHATML template renders before the model answers: compared with the pilot's
+    own prompt text, so the Modelfile is known to ask exactly what the pilot asked."""
+    head = f"<|im_start|>system\n{system}<|im_end|>\n" if system else ""
+    return f"{head}<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"
+
+
+def template_for(chat_template: str | None) -> str | None:
+    """The Go template for the base's chat template, when it is ChatML; None: Ollama derives
+    one from the GGUF's own chat template."""
+    if chat_template and "<|im_start|>" in chat_template:
+        return CHATML
+    return None
+
+
+def _quoted(text: str) -> str:
+    if '"""' in text:
+        raise ValueError("a Modelfile string cannot hold three double quotes")
+    return f'"""{text}"""'
+
+
+def modelfile(
+    *,
+    model_file: str,
+    adapter_file: str | None,
+    template: str | None,
+    system: str | None,
+    stops: list[str],
+    num_ctx: int,
+    header: str,
+) -> str:
+    lines = [f"# {header}", f"FROM ./{model_file}"]
+    if adapter_file:
+        lines.append(f"ADAPTER ./{adapter_file}")
+    if template:
+        lines.append(f"TEMPLATE {_quoted(template)}")
+    if system:
+        lines.append(f"SYSTEM {_quoted(system)}")
+    lines += [f'PARAMETER stop "{s}"' for s in stops]
+    lines += ["PARAMETER temperature 0", "PARAMETER top_k 1", f"PARAMETER num_ctx {num_ctx}"]
+    return "\n".join(lines) + "\n"
+
+
+def readme(
+    *,
+    pilot: str,
+    train_run: str,
+    base_file: str,
+    base_note: str,
+    adapter_file: str,
+    merged_file: str | None,
+    system: str | None,
+    user_template: str,
+    check: dict,
+) -> str:
+    """How to serve the export, and what its serving check found."""
+    name = f"{pilot}-{train_run}".lower().replace("_", "-")
+    sys_flag = f' -sys "{system}"' if system else ""
+    verdict = "passed" if check.get("ok") else "FAILED"
+    out = [
+        f"# {pilot}: the adapter of train run {train_run}, for llama.cpp and Ollama",
+        "",
+        f"Written by `lorapilot export --gguf`. Serving check: **{verdict}** "
+        f"(agreement with lorapilot's predictions {check.get('serving_agreement', 0):.1%} on "
+        f"{check.get('n_examples', 0)} validation examples; minimum "
+        f"{check.get('serving_agreement_min', 0):.0%}"
+        f"{'' if check.get('gated', True) else ', reported, not gated'}).",
+        "",
+        f"- `{base_file}`: the base model ({base_note})",
+        f"- `{adapter_file}`: the LoRA adapter as a GGUF LoRA",
+    ]
+    if merged_file:
+        out.append(f"- `{merged_file}`: the base with the adapter merged in")
+    out += [
+        "- `Modelfile`: Ollama (base + adapter)"
+        + (", `Modelfile.merged`: Ollama (merged)" if merged_file else ""),
+        "- `lorapilot.json`: every file's sha256, the base the adapter is bound to, the check",
+        "",
+        "The model was asked with this system prompt and user message (`{text}` is the input):",
+        "",
+        "```text",
+        f"system: {system or '(none)'}",
+        f"user: {user_template}",
+        "```",
+        "",
+        "## llama.cpp",
+        "",
+        "```bash",
+        f"llama-cli -m {base_file} --lora {adapter_file}{sys_flag} --temp 0",
+        f"llama-server -m {base_file} --lora {adapter_file} --temp 0",
+        "```",
+        "",
+        "## Ollama",
+        "",
+        "```bash",
+        f"ollama create {name} -f Modelfile",
+        f"ollama run {name}",
+        "```",
+        "",
+        "## Python (llama-cpp-python)",
+        "",
+        "```python",
+        "from llama_cpp import Llama",
+        f'llm = Llama(model_path="{base_file}", lora_path="{adapter_file}")',
+        "```",
+        "",
+        "Check it again (the files re-hashed, the validation split predicted in llama.cpp):",
+        f"`lorapilot export PILOT --gguf --check {'THIS_FOLDER'}`.",
+        "",
+    ]
+    return "\n".join(out)

@@ -1,0 +1,183 @@
+"""The serving check's fresh process: `python -m lorapilot.export.serving CASES OUT`.
+
+It imports llama.cpp (llama-cpp-python) and numpy, never torch or transformers: what it
+predicts is what llama.cpp computes from the exported files alone. Every file is re-hashed
+against the export's manifest first (a changed byte refuses the check, naming the file); then,
+for each served configuration (base + adapter, merged), every validation prompt is tokenized
+by llama.cpp and compared with the pilot's token ids, and predicted with the pilot's rule:
+label scoring (the sum of the label tokens' log-probabilities, from llama.cpp's logits) or
+greedy decoding until a stop token.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from lorapilot.fsutil import atomic_write_json, sha256_file
+
+
+def _log_softmax(row: np.ndarray) -> np.ndarray:
+    x = row.astype(np.float64)
+    m = x.max()
+    return x - (m + np.log(np.exp(x - m).sum()))
+
+
+class Runtime:
+    """One llama.cpp context over a model (and an adapter), reusing the KV cache of the
+    longest prefix the next input shares with what it holds, as a server's prompt cache does."""
+
+    def __init__(self, model: Path, lora: Path | None, n_ctx: int, threads: int):
+        from llama_cpp import Llama
+
+        self.llm = Llama(
+            model_path=str(model),
+            lora_path=str(lora) if lora else None,
+            n_ctx=n_ctx,
+            n_batch=min(n_ctx, 512),
+            n_threads=threads,
+            n_threads_batch=threads,
+            logits_all=True,  # a label's later tokens are scored from the logits before them
+            verbose=False,
+            seed=0,
+        )
+
+    def tokenize(self, text: str) -> list[int]:
+        return self.llm.tokenize(text.encode("utf-8"), add_bos=False, special=True)
+
+    def feed(self, ids: list[int]) -> None:
+        """Make the context hold exactly `ids`, with the logits of its last position fresh."""
+        llm = self.llm
+        held = llm.input_ids[: llm.n_tokens].tolist()
+        keep = 0
+        for a, b in zip(held, ids, strict=False):
+            if a != b:
+                break
+            keep += 1
+        llm.n_tokens = min(keep, len(ids) - 1)  # eval drops the cache beyond n_tokens
+        llm.eval(ids[llm.n_tokens :])
+
+    def score(self, prompt: list[int], labels: list[list[int]]) -> list[float]:
+        self.feed(prompt)
+        n = len(prompt)
+        first = _log_softmax(self.llm.scores[n - 1])
+        out = []
+        for lab in labels:
+            total = float(first[lab[0]])
+            if len(lab) > 1:
+                self.llm.n_tokens = n
+                self.llm.eval(lab[:-1])
+                for k in range(1, len(lab)):
+                    total += float(_log_softmax(self.llm.scores[n + k - 1])[lab[k]])
+            out.append(total)
+        return out
+
+    def generate(self, prompt: list[int], stop: set[int], max_new: int) -> list[int]:
+        self.feed(prompt)
+        out: list[int] = []
+        while len(out) < max_new:
+            tok = int(np.argmax(self.llm.scores[self.llm.n_tokens - 1]))
+            if tok in stop:
+                break
+            out.append(tok)
+            if len(out) < max_new:
+                self.llm.eval([tok])
+        return out
+
+    def detokenize(self, ids: list[int]) -> str:
+        return self.llm.detokenize(ids).decode("utf-8", errors="replace")
+
+
+def file_problems(folder: Path, files: dict[str, str]) -> list[str]:
+    """Each exported file whose bytes differ from the manifest, named with both hashes."""
+    problems = []
+    for name, want in sorted(files.items()):
+        path = folder / name
+        got = sha256_file(path) if path.is_file() else None
+        if got != want:
+            problems.append(
+                f"{path}: sha256 {got or 'missing'} is not the exported {want}"
+                + ("" if got is None else " (the file was changed after export)")
+            )
+    return problems
+
+
+def check(cases: dict) -> dict:
+    """Re-hash, then predict every prompt in every served configuration."""
+    import llama_cpp
+
+    folder = Path(cases["folder"])
+    result: dict = {"llama_cpp_python": llama_cpp.__version__, "configs": []}
+    problems = file_problems(folder, cases["files"])
+    if problems:
+        return result | {"ok": False, "refused": True, "problems": problems}
+    threads = int(cases.get("threads") or os.cpu_count() or 1)
+    prompts = cases["prompts"]
+    for conf in cases["configs"]:
+        t_load = time.perf_counter()
+        rt = Runtime(
+            folder / conf["model"],
+            folder / conf["lora"] if conf.get("lora") else None,
+            int(cases["n_ctx"]),
+            threads,
+        )
+        load_s = time.perf_counter() - t_load
+        mismatches = []
+        for i, p in enumerate(prompts):
+            got = rt.tokenize(p["text"])
+            if got != p["ids"]:
+                at = next(
+                    (k for k, (a, b) in enumerate(zip(got, p["ids"], strict=False)) if a != b),
+                    min(len(got), len(p["ids"])),
+                )
+                mismatches.append(
+                    {
+                        "index": i,
+                        "id": p["id"],
+                        "first_difference_at": at,
+                        "lorapilot": p["ids"][at : at + 8],
+                        "llama_cpp": got[at : at + 8],
+                    }
+                )
+        entry: dict = {"name": conf["name"], "load_s": round(load_s, 3)}
+        if mismatches:
+            entry.update(tokenization_mismatches=mismatches)
+            result["configs"].append(entry)
+            continue
+        t0 = time.perf_counter()
+        if cases["mode"] == "score":
+            entry["scores"] = [rt.score(p["ids"], cases["labels"]) for p in prompts]
+        else:
+            stop = set(cases["stop_ids"])
+            gens = [rt.generate(p["ids"], stop, int(cases["max_new_tokens"])) for p in prompts]
+            entry["output_ids"] = gens
+            entry["outputs"] = [rt.detokenize(g) for g in gens]
+        seconds = time.perf_counter() - t0
+        entry.update(
+            tokenization_mismatches=[],
+            seconds=round(seconds, 3),
+            examples_per_s=round(len(prompts) / max(seconds, 1e-9), 3),
+        )
+        result["configs"].append(entry)
+        del rt
+    return result | {"ok": True, "refused": False, "problems": [], "threads": threads}
+
+
+def main(argv: list[str]) -> int:
+    cases_path, out_path = (Path(a) for a in argv)
+    cases = json.loads(cases_path.read_text(encoding="utf-8"))
+    try:
+        res = check(cases)
+    except Exception as e:  # noqa: BLE001 - reported to the parent, which names the step
+        res = {"ok": False, "refused": True, "problems": [f"llama.cpp: {type(e).__name__}: {e}"]}
+    atomic_write_json(out_path, res)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

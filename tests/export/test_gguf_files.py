@@ -1,0 +1,128 @@
+"""The GGUF conversion rules, without llama.cpp: names, the rotary permutation of q/k, the scale
+folded into B, refusals, and what the written adapter file holds (read back with gguf)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from lorapilot.errors import UsageError
+from lorapilot.export import gguf_files as gf
+
+CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "hidden_size": 16,
+    "tie_word_embeddings": True,
+}
+
+
+def _adapter(rank=2, modules=("q_proj", "k_proj", "v_proj"), seed=0):
+    rng = np.random.default_rng(seed)
+    out = {}
+    for layer in range(2):
+        for m in modules:
+            width = 16 if m == "q_proj" else 8
+            key = f"base_model.model.model.layers.{layer}.self_attn.{m}"
+            out[f"{key}.lora_A.weight"] = rng.normal(size=(rank, 16)).astype(np.float32)
+            out[f"{key}.lora_B.weight"] = rng.normal(size=(width, rank)).astype(np.float32)
+    return out
+
+
+def test_names_shapes_and_rotary_permutation_of_b():
+    w = _adapter()
+    alpha, tensors = gf.lora_tensors(w, {"lora_alpha": 4, "r": 2}, CONFIG, "adapter")
+    got = dict(tensors)
+    assert alpha == 4.0
+    assert set(got) == {
+        f"blk.{i}.attn_{m}.weight.lora_{ab}" for i in (0, 1) for m in "qkv" for ab in "ab"
+    }
+    a = w["base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"]
+    b = w["base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight"]
+    np.testing.assert_array_equal(got["blk.0.attn_q.weight.lora_a"], a)
+    # q rows permuted over 4 heads (head dim 4: rows [0, 2, 1, 3] of each head), k over 2
+    perm_q = np.concatenate([h * 4 + np.array([0, 2, 1, 3]) for h in range(4)])
+    np.testing.assert_array_equal(got["blk.0.attn_q.weight.lora_b"], b[perm_q])
+    kb = w["base_model.model.model.layers.0.self_attn.k_proj.lora_B.weight"]
+    np.testing.assert_array_equal(got["blk.0.attn_k.weight.lora_b"], kb[perm_q[:8]])
+    vb = w["base_model.model.model.layers.0.self_attn.v_proj.lora_B.weight"]
+    np.testing.assert_array_equal(got["blk.0.attn_v.weight.lora_b"], vb)  # v: not rotated
+
+
+def test_qwen2_rows_are_not_permuted():
+    w = _adapter(modules=("q_proj",))
+    cfg = CONFIG | {"architectures": ["Qwen2ForCausalLM"]}
+    _, tensors = gf.lora_tensors(w, {"lora_alpha": 4}, cfg, "adapter")
+    b = w["base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight"]
+    np.testing.assert_array_equal(dict(tensors)["blk.0.attn_q.weight.lora_b"], b)
+
+
+def test_rslora_and_alpha_pattern_are_folded_into_b():
+    """llama.cpp scales by alpha / rank; rsLoRA's alpha / sqrt(r) and a per-module alpha must
+    come out as the same product scale * B @ A."""
+    w = _adapter(rank=4, modules=("v_proj",))
+    cfg = {"lora_alpha": 8, "use_rslora": True, "alpha_pattern": {"layers.1.self_attn.v_proj": 2}}
+    alpha, tensors = gf.lora_tensors(w, cfg, CONFIG, "adapter")
+    got = dict(tensors)
+    for layer, peft_scale in ((0, 8 / 2.0), (1, 2 / 2.0)):  # alpha / sqrt(4)
+        key = f"base_model.model.model.layers.{layer}.self_attn.v_proj"
+        want = peft_scale * w[f"{key}.lora_B.weight"] @ w[f"{key}.lora_A.weight"]
+        served = (
+            (alpha / 4)
+            * got[f"blk.{layer}.attn_v.weight.lora_b"]
+            @ got[f"blk.{layer}.attn_v.weight.lora_a"]
+        )
+        np.testing.assert_allclose(served, want, rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("config", "extra", "says"),
+    [
+        ({"use_dora": True}, {}, "DoRA"),
+        ({"modules_to_save": ["norm"]}, {}, "--merge"),
+        ({}, {"base_model.model.model.embed_tokens.lora_embedding_A": np.zeros((2, 4))}, "A/B"),
+    ],
+)
+def test_what_a_gguf_lora_cannot_carry_is_refused(config, extra, says):
+    with pytest.raises(UsageError, match=says):
+        gf.lora_tensors(_adapter() | extra, {"lora_alpha": 4} | config, CONFIG, "adapter")
+
+
+def test_an_unsupported_architecture_is_named():
+    cfg = CONFIG | {"architectures": ["GPTNeoXForCausalLM"]}
+    with pytest.raises(UsageError, match="GPTNeoXForCausalLM is not one the GGUF export"):
+        gf.lora_tensors(_adapter(), {"lora_alpha": 4}, cfg, "adapter")
+
+
+def test_adapter_file_reads_back_as_a_llama_cpp_lora(tmp_path):
+    import gguf
+
+    _, tensors = gf.lora_tensors(_adapter(), {"lora_alpha": 4}, CONFIG, "adapter")
+    path = tmp_path / "adapter.gguf"
+    gf.write_adapter_gguf(path, "llama", 4.0, tensors, "t")
+    r = gguf.GGUFReader(str(path))
+    assert r.fields["general.type"].contents() == "adapter"
+    assert r.fields["adapter.type"].contents() == "lora"
+    assert r.fields["adapter.lora.alpha"].contents() == 4.0
+    assert r.fields["general.architecture"].contents() == "llama"
+    shapes = {t.name: tuple(int(x) for x in t.shape) for t in r.tensors}
+    assert shapes["blk.0.attn_q.weight.lora_a"] == (16, 2)  # ggml order: [in, r]
+    assert shapes["blk.0.attn_q.weight.lora_b"] == (2, 16)  # [r, out]
+
+
+def test_model_tensors_leave_out_a_tied_head_and_permute_q():
+    rng = np.random.default_rng(1)
+    w = {
+        "model.embed_tokens.weight": rng.normal(size=(10, 16)),
+        "lm_head.weight": rng.normal(size=(10, 16)),
+        "model.layers.0.self_attn.q_proj.weight": rng.normal(size=(16, 16)),
+        "model.norm.weight": np.ones(16),
+    }
+    got = dict(gf.model_tensors(w, CONFIG, "base"))
+    assert set(got) == {"token_embd.weight", "blk.0.attn_q.weight", "output_norm.weight"}
+    perm = np.concatenate([h * 4 + np.array([0, 2, 1, 3]) for h in range(4)])
+    np.testing.assert_allclose(
+        got["blk.0.attn_q.weight"], w["model.layers.0.self_attn.q_proj.weight"][perm]
+    )

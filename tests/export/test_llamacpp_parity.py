@@ -1,0 +1,112 @@
+"""The converted files computed by llama.cpp itself: a tiny random Llama (SmolLM2's tokenizer)
+converted to an f32 GGUF, a random LoRA as a GGUF LoRA, and llama.cpp's logits against PEFT's
+on the same tokens. A wrong name, rotary permutation or scale shows up as a logit gap far
+beyond llama.cpp's f16 KV-cache rounding (checked: breaking the permutation fails)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from serve_helpers import need_llama_cpp
+
+from lorapilot.export import gguf_files as gf
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory, tiny_model_dir):
+    need_llama_cpp()
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from safetensors.numpy import load_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from lorapilot.export.gguf_export import choose_pre_tokenizer
+
+    root = tmp_path_factory.mktemp("gguf")
+    config = json.loads((tiny_model_dir / "config.json").read_text())
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    peft = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
+    for name, p in peft.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.5)  # big enough to move every logit
+    peft.save_pretrained(root / "adapter")
+    adapter_w = load_file(str(root / "adapter" / "adapter_model.safetensors"))
+    adapter_cfg = json.loads((root / "adapter" / "adapter_config.json").read_text())
+    base_w = load_file(str(tiny_model_dir / "model.safetensors"))
+    pre = choose_pre_tokenizer(tiny_model_dir, config, tok, lambda m: None)
+    gf.convert_hf(
+        tiny_model_dir, gf.model_tensors(base_w, config, "b"), root / "base.gguf", "f32", pre, "t"
+    )
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": "Route this: my invoice 4711 is wrong, 12.50 EUR!"}],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    with torch.no_grad():
+        adapted = peft(input_ids=torch.tensor([ids])).logits[0].numpy()
+        with peft.disable_adapter():
+            plain = peft(input_ids=torch.tensor([ids])).logits[0].numpy()
+    return {
+        "root": root, "config": config, "adapter_w": adapter_w, "adapter_cfg": adapter_cfg,
+        "text": text, "ids": ids, "adapted": adapted, "plain": plain, "pre": pre,
+    }  # fmt: skip
+
+
+def _llama_logits(base, lora, ids, text=None):
+    from llama_cpp import Llama
+
+    llm = Llama(
+        model_path=str(base), lora_path=str(lora) if lora else None, n_ctx=128,
+        logits_all=True, verbose=False, n_threads=1,
+    )  # fmt: skip
+    if text is not None:
+        assert llm.tokenize(text.encode(), add_bos=False, special=True) == ids
+    llm.eval(ids)
+    return np.array(llm.scores[: len(ids)])
+
+
+def _write_adapter(c, path):
+    alpha, tensors = gf.lora_tensors(c["adapter_w"], c["adapter_cfg"], c["config"], "a")
+    gf.write_adapter_gguf(path, "llama", alpha, tensors, "t")
+    return path
+
+
+def test_llama_cpp_tokenizes_and_computes_base_plus_adapter_as_peft_does(converted):
+    c = converted
+    lora = _write_adapter(c, c["root"] / "adapter.gguf")
+    served = _llama_logits(c["root"] / "base.gguf", lora, c["ids"], c["text"])
+    gap = np.abs(served - c["adapted"]).max()
+    moved = np.abs(c["adapted"] - c["plain"]).max()
+    assert moved > 0.5  # the adapter matters, so ignoring it could not pass
+    assert gap < 0.02 * moved, (gap, moved)
+    assert (served.argmax(-1) == c["adapted"].argmax(-1)).all()
+
+
+def test_a_wrong_rotary_permutation_is_caught(converted, monkeypatch):
+    c = converted
+    monkeypatch.setattr(gf, "_permute_rows", lambda w, n_head: w)
+    lora = _write_adapter(c, c["root"] / "adapter-unpermuted.gguf")
+    served = _llama_logits(c["root"] / "base.gguf", lora, c["ids"])
+    moved = np.abs(c["adapted"] - c["plain"]).max()
+    assert np.abs(served - c["adapted"]).max() > 0.02 * moved
+
+
+def test_merged_gguf_computes_the_adapted_model(converted, tiny_model_dir):
+    from lorapilot.export.gguf_export import _merged_weights
+
+    c = converted
+    merged = _merged_weights(tiny_model_dir, c["adapter_w"], c["adapter_cfg"], c["config"])
+    path = c["root"] / "merged.gguf"
+    gf.convert_hf(
+        tiny_model_dir, gf.model_tensors(merged, c["config"], "m"), path, "f32", c["pre"], "m"
+    )
+    served = _llama_logits(path, None, c["ids"])
+    moved = np.abs(c["adapted"] - c["plain"]).max()
+    assert np.abs(served - c["adapted"]).max() < 0.02 * moved
