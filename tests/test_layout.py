@@ -58,6 +58,8 @@ LAYERS = {
     "lorapilot.sizing.estimate": 4,
     "lorapilot.sizing.rental": 4,
     "lorapilot.decision.reload": 4,
+    "lorapilot.export": 3,
+    "lorapilot.export.gguf_export": 4,
     "lorapilot.steps": 5,
     "lorapilot.views": 6,
     "lorapilot.cli": 6,

@@ -644,8 +644,10 @@ def export(
     if check is None and out is None:
         raise UsageError("--out is required: a new (or empty) folder for the export")
     if check is not None and (out is not None or merge or gguf_base is not None):
-        raise UsageError("--check takes an existing export folder; it goes without --out, "
-                         "--merge and --gguf-base")
+        raise UsageError(
+            "--check takes an existing export folder; it goes without --out, "
+            "--merge and --gguf-base"
+        )
     return Shown(
         run_export(
             _pilot(pilot), run, out, merge, gguf=gguf, gguf_base=gguf_base,

@@ -83,6 +83,14 @@ def read_jsonl(path: str | os.PathLike) -> list[dict]:
     return out
 
 
+def read_json_or_none(path: str | os.PathLike) -> Any:
+    """A JSON file's content, or None when it is missing or not valid JSON."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:

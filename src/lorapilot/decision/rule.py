@@ -307,9 +307,7 @@ def decide(
     }
 
 
-def gate(
-    decision: dict, verify: dict | None, test: dict | None, smoke: dict | None = None
-) -> dict:
+def gate(decision: dict, verify: dict | None, test: dict | None, smoke: dict | None = None) -> dict:
     """The protocol's own gates on a decision: a pilot whose latest smoke for this spec failed
     or that has none (`smoke`: {id, status, ok, error} or None), a run that was not reloaded
     in a fresh process (`verify`), not evaluated once on the reserved test split, or whose

@@ -59,12 +59,16 @@ def require_serving(where: str = "--gguf") -> None:
         )
 
 
-def _refuse_unsupported(pilot, manifest: dict) -> None:
+def refuse_images(pilot) -> None:
     if pilot.spec.task.modality == "image":
         raise UsageError(
             f"{pilot.spec_path}: task.modality is image; --gguf exports text models for "
             "llama.cpp (an image pilot exports its adapter, or --merge for a model folder)"
         )
+
+
+def _refuse_unsupported(pilot, manifest: dict) -> None:
+    refuse_images(pilot)
     if manifest.get("method") != "lora":
         raise UsageError(
             f"--gguf: the train run is a {manifest.get('method')} fine-tune, not a LoRA adapter; "

@@ -16,7 +16,7 @@ from lorapilot.decision.rule import bootstrap_for, comparable, decide, flips, ga
 from lorapilot.evaluate.guards import check_absolute_guards, check_guards
 from lorapilot.evaluate.metrics import get_metric, per_group
 from lorapilot.evaluate.records import BASELINE_PREDICTIONS
-from lorapilot.fsutil import read_jsonl
+from lorapilot.fsutil import read_json_or_none, read_jsonl
 from lorapilot.records import registry
 from lorapilot.spec import Pilot
 
@@ -27,6 +27,7 @@ def latest_smoke(runs: list, spec_hash: str) -> dict | None:
         if r.kind == "smoke" and r.spec_hash == spec_hash and r.status in ("completed", "failed"):
             return {"id": r.id, "status": r.status, "ok": r.result.get("ok"), "error": r.error}
     return None
+
 
 def _rows(run_dir: Path) -> list[dict]:
     return read_jsonl(run_dir / "predictions.jsonl")
@@ -281,6 +282,7 @@ def collect(pilot: Pilot) -> dict:
         "test": test,
         "test_ledger": ledger,
         "curves": curves,
+        "exports": exported(pilot),
         # images: what `inspect` last drew (originals beside what the model sees)
         "contact_sheets": sorted(str(p) for p in (pilot.dir / "inspect").glob("contact-*.png"))
         if spec.task.modality == "image"
@@ -290,6 +292,17 @@ def collect(pilot: Pilot) -> dict:
         )
         + degenerate_baseline(baseline and _rows(registry.runs_dir(pilot.dir) / baseline.id)),
     }
+
+
+def exported(pilot) -> list[dict]:
+    """What deliverable/ holds besides the adapter: merged and GGUF exports, read from their
+    manifests (`run` writes them for the spec's export.formats)."""
+    out = []
+    for fmt in ("merged", "gguf"):
+        m = read_json_or_none(pilot.dir / "deliverable" / fmt / "lorapilot.json")
+        if isinstance(m, dict):
+            out.append({"format": fmt, "folder": f"deliverable/{fmt}", **m})
+    return out
 
 
 def degenerate_baseline(predictions: list[dict] | None, share: float = 0.5) -> list[str]:

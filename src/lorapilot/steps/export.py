@@ -20,7 +20,7 @@ from lorapilot.decision.plan import pilot_of_run
 from lorapilot.errors import CheckFailed, UsageError
 from lorapilot.evaluate.runner import evaluate_records, make_protocol
 from lorapilot.export.folder import require_new_folder, write_folder
-from lorapilot.export.gguf_export import export_gguf, recheck
+from lorapilot.export.gguf_export import export_gguf, recheck, refuse_images
 from lorapilot.records import registry
 
 MERGE_TOLERANCE = 1e-3
@@ -50,6 +50,8 @@ def run_export(
     base (and for images) the validation split's predictions (`merge_agreement`). `gguf`: the
     llama.cpp / Ollama folder, checked in llama.cpp (`export.gguf_export`); `check`: that
     check again on a folder already written."""
+    if gguf or check is not None:
+        refuse_images(pilot)
     if check is not None:
         return recheck(pilot, check, min_agreement)
     out = require_new_folder(out)

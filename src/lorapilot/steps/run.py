@@ -33,6 +33,7 @@ from lorapilot.steps.baseline import run_baseline
 from lorapilot.steps.budget import run_budget
 from lorapilot.steps.data import run_data
 from lorapilot.steps.eval import run_eval
+from lorapilot.steps.export import run_export
 from lorapilot.steps.inspect import run_inspect
 from lorapilot.steps.probe import run_probe
 from lorapilot.steps.report import run_report
@@ -56,9 +57,10 @@ PHASES = (
 
 def inputs_key(pilot: Pilot, env: dict) -> str:
     """What a phase's result depends on; a change means the phase is redone. The limits are
-    not part of it: raising a limit that refused the plan redoes nothing already measured."""
+    not part of it: raising a limit that refused the plan redoes nothing already measured; nor
+    are the export formats, which only add to the deliverable."""
     spec = pilot.spec.model_dump(mode="json")
-    spec["limits"] = spec["tracking"] = None
+    spec["limits"] = spec["tracking"] = spec["export"] = None
     return (
         "in-"
         + sha256_json(
@@ -212,8 +214,13 @@ def run_pipeline(
         ),
         where=lambda r: r.parent == train_id and r.result.get("split") == "test",
     )
+    exports = [
+        phase(f"export {fmt}", None, lambda fmt=fmt: _export(pilot, train_id, fmt, log))
+        for fmt in pilot.spec.export.formats
+        if fmt != "peft"  # the adapter folder: the report copies it into deliverable/
+    ]
     rep = phase("report", None, lambda: run_report(pilot))
-    return {
+    result = {
         "ok": True,
         "decision": rep["decision"],
         "reasons": rep["reasons"],
@@ -234,9 +241,52 @@ def run_pipeline(
         "test_metrics": test.get("metrics"),
         "test_gain": rep["test_gain"],
         "inputs_key": key,
+        "exports": exports,
         "phases": phases,
         "wall_s": round(time.time() - t_all, 2),
     }
+    failed = [e for e in exports if not e.get("ok")]
+    if failed:
+        raise CheckFailed(
+            "export: "
+            + "; ".join(f"{e['format']}: {e.get('error', 'check failed')}" for e in failed)
+            + " (the report shows it; the folder keeps its check)",
+            result | {"ok": False},
+        )
+    return result
+
+
+def _export(pilot: Pilot, train_id: str, fmt: str, log) -> dict:
+    """deliverable/<fmt>: exported and checked for the chosen adapter, or kept when it already
+    holds that adapter's export with a passing check. A failed serving check is kept (its
+    manifest says so) and reported; the plan's run then exits 1 after the report."""
+    import shutil
+
+    from lorapilot.base.manifest import MANIFEST
+    from lorapilot.fsutil import read_json_or_none
+
+    target = pilot.dir / "deliverable" / fmt
+    written = read_json_or_none(target / MANIFEST)
+    check = (written or {}).get("serving_check") or {}
+    if written and written.get("train_run") == train_id and check.get("ok", True):
+        log(f"    {fmt}: deliverable/{fmt} already holds {train_id}'s export")
+        return {"format": fmt, "ok": True, "out": str(target), "reused": True}
+    tmp = target.with_name(f".{fmt}-{train_id}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        out = run_export(pilot, train_id, tmp, merge=fmt == "merged", gguf=fmt == "gguf",
+                         progress=lambda m: log(f"    {m}"))  # fmt: skip
+    except CheckFailed as e:
+        out = {**e.details, "ok": False, "error": str(e)}
+    if tmp.is_dir():  # written (a failed serving check too); swap it into place
+        old = target.with_name(f".{fmt}-old")
+        shutil.rmtree(old, ignore_errors=True)
+        if target.exists():
+            target.rename(old)
+        tmp.rename(target)
+        shutil.rmtree(old, ignore_errors=True)
+        out["out"] = str(target)
+    return {"format": fmt, **{k: v for k, v in out.items() if k != "sha256"}}
 
 
 def _train_variant(pilot: Pilot, vp: Pilot, phase, named: bool, progress: bool, log) -> None:

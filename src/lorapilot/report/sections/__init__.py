@@ -5,7 +5,8 @@ that has not trained yet): its section then says "not run yet" and which verb fi
 builder that fails on odd data costs only its own section (`build_sections` says so in place).
 One module per section family: `decision` (decision, hypothesis, limitations), `data`, `model`
 (base, adapter, environment), `sizing` (probe, budget), `results`, `runs` (runs, curves,
-verify, test); `state` reads the state's keys safely for all of them.
+verify, test), `deliverable` (the exported formats and their checks); `state` reads the
+state's keys safely for all of them.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 from lorapilot.report.blocks import Para
 from lorapilot.report.sections.data import _data
 from lorapilot.report.sections.decision import _decision, _hypothesis, _limitations
+from lorapilot.report.sections.deliverable import _deliverable
 from lorapilot.report.sections.model import _adapter, _base_model, _environment
 from lorapilot.report.sections.results import _results
 from lorapilot.report.sections.runs import _curves, _runs, _test, _verify
@@ -37,6 +39,7 @@ SECTIONS: tuple[tuple[str, str], ...] = (
     ("training-curves", "Training curves"),
     ("verify", "Verification"),
     ("test", "Test split"),
+    ("deliverable", "Deliverable: formats and their checks"),
     ("limitations", "Limitations"),
 )
 """(HTML id, heading) of every section, in report order: a stable contract for tests."""
@@ -56,6 +59,7 @@ _BUILDERS = {
     "training-curves": _curves,
     "verify": _verify,
     "test": _test,
+    "deliverable": _deliverable,
     "limitations": _limitations,
 }
 

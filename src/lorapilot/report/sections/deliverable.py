@@ -1,0 +1,84 @@
+"""The deliverable's formats: the adapter folder, and the merged and GGUF exports with the check
+each passed (the merge's agreement with the adapter, the served model's agreement with
+lorapilot's predictions in llama.cpp)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lorapilot.report.blocks import Para, Sub, Table
+from lorapilot.report.formatting import DASH, fmt, isnum, mark
+from lorapilot.report.sections.model import _record
+from lorapilot.report.sections.state import _list
+
+
+def _share(x: Any) -> str:
+    return f"{100 * x:.1f}%" if isnum(x) else DASH
+
+
+def _metrics_text(configs: Any) -> str:
+    parts = []
+    for c in configs if isinstance(configs, list) else []:
+        for name, pair in (c.get("metrics") or {}).items():
+            if isinstance(pair, dict):
+                parts.append(
+                    f"{c.get('name')}: {name} {fmt(pair.get('lorapilot'))} in lorapilot, "
+                    f"{fmt(pair.get('llama_cpp'))} in llama.cpp"
+                )
+    return "; ".join(parts)
+
+
+def _deliverable(s: dict) -> list:
+    rows: list[list[Any]] = []
+    adapter = (_record(s).get("result") or {}).get("adapter_path")
+    if adapter:
+        what = "the adapter and its manifest (base sha256, data, protocol)"
+        rows.append(["peft", "deliverable/adapter", "verify (a fresh process)", "", "", what])
+    notes: list = []
+    for e in _list(s, "exports"):
+        if not isinstance(e, dict):
+            continue
+        if e.get("format") == "gguf":
+            check = e.get("serving_check") or {}
+            agree = check.get("serving_agreement")
+            minimum = check.get("serving_agreement_min")
+            gate = "gated" if check.get("gated", True) else "reported, not gated"
+            base = e.get("base_gguf") or {}
+            rows.append([
+                "gguf", e.get("folder"),
+                f"llama.cpp on {check.get('n_examples')} validation examples ({gate}, minimum "
+                f"{_share(minimum)})",
+                mark(check.get("ok"), "passed", "FAILED"), _share(agree),
+                f"base {base.get('type')}; {_metrics_text(check.get('configs'))}",
+            ])  # fmt: skip
+            for c in check.get("configs") or []:
+                differing = c.get("differing") or []
+                if differing:
+                    notes.append(
+                        f"gguf {c.get('name')}: {c.get('n_differing')} example(s) predicted "
+                        "differently, e.g. "
+                        + ", ".join(
+                            f"{d.get('id')} (lorapilot {d.get('lorapilot')!r}, llama.cpp "
+                            f"{d.get('llama_cpp')!r})"
+                            for d in differing[:3]
+                        )
+                    )
+            notes += [f"gguf: {p}" for p in check.get("problems") or []]
+        elif e.get("format") == "merged":
+            agree = e.get("merge_agreement")
+            diff = e.get("merge_max_logit_diff")
+            rows.append([
+                "merged", e.get("folder"),
+                "merged model against the adapter: max logit difference "
+                f"{fmt(diff)} (tolerance {fmt(e.get('merge_tolerance'))})",
+                mark(True), _share(agree) if agree is not None else "", "loads without PEFT",
+            ])  # fmt: skip
+    if not rows:
+        return [Para("nothing exported yet: `lorapilot run` fills deliverable/ (spec key "
+                     "export.formats), `lorapilot export` writes one format")]  # fmt: skip
+    out: list = [
+        Table(["format", "folder", "check", "ok", "agreement", "notes"], rows),
+    ]
+    if notes:
+        out += [Sub("Where the served model differs"), Para("; ".join(notes))]
+    return out
