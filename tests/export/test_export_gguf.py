@@ -15,8 +15,7 @@ import shutil
 
 import pytest
 import yaml
-from conftest import EXAMPLES, run_cli, run_json
-from serve_helpers import need_llama_cpp
+from conftest import EXAMPLES, need_llama_cpp, run_cli, run_json
 
 pytestmark = pytest.mark.slow
 

@@ -9,7 +9,7 @@ import json
 
 import numpy as np
 import pytest
-from serve_helpers import need_llama_cpp
+from conftest import need_llama_cpp
 
 from lorapilot.export import gguf_files as gf
 
@@ -110,3 +110,37 @@ def test_merged_gguf_computes_the_adapted_model(converted, tiny_model_dir):
     served = _llama_logits(path, None, c["ids"])
     moved = np.abs(c["adapted"] - c["plain"]).max()
     assert np.abs(served - c["adapted"]).max() < 0.02 * moved
+
+
+def test_label_scores_in_llama_cpp_are_lorapilots_scoring_rule(converted, tiny_model_dir):
+    """The serving check's scoring (export.serving.Runtime) against lorapilot's own
+    (evaluate.predict.score_labels, fp32) on the same adapted model: the same sums of label
+    log-probabilities, and best-first search picks what scoring every label picks."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from lorapilot.evaluate.predict import score_labels
+    from lorapilot.export.serving import Runtime
+
+    c = converted
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    names = ["billing", "technical support", "account", "refund request", "shipping"]
+    labels = [tok(n, add_special_tokens=False)["input_ids"] + [end] for n in names]
+    assert max(len(x) for x in labels) >= 3  # multi-token labels exercise the later logits
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    model = PeftModel.from_pretrained(base, str(c["root"] / "adapter")).eval()
+    prompts = [c["ids"], c["ids"][:-3], c["ids"][:20] + c["ids"][-5:]]
+    ours = score_labels(model, prompts, labels, search="all", precision="fp32")
+    lora = _write_adapter(c, c["root"] / "adapter-scores.gguf")
+    rt = Runtime(c["root"] / "base.gguf", lora, n_ctx=128, threads=1)
+    for i, p in enumerate(prompts):
+        every = rt.score(p, labels, best_first=False)
+        np.testing.assert_allclose(every, ours[i], atol=0.05)
+        best = rt.score(p, labels, best_first=True)
+        scored = [j for j, v in enumerate(best) if v is not None]
+        assert int(np.argmax(every)) in scored
+        assert max(scored, key=lambda j: best[j]) == int(np.argmax(every))
+        for j in scored:
+            assert best[j] == pytest.approx(every[j], abs=1e-4)

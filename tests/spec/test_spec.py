@@ -155,6 +155,17 @@ def test_label_search_default_keeps_older_spec_hashes():
     assert "eval.label_search" in bad({**BASE, "eval": {"label_search": "greedy"}})
 
 
+def test_export_formats_change_no_hash_and_are_checked():
+    """What is exported changes no result: the spec hash (and run's reuse) ignore it."""
+    a = spec_from_dict(BASE)
+    assert a.export.formats == ["peft"] and a.export.min_agreement == 0.98
+    b = spec_from_dict({**BASE, "export": {"formats": ["peft", "gguf"], "gguf_base": "q8_0"}})
+    assert b.spec_hash() == a.spec_hash()
+    assert "export.formats" in bad({**BASE, "export": {"formats": ["onnx"]}})
+    assert "listed twice" in bad({**BASE, "export": {"formats": ["gguf", "gguf"]}})
+    assert "export.min_agreement" in bad({**BASE, "export": {"min_agreement": 1.5}})
+
+
 def test_json_schema_describes_the_spec():
     sch = json_schema()
     assert {"name", "hypothesis", "task", "data"} <= set(sch["required"])

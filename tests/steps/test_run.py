@@ -11,7 +11,7 @@ import time
 
 import pytest
 import yaml
-from conftest import init_tiny_pilot, run_json
+from conftest import init_tiny_pilot, need_llama_cpp, run_json
 
 
 def _tiny_init(tmp_path, tiny_model_dir):
@@ -122,6 +122,23 @@ def test_run_whole_pilot_then_rerun_reuses_every_phase(tmp_path, default_model_d
     ledger = (pilot / "runs" / "test_ledger.jsonl").read_text().splitlines()
     assert len(ledger) == 1, "a rerun must not touch the test split again"
     assert json.loads(ledger[0])["evaluated"] == first["train_run"]
+    # export formats added afterwards: nothing is redone, the deliverable gains the GGUF
+    # folder with its serving check, and the report shows it (the gate's own tests are in
+    # tests/export: here any agreement passes)
+    need_llama_cpp()
+    spec["export"] = {"formats": ["peft", "gguf"], "min_agreement": 0.0}
+    (pilot / "pilot.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    third = run_json("run", str(pilot), "--no-progress")
+    assert [p["phase"] for p in third["phases"] if not p["reused"]] == [
+        "inspect", "budget", "export gguf", "report"
+    ]  # fmt: skip
+    (gguf,) = third["exports"]
+    assert gguf["format"] == "gguf" and gguf["ok"] and gguf["train_run"] == first["train_run"]
+    written = json.loads((pilot / "deliverable" / "gguf" / "lorapilot.json").read_text())
+    assert written["serving_check"]["serving_agreement"] == gguf["serving_agreement"]
+    report = (pilot / "report" / "report.md").read_text()
+    assert "## Deliverable: formats and their checks" in report
+    assert "| gguf | deliverable/gguf |" in report
 
 
 def test_run_does_not_reuse_a_disturbed_probe(tmp_path):

@@ -24,7 +24,7 @@ from typing import Any
 
 from lorapilot.base.manifest import MANIFEST, read_manifest, weights_sha256
 from lorapilot.base.models import load_tokenizer, original_gguf
-from lorapilot.data.dataset import formatter_for, prepare_data
+from lorapilot.data.dataset import formatter_for, max_length_of, prepare_data
 from lorapilot.data.format import render_messages
 from lorapilot.errors import CheckFailed, LorapilotError, UsageError
 from lorapilot.evaluate.runner import label_token_ids, score_predictions, stop_token_ids
@@ -147,7 +147,8 @@ def export_gguf(
                     resolved.path, tensors, tmp / MERGED_FILE, _merged_type(kind),
                     _pre_of(tmp / BASE_FILE), name,
                 )  # fmt: skip
-        n_ctx = cases["n_ctx"]
+        # the served context: room for the longest input the pilot allows, not only val's
+        n_ctx = max(cases["n_ctx"], -(-(max_length_of(pilot, tok) + 16) // 64) * 64)
         header = f"written by lorapilot export --gguf: pilot {spec.name}, train run {train_id}"
         mf = dict(template=template, system=system, stops=stops, num_ctx=n_ctx, header=header)
         (tmp / "Modelfile").write_text(
@@ -408,6 +409,7 @@ def serving_check(
         "stop_ids": cases["stop_ids"],
         "max_new_tokens": cases["max_new_tokens"],
         "n_ctx": cases["n_ctx"],
+        "label_search": spec.eval.label_search,
         "threads": spec.train.threads,
     }
     with tempfile.TemporaryDirectory(prefix="lorapilot-serve-") as d:
@@ -469,7 +471,11 @@ def _compare(spec, cases: dict, conf: dict) -> dict:
     import numpy as np
 
     records = cases["records"]
-    scores = np.array(conf["scores"], dtype=np.float64) if "scores" in conf else None
+    scores = (
+        np.array([[np.nan if v is None else v for v in row] for row in conf["scores"]])
+        if "scores" in conf
+        else None
+    )
     metrics, rows = score_predictions(
         spec, records, cases["prompt_texts"], scores, conf.get("outputs")
     )

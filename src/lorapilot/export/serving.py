@@ -62,20 +62,44 @@ class Runtime:
         llm.n_tokens = min(keep, len(ids) - 1)  # eval drops the cache beyond n_tokens
         llm.eval(ids[llm.n_tokens :])
 
-    def score(self, prompt: list[int], labels: list[list[int]]) -> list[float]:
+    def score(
+        self, prompt: list[int], labels: list[list[int]], best_first: bool = True
+    ) -> list[float | None]:
+        """Each label's summed log-probability after the prompt. `best_first` (the pilot's
+        default label search) scores a label whole only while it may still win: a label's
+        log-probability only falls as its tokens are added, so once the best label scored
+        whole beats every other label's first-token score, no other can overtake it. Labels
+        not scored whole are None; the argmax is the one scoring every label gives."""
         self.feed(prompt)
         n = len(prompt)
         first = _log_softmax(self.llm.scores[n - 1])
-        out = []
-        for lab in labels:
-            total = float(first[lab[0]])
-            if len(lab) > 1:
-                self.llm.n_tokens = n
-                self.llm.eval(lab[:-1])
-                for k in range(1, len(lab)):
-                    total += float(_log_softmax(self.llm.scores[n + k - 1])[lab[k]])
-            out.append(total)
-        return out
+        partial = [float(first[lab[0]]) for lab in labels]
+        whole: list[float | None] = [
+            p if len(lab) == 1 else None for p, lab in zip(partial, labels, strict=True)
+        ]
+        order = range(len(labels))
+        while True:
+            pending = [j for j in order if whole[j] is None]
+            if not pending:
+                break
+            if best_first:
+                top = max(
+                    order, key=lambda j: (whole[j] if whole[j] is not None else partial[j], -j)
+                )
+                if whole[top] is not None:
+                    break
+                pending = [top]
+            for j in pending:
+                whole[j] = self._whole(n, labels[j], partial[j])
+        return whole
+
+    def _whole(self, n: int, lab: list[int], first: float) -> float:
+        self.llm.n_tokens = n
+        self.llm.eval(lab[:-1])
+        total = first
+        for k in range(1, len(lab)):
+            total += float(_log_softmax(self.llm.scores[n + k - 1])[lab[k]])
+        return total
 
     def generate(self, prompt: list[int], stop: set[int], max_new: int) -> list[int]:
         self.feed(prompt)
@@ -151,7 +175,8 @@ def check(cases: dict) -> dict:
             continue
         t0 = time.perf_counter()
         if cases["mode"] == "score":
-            entry["scores"] = [rt.score(p["ids"], cases["labels"]) for p in prompts]
+            best_first = cases.get("label_search", "best_first") == "best_first"
+            entry["scores"] = [rt.score(p["ids"], cases["labels"], best_first) for p in prompts]
         else:
             stop = set(cases["stop_ids"])
             gens = [rt.generate(p["ids"], stop, int(cases["max_new_tokens"])) for p in prompts]
