@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from conftest import EXAMPLES
 
 from lorapilot.errors import UsageError
 from lorapilot.spec import (
@@ -332,3 +333,20 @@ def test_shared_prefix_settings_read_bare_yaml_on_and_off():
         spec = spec_from_dict(raw, "pilot.yaml")
         assert spec.train.shared_prefix == spec.eval.shared_prefix == want
     assert "shared_prefix" in bad({**BASE, "train": {"shared_prefix": "sometimes"}})
+
+
+def test_gguf_export_is_refused_for_images_and_without_the_extra(tmp_path, monkeypatch):
+    import yaml
+
+    from lorapilot.spec import requirements
+
+    image = yaml.safe_load((EXAMPLES / "fashion-items" / "pilot.yaml").read_text())
+    assert "export.formats: gguf is llama.cpp's format" in bad(
+        {**image, "export": {"formats": ["gguf"]}}
+    )
+    (tmp_path / "pilot.yaml").write_text(yaml.safe_dump({**BASE, "export": {"formats": ["gguf"]}}))
+    monkeypatch.setattr(requirements, "available", lambda m: m != "llama_cpp")
+    with pytest.raises(
+        UsageError, match=r"export.formats: the GGUF export needs llama_cpp.*make serve"
+    ):
+        load_pilot(tmp_path)

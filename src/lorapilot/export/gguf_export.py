@@ -33,12 +33,8 @@ from lorapilot.export import ollama
 from lorapilot.export.folder import write_folder
 from lorapilot.fsutil import atomic_write_json, read_jsonl, sha256_file
 from lorapilot.records import registry
-from lorapilot.spec.requirements import available
+from lorapilot.spec.requirements import require_serving
 
-SERVE_INSTALL = (
-    "pip install -e '.[serve]' (gguf 0.19.0 and llama-cpp-python 0.3.36, built from its sdist "
-    "with cmake and a C++ compiler: about 4.5 minutes on 2 cores), or `make serve`"
-)
 BASE_FILE, ADAPTER_FILE, MERGED_FILE = "base.gguf", "adapter.gguf", "merged.gguf"
 GATED_TYPES = ("original", "f32", "f16")
 """Base files that hold the trained-on weights (or a rounding of them no coarser than f16):
@@ -48,15 +44,6 @@ PROBE_TEXT = (
     "new line {\"json\": [1, 2, null]} <tag> don't it's CAPS camelCase snake_case 12345678"
 )
 Progress = Callable[[str], None]
-
-
-def require_serving(where: str = "--gguf") -> None:
-    missing = [m for m in ("gguf", "llama_cpp") if not available(m)]
-    if missing:
-        raise UsageError(
-            f"{where}: needs {', '.join(missing)} (the `serve` extra), not installed here; "
-            f"install it: {SERVE_INSTALL}"
-        )
 
 
 def refuse_images(pilot) -> None:
@@ -107,7 +94,7 @@ def export_gguf(
     say = progress or (lambda m: None)
     manifest = read_manifest(adapter_dir)
     _refuse_unsupported(pilot, manifest)
-    require_serving()
+    require_serving("--gguf")
     spec = pilot.spec
     resolved, tok = load_tokenizer(pilot)
     if weights_sha256(resolved.path, spec.model.allow_pickle) != manifest["base"]["sha256"]:

@@ -359,6 +359,10 @@ def load_pilot(
         from lorapilot.spec.requirements import require_trackers
 
         require_trackers(spec.tracking, str(spec_path))
+    if "gguf" in spec.export.formats:  # refused now, not after the whole plan has run
+        from lorapilot.spec.requirements import require_serving
+
+        require_serving(f"{spec_path}: export.formats")
     return Pilot(pilot_dir, spec_path, spec, raw, diff, name)
 
 

@@ -98,6 +98,15 @@ class PilotSpec(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _gguf_is_for_text(self) -> PilotSpec:
+        if "gguf" in self.export.formats and self.task.modality == "image":
+            raise ValueError(
+                "export.formats: gguf is llama.cpp's format for text models; an image pilot "
+                "exports peft or merged"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _category_source(self) -> PilotSpec:
         by = self.data.category
         if by is None:

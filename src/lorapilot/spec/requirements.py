@@ -67,3 +67,19 @@ def require_trackers(targets: Iterable[str], source: str) -> None:
                 f"are not installed; install the extra with `pip install 'lorapilot[{target}]'` "
                 f"(or remove {target} from tracking)"
             )
+
+
+SERVE_INSTALL = (
+    "pip install -e '.[serve]' (gguf 0.19.0 and llama-cpp-python 0.3.36, built from its sdist "
+    "with cmake and a C++ compiler: about 4 minutes on 2 cores), or `make serve`"
+)
+
+
+def require_serving(source: str) -> None:
+    """Refuse (exit 2) a GGUF export this machine cannot check: llama.cpp's binding missing."""
+    missing = [m for m in ("gguf", "llama_cpp") if not available(m)]
+    if missing:
+        raise UsageError(
+            f"{source}: the GGUF export needs {', '.join(missing)} (the `serve` extra), not "
+            f"installed here; install it: {SERVE_INSTALL}"
+        )
