@@ -622,6 +622,16 @@ def export(
             "must predict as lorapilot did (default: the spec's export.min_agreement, 0.98).",
         ),
     ] = None,
+    reference: Annotated[
+        str | None,
+        typer.Option(
+            "--reference",
+            help="With --gguf or --check: compare llama.cpp's predictions with the train run's "
+            "recorded ones (recorded), or with the adapter evaluated again in fp32 (fp32: its "
+            "exact arithmetic; a bf16 evaluation alone flips close generations). Default: the "
+            "spec's export.reference.",
+        ),
+    ] = None,
     check: Annotated[
         Path | None,
         typer.Option(
@@ -639,8 +649,10 @@ def export(
 
     if gguf_base is not None and gguf_base not in ("auto", "original", "f32", "f16", "q8_0"):
         raise UsageError(f"--gguf-base {gguf_base}: use auto, original, f32, f16 or q8_0")
-    if (gguf_base is not None or min_agreement is not None) and not (gguf or check):
-        raise UsageError("--gguf-base and --min-agreement go with --gguf (or --check)")
+    if reference is not None and reference not in ("recorded", "fp32"):
+        raise UsageError(f"--reference {reference}: use recorded or fp32")
+    if (gguf_base, min_agreement, reference) != (None, None, None) and not (gguf or check):
+        raise UsageError("--gguf-base, --min-agreement and --reference go with --gguf (or --check)")
     if check is None and out is None:
         raise UsageError("--out is required: a new (or empty) folder for the export")
     if check is not None and (out is not None or merge or gguf_base is not None):
@@ -651,7 +663,7 @@ def export(
     return Shown(
         run_export(
             _pilot(pilot), run, out, merge, gguf=gguf, gguf_base=gguf_base,
-            min_agreement=min_agreement, check=check,
+            min_agreement=min_agreement, reference=reference, check=check,
             progress=lambda m: log_console(as_json).print(f"[dim]export: {esc(m)}[/]"),
         ),
         views.export,

@@ -87,6 +87,7 @@ def export_gguf(
     base_type: str | None = None,
     merge: bool = False,
     min_agreement: float | None = None,
+    reference: str | None = None,
     progress: Progress | None = None,
 ) -> dict:
     """Write the GGUF folder at `out` (atomically, its check recorded in it), then raise
@@ -111,7 +112,8 @@ def export_gguf(
     original, source = original_gguf(resolved.path)
     kind = _base_type(base_type or spec.export.gguf_base, original, source)
     minimum = spec.export.min_agreement if min_agreement is None else min_agreement
-    cases = _cases(pilot, tok, manifest, train_id)
+    ref = reference or spec.export.reference
+    cases = _cases(pilot, tok, manifest, train_id, adapter_dir, ref, say)
     messages = render_messages(spec.task, "{text}")
     system = next((m["content"] for m in messages if m["role"] == "system"), None)
     user = next(m["content"] for m in messages if m["role"] == "user")
@@ -210,7 +212,9 @@ def export_gguf(
     return result
 
 
-def recheck(pilot, folder: Path, min_agreement: float | None = None) -> dict:
+def recheck(
+    pilot, folder: Path, min_agreement: float | None = None, reference: str | None = None
+) -> dict:
     """The serving check again on an exported folder: its files re-hashed against its
     manifest (a changed byte: exit 1 naming the file), its validation predictions again."""
     require_serving("--check")
@@ -222,7 +226,8 @@ def recheck(pilot, folder: Path, min_agreement: float | None = None) -> dict:
     _, adapter_dir = registry.adapter_of(pilot.dir, train_id)
     manifest = read_manifest(adapter_dir)
     _, tok = load_tokenizer(pilot)
-    cases = _cases(pilot, tok, manifest, train_id)
+    ref = reference or pilot.spec.export.reference
+    cases = _cases(pilot, tok, manifest, train_id, adapter_dir, ref, lambda m: None)
     configs = [{"name": "base+adapter", "model": BASE_FILE, "lora": ADAPTER_FILE}]
     if written.get("merged_gguf"):
         configs.append({"name": "merged", "model": MERGED_FILE, "lora": None})
@@ -238,9 +243,27 @@ def recheck(pilot, folder: Path, min_agreement: float | None = None) -> dict:
 def _why(check: dict) -> str:
     if check.get("problems"):
         return "serving check refused: " + "; ".join(check["problems"])
+    ref = check.get("reference") or {}
+    against = (
+        f"the recorded {ref.get('precision')} predictions"
+        if ref.get("kind") == "recorded"
+        else "the adapter's fp32 predictions"
+    )
+    metrics = "; ".join(
+        f"{k} {v['lorapilot']:.3f} in lorapilot, {v['llama_cpp']:.3f} in llama.cpp"
+        for c in check.get("configs") or []
+        for k, v in (c.get("metrics") or {}).items()
+        if isinstance(v.get("lorapilot"), int | float)
+    )
+    hint = ""
+    if ref.get("kind") == "recorded" and ref.get("precision") != "fp32":
+        hint = (
+            "; a bf16 evaluation alone flips close predictions: --reference fp32 compares with "
+            "the adapter's exact arithmetic, and --gguf-base f32 serves the exact weights"
+        )
     return (
-        f"llama.cpp agrees with lorapilot's predictions on {check['serving_agreement']:.1%} of "
-        f"the validation examples (< {check['serving_agreement_min']:.0%})"
+        f"llama.cpp agrees with {against} on {check['serving_agreement']:.1%} of the "
+        f"validation examples (< {check['serving_agreement_min']:.0%}); {metrics}{hint}"
     )
 
 
@@ -337,8 +360,25 @@ def _merged_weights(folder: Path, adapter_w: dict, adapter_cfg: dict, config: di
 # --- the check -----------------------------------------------------------------------------
 
 
-def _cases(pilot, tok, manifest: dict, train_id: str) -> dict:
-    """The validation prompts exactly as lorapilot evaluated them, and its predictions."""
+def _fp32_predictions(pilot, tok, fmt, adapter_dir: Path, protocol: dict, records):
+    """lorapilot's predictions of the adapter in fp32: its exact arithmetic, free of the
+    bf16 rounding a recorded evaluation may carry (which alone flips close generations)."""
+    from lorapilot.base.models import attach_adapter, load_base
+    from lorapilot.evaluate.runner import evaluate_records
+
+    _, base, _ = load_base(pilot)
+    model = attach_adapter(base, adapter_dir)
+    proto = {**protocol, "precision": "fp32"}
+    return evaluate_records(
+        model, tok, fmt, pilot.spec, records, proto, progress=False, label="export (fp32)"
+    )
+
+
+def _cases(
+    pilot, tok, manifest: dict, train_id: str, adapter_dir: Path, reference: str, say: Progress
+) -> dict:
+    """The validation prompts exactly as lorapilot evaluated them, and its predictions: the
+    ones the train run recorded, or (`reference` fp32) the adapter evaluated again in fp32."""
     spec = pilot.spec
     prepared = prepare_data(pilot, tok)
     if prepared.version != manifest["data_version"]:
@@ -362,7 +402,26 @@ def _cases(pilot, tok, manifest: dict, train_id: str) -> dict:
     train_dir = registry.runs_dir(pilot.dir) / train_id
     theirs = {p["id"]: p for p in read_jsonl(train_dir / "predictions.jsonl")}
     metrics = json.loads((train_dir / "metrics.json").read_text(encoding="utf-8"))
+    recorded_precision = protocol.get("precision")
+    ref: dict = {"kind": "recorded", "precision": recorded_precision}
+    if reference == "fp32" and recorded_precision != "fp32":
+        say(
+            "reference: the adapter evaluated again in fp32 "
+            f"(it was recorded in {recorded_precision})"
+        )
+        fp32 = _fp32_predictions(pilot, tok, fmt, adapter_dir, protocol, records)
+        same = sum(theirs.get(r["id"], {}).get("parsed") == r["parsed"] for r in fp32.predictions)
+        ref = {
+            "kind": "fp32",
+            "precision": "fp32",
+            "recorded_precision": recorded_precision,
+            "recorded_agrees_with_fp32": same / max(len(records), 1),
+            "seconds": round(fp32.seconds, 1),
+        }
+        theirs = {r["id"]: r for r in fp32.predictions}
+        metrics = fp32.metrics
     return {
+        "reference": ref,
         "records": records,
         "prompt_texts": texts,
         "prompt_text_of_first": fmt.prompt_text(records[0].text) if records else "",
@@ -417,6 +476,7 @@ def serving_check(
         child = json.loads(out_path.read_text(encoding="utf-8"))
         wall = time.perf_counter() - t0
     base = {
+        "reference": cases["reference"],
         "serving_agreement_min": minimum,
         "gated": gated,
         "n_examples": len(cases["records"]),
@@ -451,7 +511,10 @@ def serving_check(
     }
 
 
-HEADLINE = ("accuracy", "macro_f1", "json_valid", "leaf_f1", "field_f1", "exact_match")
+HEADLINE = (
+    "accuracy", "macro_f1", "json_valid_rate", "required_fields_rate", "leaf_f1", "field_f1",
+    "exact_match",
+)  # fmt: skip
 
 
 def _compare(spec, cases: dict, conf: dict) -> dict:

@@ -37,6 +37,13 @@ class ExportSpec(_Strict):
         "safetensors; auto: original where there is one, else f16.",
     )
 
+    reference: Literal["recorded", "fp32"] = Field(
+        "recorded",
+        description="GGUF: what llama.cpp's predictions are compared with: the train run's "
+        "recorded validation predictions, or the adapter evaluated again in fp32 (its exact "
+        "arithmetic: a bf16 evaluation alone flips close greedy generations).",
+    )
+
     @field_validator("formats")
     @classmethod
     def _unique(cls, v: list[str]) -> list[str]:

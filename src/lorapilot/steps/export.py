@@ -42,6 +42,7 @@ def run_export(
     gguf: bool = False,
     gguf_base: str | None = None,
     min_agreement: float | None = None,
+    reference: str | None = None,
     check: Path | None = None,
     progress=None,
 ) -> dict:
@@ -53,7 +54,7 @@ def run_export(
     if gguf or check is not None:
         refuse_images(pilot)
     if check is not None:
-        return recheck(pilot, check, min_agreement)
+        return recheck(pilot, check, min_agreement, reference)
     out = require_new_folder(out)
     train_id, adapter_dir = registry.adapter_of(pilot.dir, run_id)
     pilot = pilot_of_run(pilot, train_id)  # a variant's run: its own recipe (quantization)
@@ -61,7 +62,7 @@ def run_export(
     if gguf:
         return export_gguf(
             pilot, train_id, adapter_dir, out, base_type=gguf_base, merge=merge,
-            min_agreement=min_agreement, progress=progress,
+            min_agreement=min_agreement, reference=reference, progress=progress,
         )  # fmt: skip
     if not merge:
         return _export_adapter(train_id, adapter_dir, manifest, out)
