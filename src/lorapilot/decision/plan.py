@@ -33,6 +33,7 @@ _NOT_SHAPE = {
 }  # fmt: skip
 _NOT_SHAPE_SECTIONS = (
     "name", "hypothesis", "success", "guards", "limits", "tracking", "variants", "selection",
+    "export",
 )  # fmt: skip
 
 
