@@ -43,13 +43,13 @@ def modelfile(
     num_ctx: int,
     header: str,
 ) -> str:
+    optional = {
+        "ADAPTER": adapter_file and f"./{adapter_file}",
+        "TEMPLATE": template and _quoted(template),
+        "SYSTEM": system and _quoted(system),
+    }
     lines = [f"# {header}", f"FROM ./{model_file}"]
-    if adapter_file:
-        lines.append(f"ADAPTER ./{adapter_file}")
-    if template:
-        lines.append(f"TEMPLATE {_quoted(template)}")
-    if system:
-        lines.append(f"SYSTEM {_quoted(system)}")
+    lines += [f"{key} {value}" for key, value in optional.items() if value]
     lines += [f'PARAMETER stop "{s}"' for s in stops]
     lines += ["PARAMETER temperature 0", "PARAMETER top_k 1", f"PARAMETER num_ctx {num_ctx}"]
     return "\n".join(lines) + "\n"
