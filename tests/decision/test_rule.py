@@ -312,7 +312,10 @@ def test_no_go_without_verify_and_final_test():
     assert no_verify["decision"] == "INCONCLUSIVE"
     assert "lorapilot verify" in no_verify["reasons"][-1]
     assert no_verify["gates"] == {
-        "smoke": "ok", "verify": "not run", "final_test": "done", "test_confirms": True
+        "smoke": "ok",
+        "verify": "not run",
+        "final_test": "done",
+        "test_confirms": True,
     }
     no_test = gate(_go(), ok_verify, None, SMOKE)
     assert (

@@ -11,8 +11,15 @@ from lorapilot.spec import SmokeSpec
 
 def recs(n_categories: int, per: int) -> list[Record]:
     return [
-        Record(id=f"c{c}-{i}", text=f"text {c} {i}", label=f"l{c}", target=None,
-               source=f"d.jsonl:{c}", split="train", category=f"l{c}")  # fmt: skip
+        Record(
+            id=f"c{c}-{i}",
+            text=f"text {c} {i}",
+            label=f"l{c}",
+            target=None,
+            source=f"d.jsonl:{c}",
+            split="train",
+            category=f"l{c}",
+        )  # fmt: skip
         for c in range(n_categories)
         for i in range(per)
     ]

@@ -20,7 +20,6 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from lorapilot.base.manifest import MANIFEST, read_manifest, weights_sha256
 from lorapilot.base.models import load_tokenizer, original_gguf
@@ -282,17 +281,12 @@ def _merged_type(kind: str) -> str:
 def _write_base(
     dest: Path, kind: str, original: Path | None, folder: Path, config: dict, tok, say: Progress
 ) -> str:
-    from safetensors.numpy import load_file
-
     if kind == "original":
         assert original is not None
         say(f"copying {original.name} (the GGUF the base was dequantized from)")
         shutil.copyfile(original, dest)
         return f"{original.name}, the GGUF the trained-on weights were dequantized from"
-    weights: dict = {}
-    for f in sorted(folder.glob("*.safetensors")):
-        weights.update(load_file(str(f)))
-    tensors = gf.model_tensors(weights, config, str(folder))
+    tensors = gf.model_tensors(_base_weights(folder), config, str(folder))
     if original is not None:
         say(f"writing {BASE_FILE} as {kind} from the safetensors, metadata from {original.name}")
         gf.rewrite_gguf(original, tensors, dest, kind)
@@ -334,26 +328,23 @@ def choose_pre_tokenizer(folder: Path, config: dict, tok, say: Progress) -> str:
     )
 
 
-def _merged_weights(folder: Path, adapter_w: dict, adapter_cfg: dict, config: dict) -> dict:
-    """Base weights plus every LoRA update B @ A * scale, in float32 (what PEFT's merge adds)."""
-    import numpy as np
+def _base_weights(folder: Path) -> dict:
     from safetensors.numpy import load_file
 
     weights: dict = {}
     for f in sorted(folder.glob("*.safetensors")):
-        weights.update({k: v.astype(np.float32) for k, v in load_file(str(f)).items()})
-    if config.get("tie_word_embeddings") and "lm_head.weight" not in weights:
-        pass  # tied: llama.cpp reuses token_embd
-    pairs: dict[str, dict[str, Any]] = {}
-    for key, value in adapter_w.items():
-        m = gf._LORA_KEY.match(key)
-        if m:
-            module = m["module"].removeprefix("base_model.model.")
-            pairs.setdefault(module, {})[m["which"]] = value.astype(np.float32)
-    for module, ab in pairs.items():
-        a, b = ab["A"], ab["B"]
-        scale = gf._module_scale(module, a.shape[0], adapter_cfg)
-        weights[module + ".weight"] = weights[module + ".weight"] + (b @ a) * np.float32(scale)
+        weights.update(load_file(str(f)))
+    return weights
+
+
+def _merged_weights(folder: Path, adapter_w: dict, adapter_cfg: dict, config: dict) -> dict:
+    """Base weights plus every LoRA update B @ A * scale, in float32 (what PEFT's merge adds)."""
+    import numpy as np
+
+    weights = {k: v.astype(np.float32) for k, v in _base_weights(folder).items()}
+    for module, ab in gf.lora_pairs(adapter_w, str(folder)).items():
+        scale = np.float32(gf.module_scale(module, ab["A"].shape[0], adapter_cfg))
+        weights[module + ".weight"] = weights[module + ".weight"] + (ab["B"] @ ab["A"]) * scale
     return weights
 
 

@@ -39,7 +39,7 @@ BASE_TYPES = ("f32", "f16", "q8_0")
 """Tensor types a base or merged GGUF can be written in (vectors always stay F32)."""
 
 _PEFT_PREFIX = "base_model.model."
-_LORA_KEY = re.compile(r"^(?P<module>.+)\.lora_(?P<which>[AB])(?:\.(?P<adapter>[^.]+))?\.weight$")
+LORA_KEY = re.compile(r"^(?P<module>.+)\.lora_(?P<which>[AB])(?:\.(?P<adapter>[^.]+))?\.weight$")
 
 
 def gguf_architecture(config: dict, where: str) -> str:
@@ -98,7 +98,7 @@ class NameMap:
 # --- the adapter ---------------------------------------------------------------------------
 
 
-def _module_scale(module: str, rank: int, adapter_config: dict) -> float:
+def module_scale(module: str, rank: int, adapter_config: dict) -> float:
     """PEFT's scale for one module: alpha / r (alpha / sqrt(r) with rsLoRA), with the
     per-module rank and alpha patterns applied as PEFT matches them (by name suffix)."""
     alpha = float(adapter_config.get("lora_alpha", rank))
@@ -108,6 +108,26 @@ def _module_scale(module: str, rank: int, adapter_config: dict) -> float:
     if adapter_config.get("use_rslora"):
         return alpha / float(np.sqrt(rank))
     return alpha / rank
+
+
+def lora_pairs(weights: dict[str, np.ndarray], where: str) -> dict[str, dict[str, np.ndarray]]:
+    """{base module name: {"A": [r, in], "B": [out, r]}} of a PEFT LoRA state dict, float32."""
+    pairs: dict[str, dict[str, np.ndarray]] = {}
+    for key, value in weights.items():
+        m = LORA_KEY.match(key)
+        if not m:
+            raise UsageError(
+                f"{where}: tensor {key} is not a LoRA A/B matrix (embedding LoRA or extra "
+                "trained tensors have no GGUF LoRA form); export a merged GGUF (--merge)"
+            )
+        module = m["module"].removeprefix(_PEFT_PREFIX)
+        pairs.setdefault(module, {})[m["which"]] = np.asarray(value, dtype=np.float32)
+    if not pairs:
+        raise UsageError(f"{where}: the adapter holds no LoRA tensors")
+    for module, ab in pairs.items():
+        if set(ab) != {"A", "B"}:
+            raise UsageError(f"{where}: module {module} has lora_{''.join(ab)} only")
+    return pairs
 
 
 def lora_tensors(
@@ -124,25 +144,11 @@ def lora_tensors(
             ", which a GGUF LoRA cannot carry; export a merged GGUF (--merge) instead"
         )
     names = NameMap(arch, int(config["num_hidden_layers"]))
-    pairs: dict[str, dict[str, np.ndarray]] = {}
-    for key, value in weights.items():
-        m = _LORA_KEY.match(key)
-        if not m:
-            raise UsageError(
-                f"{where}: tensor {key} is not a LoRA A/B matrix (embedding LoRA or extra "
-                "trained tensors have no GGUF LoRA form); export a merged GGUF (--merge)"
-            )
-        module = m["module"].removeprefix(_PEFT_PREFIX)
-        pairs.setdefault(module, {})[m["which"]] = np.asarray(value, dtype=np.float32)
-    if not pairs:
-        raise UsageError(f"{where}: the adapter holds no LoRA tensors")
+    pairs = lora_pairs(weights, where)
     alpha = float(adapter_config.get("lora_alpha", adapter_config.get("r", 8)))
     out: list[tuple[str, np.ndarray]] = []
     for module in sorted(pairs):
-        ab = pairs[module]
-        if set(ab) != {"A", "B"}:
-            raise UsageError(f"{where}: module {module} has lora_{''.join(ab)} only")
-        a, b = ab["A"], ab["B"]
+        a, b = pairs[module]["A"], pairs[module]["B"]
         rank = a.shape[0]
         target = names(module + ".weight")
         if target is None:
@@ -152,7 +158,7 @@ def lora_tensors(
                 f"{where}: a LoRA on the tied lm_head has no tensor of its own in llama.cpp"
             )
         # llama.cpp multiplies by alpha / rank; fold whatever PEFT's scale differs by into B.
-        fold = _module_scale(module, rank, adapter_config) / (alpha / rank)
+        fold = module_scale(module, rank, adapter_config) / (alpha / rank)
         if fold != 1.0:
             b = b * np.float32(fold)
         heads = _rope_heads(module, config, arch)
