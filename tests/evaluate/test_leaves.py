@@ -162,6 +162,12 @@ def test_slot_filling_metrics_leaf_f1_per_slot_path_and_per_intent():
     assert m["per_field"]["slots.day"]["precision"] == 0.0
     assert m["per_field"]["slots.time"]["predicted"] == 1  # a declared map path: reported
     assert m["per_field"]["slots"]["accuracy"] == pytest.approx(0.0)  # whole map: never equal
+    # the slots' own leaves (#35 item 4): city x3 + day = 4 gold, city x2 + day + time = 4
+    # predicted, 2 cities right; the headline leaf_f1 mixes in the intents
+    slots = m["per_field"]["slots"]
+    assert (slots["leaf_gold"], slots["leaf_predicted"]) == (4, 4)
+    assert slots["leaf_precision"] == slots["leaf_recall"] == slots["leaf_f1"] == pytest.approx(0.5)
+    assert "leaf_f1" not in m["per_field"]["intent"]  # a scalar field: its f1 is the leaf's
     assert set(m["per_category"]) == {"book", "weather"}
     assert m["per_category"]["weather"]["json_valid_rate"] == 0.0
     assert m["per_category"]["book"]["leaf_f1"] == pytest.approx(2 * 4 / (5 + 6))

@@ -69,6 +69,13 @@ def test_nested_paths_map_keys_and_grounding_are_known_names():
                  "per_category.book.leaf_f1", "per_field.slots.f1"):  # fmt: skip
         assert metric_names.problem(name, "extraction", None, fields) is None, name
     assert metric_names.problem("per_field.line_items[].price.f1", "extraction", None, fields)
+    subtrees = ["slots", "line_items"]  # a structured field's leaves, scored on their own
+    for name in ("per_field.slots.leaf_f1", "per_field.line_items.leaf_recall"):
+        assert metric_names.problem(name, "extraction", None, fields, subtrees=subtrees) is None
+        assert metric_names.problem(name, "extraction", None, fields)  # not without them
+    assert metric_names.problem(
+        "per_field.intent.leaf_f1", "extraction", None, fields, subtrees=subtrees
+    )
     assert metric_names.problem("per_field.slots.city.bogus", "extraction", None, fields)
     assert metric_names.problem("ungrounded_value_rate", "extraction", None, fields)
     for name in ("ungrounded_value_rate", "per_category.x.ungrounded_value_rate"):
@@ -92,6 +99,21 @@ def test_the_spec_checks_nested_metric_names(tmp_path):
     (tmp_path / "pilot.yaml").write_text(yaml.safe_dump(spec))
     loaded, _ = load_spec_file(tmp_path / "pilot.yaml")
     assert loaded.data.category == "target.intent"
+    # the slots' leaves on their own, as success or guard (#35 item 4), judged from metrics
+    from lorapilot.evaluate.guards import check_guards
+    from lorapilot.evaluate.structured import extraction_metrics
+    from lorapilot.spec import EvalNormalize
+
+    sub = {**spec, "guards": [{"metric": "per_field.slots.leaf_f1", "max_drop": 0.1}]}
+    (tmp_path / "pilot.yaml").write_text(yaml.safe_dump(sub))
+    loaded, _ = load_spec_file(tmp_path / "pilot.yaml")
+    gold = [{"intent": "a", "slots": {"city": "Oslo", "day": "mon"}}]
+    before = extraction_metrics(gold, ['{"intent": "a", "slots": {"city": "Oslo"}}'],
+                                loaded.task, EvalNormalize())  # fmt: skip
+    after = extraction_metrics(gold, ['{"intent": "a", "slots": {}}'], loaded.task, EvalNormalize())
+    (result,) = check_guards(loaded.guards, before, after, min_support=1)
+    assert result.metric == "per_field.slots.leaf_f1" and result.status == "fail"
+    assert (result.baseline, result.candidate) == (pytest.approx(2 / 3), 0.0)
     for bad, where in (
         ({"success": {"metric": "leaf_f2", "min_gain": 0.05}}, "leaf_f1"),
         ({"data": {"file": "d.jsonl", "category": "target.slots"}}, "data.category"),

@@ -62,6 +62,8 @@ class Scorer:
         self.root = root
         # declared leaf paths in spec order, a map's keys as `*` (a key may hold dots)
         self._declared = [path_pattern(p) for p in root.leaf_paths()] if root else []
+        # the structured fields, whose leaves also get their own leaf-level scores
+        self._subtrees = [f.name for f in (root.fields or []) if f.has_leaves] if root else []
         if self.text_target:
             self.pattern = re.compile(task.regex or "")
 
@@ -168,6 +170,9 @@ class Scorer:
             tp, g, p = (totals.get(("leaf", path, k), 0) for k in ("tp", "gold", "pred"))
             accuracy = 1 - _div(totals.get(("leaf", path, "wrong"), 0), n) if n else 0.0
             per_field[path] = _entry(accuracy, tp, g, p)
+        for name in self._subtrees:  # beside the whole-value match: the leaves beneath it
+            if name in per_field:
+                per_field[name].update(_subtree(totals, name))
         fp, fr, ff = _prf(ftp, fgold, fpred)
         lp, lr, lf = _prf(ltp, lgold, lpred)
         accs = [per_field[name]["accuracy"] for name in self.names]
@@ -229,6 +234,27 @@ class Scorer:
                 entry["ungrounded_value_rate"] = _div(t.get("ungrounded", 0), t.get("strings", 0))
             out[cat] = entry
         return out
+
+
+def _subtree(totals: Totals, name: str) -> dict:
+    """Leaf-level precision, recall and F1 over the leaves beneath one field (`slots.city`,
+    `line_items[].amount`), summed as the headline leaf_f1 sums all of them."""
+    tp = gold = pred = 0.0
+    for key, v in totals.items():
+        if isinstance(key, tuple) and key[0] == "leaf":
+            path = key[1]
+            if path == name or path.startswith((name + ".", name + "[]")):
+                if key[2] == "tp":
+                    tp += v
+                elif key[2] == "gold":
+                    gold += v
+                elif key[2] == "pred":
+                    pred += v
+    p, r, f = _prf(tp, gold, pred)
+    return {
+        "leaf_gold": round(gold), "leaf_predicted": round(pred),
+        "leaf_precision": p, "leaf_recall": r, "leaf_f1": f,
+    }  # fmt: skip
 
 
 def _entry(accuracy: float, tp: float, gold: float, pred: float) -> dict:

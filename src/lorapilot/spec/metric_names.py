@@ -11,6 +11,8 @@ import re
 LABELLED = ("classification", "image_classification")  # one label per example
 PER_CATEGORY_CLASSIFICATION = ("precision", "recall", "f1", "support", "predicted")
 PER_FIELD = ("accuracy", "precision", "recall", "f1", "support", "predicted")
+SUBTREE = ("leaf_gold", "leaf_predicted", "leaf_precision", "leaf_recall", "leaf_f1")
+"""Beside a structured field's whole-value scores: the leaves beneath it, scored as leaf_f1."""
 PER_CATEGORY_EXTRACTION = (
     "support",
     "json_valid_rate",
@@ -50,10 +52,15 @@ def path_pattern(path: str) -> re.Pattern:
 
 
 def known(
-    kind: str, labels: list[str] | None, fields: list[str] | None, grounded: bool = False
+    kind: str,
+    labels: list[str] | None,
+    fields: list[str] | None,
+    grounded: bool = False,
+    subtrees: list[str] | None = None,
 ) -> list[str]:
-    """Every valid name: top-level metrics, `per_<group>.<m>` (every entry), and for known
-    entries (labels, field names and leaf paths) `per_<group>.<entry>.<m>`."""
+    """Every valid name: top-level metrics, `per_<group>.<m>` (every entry), for known
+    entries (labels, field names and leaf paths) `per_<group>.<entry>.<m>`, and for the
+    structured fields (`subtrees`) `per_field.<field>.leaf_f1` and the other SUBTREE names."""
     # extraction/format categories come from the data: not known here (see `problem`), nor
     # the keys of a map (`slots.*`)
     fields = [f for f in fields or [] if "*" not in f]
@@ -67,6 +74,8 @@ def known(
             metrics = (*metrics, GROUNDED)
         names += [f"{group}.{m}" for m in metrics]
         names += [f"{group}.{e}.{m}" for e in entries[group] or [] for m in metrics]
+    if not labelled:
+        names += [f"per_field.{s}.{m}" for s in subtrees or [] for m in SUBTREE]
     return names
 
 
@@ -76,12 +85,13 @@ def problem(
     labels: list[str] | None,
     fields: list[str] | None,
     grounded: bool = False,
+    subtrees: list[str] | None = None,
 ) -> str | None:
     """None for a metric this task kind produces, else the message, with the closest names.
     Extraction and format categories come from the data, so any `per_category.<x>.<m>` with
     a known <m> is accepted there; so is `per_field.<path>.<m>` for a path under a map
     (`slots.*` accepts `per_field.slots.city.f1`)."""
-    valid = known(kind, labels, fields, grounded)
+    valid = known(kind, labels, fields, grounded, subtrees)
     if name in valid:
         return None
     head, _, rest = name.partition(".")

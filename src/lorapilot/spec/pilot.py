@@ -134,12 +134,15 @@ class PilotSpec(_Strict):
 
         fields = [f.name for f in self.task.fields or []]
         fields += [p for f in self.task.fields or [] for p in f.leaf_paths(f.name) if p != f.name]
+        subtrees = [f.name for f in self.task.fields or [] if f.has_leaves]
         named = [("success.metric", self.success.metric)] if self.success is not None else []
         named += [(f"guards[{i}].metric", g.metric) for i, g in enumerate(self.guards)]
         if self.selection.metric is not None:
             named.append(("selection.metric", self.selection.metric))
         for key, name in named:
-            why = problem(name, self.task.kind, self.task.labels, fields, self.task.grounded)
+            why = problem(
+                name, self.task.kind, self.task.labels, fields, self.task.grounded, subtrees
+            )
             if why:
                 raise ValueError(f"{key}: {why}")
         return self

@@ -92,6 +92,12 @@ class ValueSpec(_Strict):
         return [path]
 
     @property
+    def has_leaves(self) -> bool:
+        """An object, a map or a typed list: a value scored leaf by leaf, whose subtree gets
+        its own leaf-level precision, recall and F1 (`per_field.<name>.leaf_f1`)."""
+        return self.type in ("object", "map") or (self.type == "list" and self.items is not None)
+
+    @property
     def nested(self) -> bool:
         """Whether this value has structure beyond today's flat fields."""
         return self.type in ("object", "map") or self.items is not None or self.ordered

@@ -78,7 +78,12 @@ def _results(s: dict) -> list:
     names = list(dict.fromkeys([*bper, *cper]))
     if names:
         entries = [v for v in [*bper.values(), *cper.values()] if isinstance(v, dict)]
-        ms = [m for m in ("accuracy", "precision", "recall", "f1") if any(m in v for v in entries)]
+        # leaf_f1: a structured field's leaves beneath it, beside its whole-value scores
+        ms = [
+            m
+            for m in ("accuracy", "precision", "recall", "f1", "leaf_f1")
+            if any(m in v for v in entries)
+        ]
         out += [
             Sub("Per " + ("field" if group == "per_field" else "category")),
             Table(
