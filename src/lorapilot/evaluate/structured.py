@@ -155,15 +155,7 @@ class Scorer:
             tp, g, p = (totals.get(("field", name, k), 0) for k in ("tp", "gold", "pred"))
             per_field[name] = _entry(_div(totals.get(("field", name, "agree"), 0), n), tp, g, p)
             ftp, fgold, fpred = ftp + tp, fgold + g, fpred + p
-        ltp = lgold = lpred = 0.0
-        for key, v in totals.items():
-            if isinstance(key, tuple) and key[0] == "leaf":
-                if key[2] == "tp":
-                    ltp += v
-                elif key[2] == "gold":
-                    lgold += v
-                elif key[2] == "pred":
-                    lpred += v
+        ltp, lgold, lpred = _leaf_sums(totals)
         for path in self.leaf_paths(totals) if paths is None else paths:
             if path in per_field:
                 continue
@@ -236,20 +228,22 @@ class Scorer:
         return out
 
 
-def _subtree(totals: Totals, name: str) -> dict:
-    """Leaf-level precision, recall and F1 over the leaves beneath one field (`slots.city`,
-    `line_items[].amount`), summed as the headline leaf_f1 sums all of them."""
-    tp = gold = pred = 0.0
+def _leaf_sums(totals: Totals, under: str | None = None) -> tuple[float, float, float]:
+    """(true positives, gold, predicted) summed over every leaf, or over the leaves beneath
+    one field (`slots.city` and `line_items[].amount` are beneath `slots`, `line_items`)."""
+    sums = {"tp": 0.0, "gold": 0.0, "pred": 0.0}
     for key, v in totals.items():
-        if isinstance(key, tuple) and key[0] == "leaf":
+        if isinstance(key, tuple) and key[0] == "leaf" and key[2] in sums:
             path = key[1]
-            if path == name or path.startswith((name + ".", name + "[]")):
-                if key[2] == "tp":
-                    tp += v
-                elif key[2] == "gold":
-                    gold += v
-                elif key[2] == "pred":
-                    pred += v
+            if under is None or path == under or path.startswith((under + ".", under + "[]")):
+                sums[key[2]] += v
+    return sums["tp"], sums["gold"], sums["pred"]
+
+
+def _subtree(totals: Totals, name: str) -> dict:
+    """Leaf-level precision, recall and F1 over the leaves beneath one field, summed as the
+    headline leaf_f1 sums all of them."""
+    tp, gold, pred = _leaf_sums(totals, name)
     p, r, f = _prf(tp, gold, pred)
     return {
         "leaf_gold": round(gold), "leaf_predicted": round(pred),
