@@ -6,6 +6,7 @@ import contextlib
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -136,3 +137,13 @@ def follow_umask(folder: Path) -> None:
     for p in folder.rglob("*"):
         if not p.is_symlink():
             os.chmod(p, (0o777 if p.is_dir() else 0o666) & ~umask)
+
+
+def swap_into_place(new: Path, target: Path) -> None:
+    """Rename the old folder away, the new one in, then delete the old: a reader sees either
+    the complete old folder or the complete new one, never a half-written one."""
+    old = target.with_name(f".{target.name}.old-{os.urandom(4).hex()}")
+    if target.exists():
+        os.replace(target, old)
+    os.replace(new, target)
+    shutil.rmtree(old, ignore_errors=True)

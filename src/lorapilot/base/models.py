@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from lorapilot import __version__
 from lorapilot.errors import LorapilotError, UsageError
-from lorapilot.fsutil import atomic_write_json, follow_umask, locked, sha256_file
+from lorapilot.fsutil import atomic_write_json, follow_umask, locked, sha256_file, swap_into_place
 from lorapilot.spec import require_text
 
 if TYPE_CHECKING:
@@ -307,16 +307,6 @@ def _check_saved(folder: Path, expected_model) -> None:
         )
 
 
-def _swap_into_place(new: Path, target: Path) -> None:
-    """Rename the old folder away, the new one in, then delete the old: a reader sees either
-    the complete old model or the complete new one, never a half-written folder."""
-    old = target.with_name(f".{target.name}.old-{uuid.uuid4().hex[:8]}")
-    if target.exists():
-        os.replace(target, old)
-    os.replace(new, target)
-    shutil.rmtree(old, ignore_errors=True)
-
-
 def _clean_leftovers(target: Path) -> None:
     """Temp and old folders a killed fetch left behind (we hold the lock, so none are live)."""
     for p in target.parent.glob(f".{target.name}.*"):
@@ -341,7 +331,7 @@ def install_folder(target: Path, write: Callable[[Path], None], source: dict[str
         tmp.mkdir(parents=True)
         write(tmp)
         manifest = write_manifest(tmp, source, dtype="float32")
-        _swap_into_place(tmp, target)
+        swap_into_place(tmp, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return manifest

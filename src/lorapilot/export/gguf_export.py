@@ -136,7 +136,7 @@ def export_gguf(
                     _pre_of(tmp / BASE_FILE), name,
                 )  # fmt: skip
         # the served context: room for the longest input the pilot allows, not only val's
-        n_ctx = max(cases["n_ctx"], -(-(max_length_of(pilot, tok) + 16) // 64) * 64)
+        n_ctx = max(cases["n_ctx"], _ctx(max_length_of(pilot, tok) + 16))
         header = f"written by lorapilot export --gguf: pilot {spec.name}, train run {train_id}"
         mf = dict(template=template, system=system, stops=stops, num_ctx=n_ctx, header=header)
         (tmp / "Modelfile").write_text(
@@ -146,9 +146,7 @@ def export_gguf(
             (tmp / "Modelfile.merged").write_text(
                 ollama.modelfile(model_file=MERGED_FILE, adapter_file=None, **mf)
             )
-        configs = [{"name": "base+adapter", "model": BASE_FILE, "lora": ADAPTER_FILE}]
-        if merge:
-            configs.append({"name": "merged", "model": MERGED_FILE, "lora": None})
+        configs = _served(merge)
         files = {p.name: sha256_file(p) for p in sorted(tmp.iterdir()) if p.is_file()}
         say(f"serving check: {len(cases['records'])} validation examples in llama.cpp")
         check = serving_check(pilot, tmp, files, configs, cases, minimum, kind in GATED_TYPES)
@@ -186,7 +184,7 @@ def export_gguf(
             "adapter_manifest": {
                 k: manifest.get(k) for k in ("data_version", "eval_protocol", "method")
             },
-            "serving_check": _summary(check),
+            "serving_check": check,
         }
 
     say(f"exporting to {out}")
@@ -227,9 +225,7 @@ def recheck(
     _, tok = load_tokenizer(pilot)
     ref = reference or pilot.spec.export.reference
     cases = _cases(pilot, tok, manifest, train_id, adapter_dir, ref, lambda m: None)
-    configs = [{"name": "base+adapter", "model": BASE_FILE, "lora": ADAPTER_FILE}]
-    if written.get("merged_gguf"):
-        configs.append({"name": "merged", "model": MERGED_FILE, "lora": None})
+    configs = _served(bool(written.get("merged_gguf")))
     minimum = pilot.spec.export.min_agreement if min_agreement is None else min_agreement
     gated = written["base_gguf"]["type"] in GATED_TYPES
     check = serving_check(pilot, folder, written["files"], configs, cases, minimum, gated)
@@ -237,6 +233,23 @@ def recheck(
     if not check["ok"]:
         raise CheckFailed(_why(check), result)
     return result
+
+
+def _served(merged: bool) -> list[dict]:
+    """The configurations the check serves: base + adapter, and the merged model if written."""
+    configs = [{"name": "base+adapter", "model": BASE_FILE, "lora": ADAPTER_FILE}]
+    if merged:
+        configs.append({"name": "merged", "model": MERGED_FILE, "lora": None})
+    return configs
+
+
+def _ctx(tokens: int) -> int:
+    """A llama.cpp context for `tokens`, rounded up to a multiple of 64."""
+    return -(-tokens // 64) * 64
+
+
+def _main_metric(spec) -> str | None:
+    return spec.selection.metric or (spec.success.metric if spec.success else None)
 
 
 def _why(check: dict) -> str:
@@ -264,10 +277,6 @@ def _why(check: dict) -> str:
         f"llama.cpp agrees with {against} on {check['serving_agreement']:.1%} of the "
         f"validation examples (< {check['serving_agreement_min']:.0%}); {metrics}{hint}"
     )
-
-
-def _summary(check: dict) -> dict:
-    return {k: v for k, v in check.items() if k != "differing_all"}
 
 
 # --- the base file -------------------------------------------------------------------------
@@ -389,7 +398,7 @@ def _cases(
     max_new = protocol.get("max_new_tokens") or 0
     longest = max((len(p) for p in prompts), default=1)
     extra = max((len(x) for x in labels), default=0) if mode == "score" else max_new
-    n_ctx = -(-(longest + extra + 8) // 64) * 64
+    n_ctx = _ctx(longest + extra + 8)
     train_dir = registry.runs_dir(pilot.dir) / train_id
     theirs = {p["id"]: p for p in read_jsonl(train_dir / "predictions.jsonl")}
     metrics = json.loads((train_dir / "metrics.json").read_text(encoding="utf-8"))
@@ -492,12 +501,11 @@ def serving_check(
     agreements = [r["serving_agreement"] for r in results if r["serving_agreement"] is not None]
     agreement = min(agreements) if agreements and not problems else None
     ok = not problems and (not gated or (agreement is not None and agreement >= minimum))
-    main_metric = spec.selection.metric or (spec.success.metric if spec.success else None)
     return base | {
         "ok": ok,
         "serving_agreement": agreement,
         "problems": problems,
-        "metric": main_metric,
+        "metric": _main_metric(spec),
         "configs": results,
     }
 
@@ -539,9 +547,8 @@ def _compare(spec, cases: dict, conf: dict) -> dict:
             )
     n = len(rows)
     lp = cases["lorapilot_metrics"]
-    chosen = spec.selection.metric or (spec.success.metric if spec.success else None)
-    keys = [k for k in (chosen, *HEADLINE) if k and isinstance(metrics.get(k), int | float)]
-    keys = list(dict.fromkeys(keys))
+    named = dict.fromkeys(k for k in (_main_metric(spec), *HEADLINE) if k)
+    keys = [k for k in named if isinstance(metrics.get(k), int | float)]
     return {
         "name": conf["name"],
         "serving_agreement": same / n if n else 1.0,

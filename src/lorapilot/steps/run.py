@@ -16,15 +16,17 @@ This is the one step that calls other steps: it is their composition, in protoco
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Callable
 from typing import Any
 
 from lorapilot import __version__
+from lorapilot.base.manifest import MANIFEST
 from lorapilot.data.dataset import source_hashes
 from lorapilot.decision.plan import step_shape, variant_name, variant_pilots
 from lorapilot.errors import CheckFailed
-from lorapilot.fsutil import sha256_json
+from lorapilot.fsutil import read_json_or_none, sha256_json, swap_into_place
 from lorapilot.records import environment, registry, steprun
 from lorapilot.report.collect import collect
 from lorapilot.sizing.estimate import plan_refusal
@@ -260,11 +262,6 @@ def _export(pilot: Pilot, train_id: str, fmt: str, log) -> dict:
     """deliverable/<fmt>: exported and checked for the chosen adapter, or kept when it already
     holds that adapter's export with a passing check. A failed serving check is kept (its
     manifest says so) and reported; the plan's run then exits 1 after the report."""
-    import shutil
-
-    from lorapilot.base.manifest import MANIFEST
-    from lorapilot.fsutil import read_json_or_none
-
     target = pilot.dir / "deliverable" / fmt
     written = read_json_or_none(target / MANIFEST)
     check = (written or {}).get("serving_check") or {}
@@ -279,12 +276,7 @@ def _export(pilot: Pilot, train_id: str, fmt: str, log) -> dict:
     except CheckFailed as e:
         out = {**e.details, "ok": False, "error": str(e)}
     if tmp.is_dir():  # written (a failed serving check too); swap it into place
-        old = target.with_name(f".{fmt}-old")
-        shutil.rmtree(old, ignore_errors=True)
-        if target.exists():
-            target.rename(old)
-        tmp.rename(target)
-        shutil.rmtree(old, ignore_errors=True)
+        swap_into_place(tmp, target)
         out["out"] = str(target)
     return {"format": fmt, **{k: v for k, v in out.items() if k != "sha256"}}
 
