@@ -6,6 +6,7 @@ import pytest
 
 from lorapilot.decision.rule import (
     bootstrap_for,
+    bootstrap_metrics,
     comparable,
     decide,
     flips,
@@ -83,7 +84,7 @@ def test_inconclusive_when_a_guarded_category_has_too_few_examples():
                  bootstrap=ci(0.22, 0.40))  # fmt: skip
     assert out["decision"] == "INCONCLUSIVE"
     thin = [r for r in out["reasons"] if r.startswith("insufficient data")]
-    assert len(thin) == 2 and "support 3 < min_support 5" in thin[0]
+    assert len(thin) == 2 and "support 3 examples < min_support 5" in thin[0]
     assert out["reasons"][-1] == "guards: 0 pass, 2 with insufficient data (min_support 5)"
 
 
@@ -432,3 +433,35 @@ def test_report_decision_waits_for_verify_then_the_final_test(tmp_path):
     final = collect(pilot)
     assert final["decision"]["decision"] == "GO", final["decision"]["reasons"]
     assert final["test"]["gain"]["gain"] == 1.0 and final["test"]["gain"]["bootstrap"]["ci_low"] > 0
+
+
+def test_a_guard_missed_within_noise_is_inconclusive_not_no_go():
+    cand = metrics(0.60, billing=0.70)  # billing f1 drops 0.10 > max_drop 0.05 ...
+    noise = {"per_category.billing.f1": {"ci_low": -0.3, "ci_high": 0.05}}  # ... or not at all
+    out = decide(SUCCESS, GUARDS, 5, metrics(0.12), cand, bootstrap=ci(0.30, 0.55),
+                 guard_intervals=noise)  # fmt: skip
+    assert out["decision"] == "INCONCLUSIVE"
+    (line,) = [r for r in out["reasons"] if r.startswith("guard missed within noise")]
+    assert "drop 0.1000 > max_drop 0.05" in line and "[-0.3000, +0.0500]" in line
+    assert out["reasons"][-1] == (
+        "guards: 1 pass, 1 missed within noise, 0 with insufficient data (min_support 5)"
+    )
+    beyond = {"per_category.billing.f1": {"ci_low": -0.3, "ci_high": -0.06}}
+    out = decide(SUCCESS, GUARDS, 5, metrics(0.12), cand, bootstrap=ci(0.30, 0.55),
+                 guard_intervals=beyond)  # fmt: skip
+    assert out["decision"] == "NO-GO"
+
+
+def test_bootstrap_metrics_resamples_every_guard_metric_once_with_the_candidates_ci():
+    gold = ["billing", "shipping", "other"] * 10
+    base = cls_rows(gold, ["billing"] * 30)
+    cand = cls_rows(gold, ["billing", "shipping", "shipping"] * 10)
+    names = ["accuracy", "per_category.shipping.f1", "per_category.nope.f1"]
+    many = bootstrap_metrics("classification", names, base, cand, LABELS)
+    assert set(many) == {"accuracy", "per_category.shipping.f1"}  # what the rows do not give
+    for name, summary in many.items():  # the same resamples as one metric at a time
+        one = bootstrap_for("classification", name, base, cand, LABELS)
+        assert (summary["ci_low"], summary["ci_high"]) == (one["ci_low"], one["ci_high"])
+    acc = many["accuracy"]  # cand: billing 10 + shipping 10 right of 30
+    assert acc["value"] == pytest.approx(2 / 3)
+    assert acc["value_low"] < 2 / 3 < acc["value_high"] and acc["value_high"] <= 1

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lorapilot.evaluate.guards import RuleResult, check_guards, check_success
+from lorapilot.evaluate.guards import RuleResult, check_guards, check_success, support_of
 from lorapilot.spec import GuardSpec, SuccessSpec
 
 BASE = {
@@ -86,7 +86,7 @@ def test_per_category_expansion_with_low_support():
     assert tech.status == "fail" and (tech.baseline, tech.candidate) == (0.60, 0.45)
     rare = by_metric["per_category.rare.f1"]  # dropped 0.5, but 2 examples decide nothing
     assert rare.status == "insufficient_data"
-    assert "support 2 < min_support 5" in rare.detail
+    assert "support 2 examples < min_support 5" in rare.detail
     assert rare.candidate == 0.0
 
 
@@ -206,3 +206,92 @@ def test_field_accuracy_comes_with_the_gold_and_predicted_counts():
     assert (m["field_gold"], m["field_predicted"]) == (16, 16)
     cat = next(iter(m["per_category"].values()))
     assert "field_gold" in cat and "field_predicted" in cat
+
+
+# --------------------------------------------------------------------------- support and noise
+
+
+def test_every_rule_carries_the_support_its_metric_is_computed_over():
+    extraction = {
+        "n": 40,
+        "leaf_f1": 0.5, "leaf_precision": 0.6, "leaf_gold": 90, "leaf_predicted": 70,
+        "field_recall": 0.4, "field_gold": 60, "field_predicted": 50,
+        "ungrounded_value_rate": 1 / 15, "grounding_checked": 15,
+        "exact_match": 0.3,
+        "per_field": {"slots": {"f1": 0.5, "precision": 0.4, "support": 33, "predicted": 20,
+                                "accuracy": 0.7, "leaf_f1": 0.2, "leaf_gold": 31}},
+        "per_category": {"book.a": {"support": 7, "field_f1": 0.2, "field_gold": 12}},
+    }  # fmt: skip
+    expected = {
+        "leaf_f1": (90, "gold values"),
+        "leaf_precision": (70, "predicted values"),
+        "field_recall": (60, "gold values"),
+        "ungrounded_value_rate": (15, "values checked"),
+        "exact_match": (40, "examples"),
+        "per_field.slots.f1": (33, "gold values"),
+        "per_field.slots.precision": (20, "predicted values"),
+        "per_field.slots.accuracy": (40, "examples"),  # a share of examples
+        "per_field.slots.leaf_f1": (31, "gold values"),
+        "per_category.book.a.field_f1": (12, "gold values"),
+        "per_category.book.a.exact_match": (7, "examples"),
+        "per_category.nope.f1": (None, None),
+    }
+    assert {m: support_of(extraction, m) for m in expected} == expected
+    assert support_of(CAND, "per_category.tech.f1") == (12, "examples")
+    assert support_of({"per_category": {"a": {"precision": 1.0, "predicted": 3}}},
+                      "per_category.a.precision") == (3, "predicted examples")  # fmt: skip
+    assert support_of({}, "accuracy") == (None, None)
+
+
+def test_a_guard_on_fewer_values_than_min_support_is_not_judged():
+    # the CoNLL case: 1 invented value among the 15 the model predicted
+    cand = {"n": 200, "ungrounded_value_rate": 1 / 15, "grounding_checked": 15}
+    guard = [GuardSpec(metric="ungrounded_value_rate", max=0.02)]
+    (r,) = check_guards(guard, {}, cand, min_support=20)
+    assert r.status == "insufficient_data" and (r.support, r.support_of) == (15, "values checked")
+    assert "support 15 values checked < min_support 20: too few to judge (it would fail)" in (
+        r.detail
+    )
+    (r,) = check_guards(guard, {}, cand, min_support=10)
+    assert r.status == "fail"  # no CI given: the point estimate decides
+
+
+def test_a_miss_whose_ci_reaches_the_threshold_is_within_noise():
+    base, cand = {"n": 50, "accuracy": 0.80}, {"n": 50, "accuracy": 0.72}
+    guard = [GuardSpec(metric="accuracy", max_drop=0.05)]  # dropped 0.08
+    (noisy,) = check_guards(guard, base, cand, 5, {"accuracy": {"ci_low": -0.2, "ci_high": 0.01}})
+    assert noisy.status == "within_noise" and (noisy.ci_low, noisy.ci_high) == (-0.2, 0.01)
+    assert "change CI [-0.2000, +0.0100] reaches the threshold" in noisy.detail
+    assert "support 50 examples" in noisy.detail
+    # the whole CI lies beyond: at least a 0.06 drop
+    (failed,) = check_guards(
+        guard, base, cand, 5, {"accuracy": {"ci_low": -0.12, "ci_high": -0.06}}
+    )
+    assert failed.status == "fail"
+    # a pass stays a pass whatever its CI
+    (ok,) = check_guards(guard, base, {"n": 50, "accuracy": 0.79}, 5,
+                         {"accuracy": {"ci_low": -0.3, "ci_high": 0.1}})  # fmt: skip
+    assert ok.status == "pass"
+
+
+@pytest.mark.parametrize(
+    ("guard", "cand", "interval", "status"),
+    [
+        # absolute rules are judged on the candidate's own CI (value_low / value_high)
+        ({"max": 0.02}, 0.07, {"value_low": 0.0, "value_high": 0.2}, "within_noise"),
+        ({"max": 0.02}, 0.07, {"value_low": 0.03, "value_high": 0.2}, "fail"),
+        ({"min": 0.9}, 0.85, {"value_low": 0.7, "value_high": 0.95}, "within_noise"),
+        ({"min": 0.9}, 0.85, {"value_low": 0.7, "value_high": 0.88}, "fail"),
+        # relative rules on the CI of the change
+        ({"min_gain": 0.1}, 0.55, {"ci_low": -0.05, "ci_high": 0.12}, "within_noise"),
+        ({"min_gain": 0.1}, 0.55, {"ci_low": -0.05, "ci_high": 0.08}, "fail"),
+        ({"max_rise": 0.01}, 0.55, {"ci_low": -0.01, "ci_high": 0.1}, "within_noise"),
+        ({"max_rise": 0.01}, 0.55, {"ci_low": 0.02, "ci_high": 0.1}, "fail"),
+    ],
+)
+def test_each_rule_fails_only_beyond_its_ci(guard, cand, interval, status):
+    (r,) = check_guards(
+        [GuardSpec(metric="m", **guard)], {"n": 30, "m": 0.5}, {"n": 30, "m": cand}, 5,
+        {"m": interval},
+    )  # fmt: skip
+    assert r.status == status

@@ -64,3 +64,72 @@ def test_a_near_constant_baseline_is_named_as_a_limitation():
     assert (
         degenerate_baseline([{"parsed": "a"}] * 5 + [{"parsed": "b"}] * 5) == []
     )  # half: not more
+
+
+SLOT_SPEC = """
+name: slots
+hypothesis: an adapter fills the intent and its slots better than zero-shot
+task:
+  kind: extraction
+  grounded: true
+  fields:
+    - {name: intent, type: string, enum: [book, play]}
+    - {name: slots, type: map, values: string}
+model: {base: smollm2-135m-instruct}
+data: {source: test, permission: test, file: data.jsonl, fields: {text: text, target: target}}
+eval: {mode: generate, min_support: 20}
+success: {metric: leaf_f1, min_gain: 0.1}
+guards:
+  - {metric: ungrounded_value_rate, max: 0.02}
+"""
+
+
+def test_a_guard_on_fewer_values_than_min_support_is_not_a_no_go(tmp_path):
+    """#35 acceptance: the grounding guard misses on 1 invented value of the 15 the adapter
+    predicted, under eval.min_support 20: the decision is not NO-GO on that guard alone, and
+    the report shows the support."""
+    from lorapilot.evaluate.structured import extraction_metrics
+    from lorapilot.report.collect import collect
+    from lorapilot.report.render import render_markdown
+
+    (tmp_path / "pilot.yaml").write_text(SLOT_SPEC)
+    (tmp_path / "data.jsonl").write_text('{"text": "x", "target": {"intent": "book"}}\n')
+    pilot = load_pilot(tmp_path)
+    task, norm = pilot.spec.task, pilot.spec.eval.normalize
+    texts = [f"book a table in city{i} for friday" for i in range(40)]
+    golds = [{"intent": "book", "slots": {"city": f"city{i}"}} if i < 14 else
+             {"intent": "play", "slots": {}} for i in range(40)]  # fmt: skip
+    base_out = ['{"intent": "play", "slots": {}}'] * 40
+    cand_out = [json.dumps(g) for g in golds]
+    cand_out[14] = '{"intent": "play", "slots": {"artist": "nobody said"}}'  # the invented one
+
+    def record(kind, outputs):
+        m = extraction_metrics(golds, outputs, task, norm, texts=texts, categories=["all"] * 40)
+        with registry.open_run(tmp_path, kind, config={"name": "t"}) as run:
+            rows = [
+                {"id": f"e{i}", "gold": g, "raw_output": o, "text": t, "category": "all",
+                 "parsed": p, "correct": c}
+                for i, (g, o, t, p, c) in enumerate(
+                    zip(golds, outputs, texts, m.pop("parsed"), m.pop("correct"), strict=True)
+                )
+            ]  # fmt: skip
+            (run.dir / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+            m.pop("parse_errors")
+            run.update(split="val", metrics=m, eval_protocol="ep-1", protocol=PROTOCOL)
+            run.record.data_version = "dv-1"
+        return m
+
+    record("baseline", base_out)
+    cand = record("train", cand_out)
+    assert cand["grounding_checked"] == 15 and cand["ungrounded_value_rate"] == 1 / 15
+    state = collect(pilot)
+    decision = state["decision"]
+    assert decision["decision"] != "NO-GO"
+    (guard,) = decision["guards"]
+    assert guard["status"] == "insufficient_data"
+    assert (guard["support"], guard["support_of"]) == (15, "values checked")
+    assert guard["ci_low"] is not None and guard["ci_low"] <= guard["candidate"] <= guard["ci_high"]
+    assert any("insufficient data: ungrounded_value_rate" in r for r in decision["reasons"])
+    page = render_markdown(state)
+    row = next(line for line in page.splitlines() if "| guard | ungrounded_value_rate |" in line)
+    assert "| 15 values checked |" in row and "insufficient_data" in row

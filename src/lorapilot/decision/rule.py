@@ -18,7 +18,7 @@ from lorapilot.evaluate.metrics import (
     classification_counts,
     classification_totals,
     get_metric,
-    paired_bootstrap_counts,
+    paired_bootstrap_counts_many,
     paired_bootstrap_macro_f1,
 )
 from lorapilot.evaluate.structured import Scorer, row_counts, total_of
@@ -162,27 +162,53 @@ def bootstrap_for(
     extraction and format need the `task`). None when no example is in both, or when the
     metric is not among those the rows give (e.g. a category the split does not hold).
     """
-    pairs = _pairs(base_rows, cand_rows)
+    pairs = _checked_pairs(base_rows, cand_rows)
     if not pairs:
         return None
-    for b, c in pairs:
-        if b.get("gold") != c.get("gold"):
-            raise ValueError(f"example {b['id']!r} has different gold answers in the two runs")
-    if task_kind in ("classification", "image_classification"):  # one label per example
+    if task_kind in ("classification", "image_classification") and metric == "macro_f1":
         if not labels:
             raise ValueError("classification metrics need the task's labels")
         golds = [b["gold"] for b, _ in pairs]
         base_p, cand_p = [b.get("parsed") for b, _ in pairs], [c.get("parsed") for _, c in pairs]
-        if metric == "macro_f1":  # the vectorised form of the same computation
-            result = paired_bootstrap_macro_f1(
-                golds, base_p, cand_p, labels, n_boot=n_boot, seed=seed
-            )
-            return _bootstrap(result, metric, len(pairs))
-        base_c = [classification_counts(g, p, labels) for g, p in zip(golds, base_p, strict=True)]
-        cand_c = [classification_counts(g, p, labels) for g, p in zip(golds, cand_p, strict=True)]
+        # the vectorised form of the same computation
+        result = paired_bootstrap_macro_f1(golds, base_p, cand_p, labels, n_boot=n_boot, seed=seed)
+        return _bootstrap(result, metric, len(pairs))
+    found = bootstrap_metrics(
+        task_kind, [metric], base_rows, cand_rows, labels, task=task, norm=norm,
+        n_boot=n_boot, seed=seed,
+    )  # fmt: skip
+    return found.get(metric)
 
-        def value(totals: dict) -> float:
-            return get_metric(classification_totals(totals, labels), metric)
+
+def bootstrap_metrics(
+    task_kind: str,
+    metrics: Sequence[str],
+    base_rows: list[dict],
+    cand_rows: list[dict],
+    labels: list[str] | None,
+    *,
+    task: TaskSpec | None = None,
+    norm: EvalNormalize | None = None,
+    n_boot: int = N_BOOT,
+    seed: int = 0,
+) -> dict[str, dict]:
+    """bootstrap_for several metrics on the same resamples (the guards' concrete metrics),
+    each summary also holding the candidate's own CI (`value_low`, `value_high`) for the
+    absolute rules. Metrics the rows do not give are left out."""
+    pairs = _checked_pairs(base_rows, cand_rows)
+    if not pairs or not metrics:
+        return {}
+    if task_kind in ("classification", "image_classification"):  # one label per example
+        if not labels:
+            raise ValueError("classification metrics need the task's labels")
+        golds = [b["gold"] for b, _ in pairs]
+        base_c = [classification_counts(g, b.get("parsed"), labels) for g, (b, _) in
+                  zip(golds, pairs, strict=True)]  # fmt: skip
+        cand_c = [classification_counts(g, c.get("parsed"), labels) for g, (_, c) in
+                  zip(golds, pairs, strict=True)]  # fmt: skip
+
+        def compute(totals: dict) -> dict:
+            return classification_totals(totals, labels)
 
     else:
         if task is None:
@@ -192,17 +218,36 @@ def bootstrap_for(
         cand_c = [row_counts(scorer, c) for _, c in pairs]
         paths = scorer.leaf_paths(total_of([*base_c, *cand_c]))
 
-        def value(totals: dict) -> float:
-            return get_metric(scorer.metrics(totals, paths), metric)
+        def compute(totals: dict) -> dict:
+            return scorer.metrics(totals, paths)
 
+    full = compute(total_of(base_c))
+    names = [m for m in dict.fromkeys(metrics) if _is_number(full, m)]
+    if not names:
+        return {}
+
+    def values(totals: dict) -> dict[str, float]:
+        got = compute(totals)
+        return {m: get_metric(got, m) for m in names}
+
+    found = paired_bootstrap_counts_many(base_c, cand_c, values, names, n_boot=n_boot, seed=seed)
+    return {m: _bootstrap(found[m], m, len(pairs)) for m in names}
+
+
+def _is_number(metrics: dict, name: str) -> bool:
     try:
-        full = value(total_of(base_c))
+        value = get_metric(metrics, name)
     except KeyError:
-        return None
-    if not isinstance(full, int | float) or isinstance(full, bool):
-        return None
-    result = paired_bootstrap_counts(base_c, cand_c, value, n_boot=n_boot, seed=seed)
-    return _bootstrap(result, metric, len(pairs))
+        return False
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _checked_pairs(base_rows: list[dict], cand_rows: list[dict]) -> list[tuple[dict, dict]]:
+    pairs = _pairs(base_rows, cand_rows)
+    for b, c in pairs:
+        if b.get("gold") != c.get("gold"):
+            raise ValueError(f"example {b['id']!r} has different gold answers in the two runs")
+    return pairs
 
 
 def _bootstrap(result: dict, metric: str, n: int) -> dict:
@@ -241,23 +286,30 @@ def decide(
     candidate_metrics: dict,
     *,
     bootstrap: dict | None,
+    guard_intervals: dict[str, dict] | None = None,
 ) -> dict:
     """The pre-registered decision, with the reasons and the numbers behind it.
 
-    - NO-GO: a guard fails; or the success criterion fails and even the top of the
-      bootstrap CI of the gain is below min_gain (clearly not met, not noise).
+    - NO-GO: a guard fails (with `guard_intervals`: its whole CI lies beyond the threshold);
+      or the success criterion fails and even the top of the bootstrap CI of the gain is
+      below min_gain (clearly not met, not noise).
     - GO: the success criterion passes, the CI's lower bound is above 0 (the gain is not
-      noise), and every guard passes (none fails, none has insufficient data).
+      noise), and every guard passes (none fails, none is within noise, none has
+      insufficient data).
     - INCONCLUSIVE: everything else: a gain within noise (CI includes 0), a miss the CI
-      cannot confirm (its top reaches min_gain), a guarded category with fewer than
-      min_support examples, a success metric that cannot be read, or no bootstrap.
+      cannot confirm (its top reaches min_gain), a guard missed within noise, a guard whose
+      support is under min_support, a success metric that cannot be read, or no bootstrap.
 
-    `bootstrap` is a paired bootstrap summary (`bootstrap_for`) with ci_low/ci_high.
+    `bootstrap` is a paired bootstrap summary (`bootstrap_for`) with ci_low/ci_high;
+    `guard_intervals` the guards' own (`bootstrap_metrics` of `guard_metrics`).
     -> {decision, reasons, success, guards, bootstrap}, rule results as dicts.
     """
     success = check_success(spec_success, baseline_metrics, candidate_metrics)
-    results = check_guards(guards, baseline_metrics, candidate_metrics, min_support)
+    results = check_guards(
+        guards, baseline_metrics, candidate_metrics, min_support, guard_intervals
+    )
     failed = [g for g in results if g.status == "fail"]
+    noisy = [g for g in results if g.status == "within_noise"]
     thin = [g for g in results if g.status == "insufficient_data"]
     min_gain = float(spec_success.min_gain)
     readable = success.baseline is not None and success.candidate is not None
@@ -275,7 +327,7 @@ def decide(
             f"success not met: even the top of the CI ({high:+.3f}) is below the required "
             f"gain {min_gain:+.3f}"
         )
-    elif success.status == "pass" and low is not None and low > 0 and not thin:
+    elif success.status == "pass" and low is not None and low > 0 and not thin and not noisy:
         decision = "GO"
         checks = f"all {len(results)} guard checks pass" if results else "no guards set"
         reasons.append(f"success met and above noise (CI low {low:+.3f} > 0); {checks}")
@@ -292,10 +344,13 @@ def decide(
                 f"success not met by the point estimate, but the CI reaches the required gain "
                 f"(high {high:+.3f} >= {min_gain:+.3f}): the miss may be noise"
             )
+        reasons += [f"guard missed within noise: {g.detail}" for g in noisy]
         reasons += [f"insufficient data: {g.detail}" for g in thin]
     if results and decision == "INCONCLUSIVE":
+        passed = len(results) - len(thin) - len(noisy)
+        within = f", {len(noisy)} missed within noise" if noisy else ""
         reasons.append(
-            f"guards: {len(results) - len(thin)} pass, {len(thin)} with insufficient data"
+            f"guards: {passed} pass{within}, {len(thin)} with insufficient data"
             f" (min_support {min_support})"
         )
     return {

@@ -194,6 +194,7 @@ class Scorer:
             out["ungrounded_value_rate"] = _div(
                 totals.get("ungrounded", 0), totals.get("strings", 0)
             )
+            out["grounding_checked"] = round(totals.get("strings", 0))  # its support
         out["per_field"] = per_field
         out["per_category"] = self._per_category(totals)
         return out
@@ -224,6 +225,7 @@ class Scorer:
             }
             if self.task.grounded:
                 entry["ungrounded_value_rate"] = _div(t.get("ungrounded", 0), t.get("strings", 0))
+                entry["grounding_checked"] = round(t.get("strings", 0))
             out[cat] = entry
         return out
 

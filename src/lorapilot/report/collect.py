@@ -12,8 +12,15 @@ from pathlib import Path
 from typing import Any
 
 from lorapilot.decision.plan import SELECTION_RULE, select, variant_name
-from lorapilot.decision.rule import bootstrap_for, comparable, decide, flips, gate
-from lorapilot.evaluate.guards import check_absolute_guards, check_guards
+from lorapilot.decision.rule import (
+    bootstrap_for,
+    bootstrap_metrics,
+    comparable,
+    decide,
+    flips,
+    gate,
+)
+from lorapilot.evaluate.guards import check_absolute_guards, check_guards, guard_metrics
 from lorapilot.evaluate.metrics import get_metric, per_group
 from lorapilot.evaluate.records import BASELINE_PREDICTIONS
 from lorapilot.fsutil import read_json_or_none, read_jsonl
@@ -128,18 +135,39 @@ def run_summary(pilot: Pilot, rec: registry.RunRecord, baseline: registry.RunRec
     row["comparable"], row["not_comparable_reason"] = ok, why
     if ok:
         base_m = baseline.result["metrics"]
+        base_rows = _rows(registry.runs_dir(pilot.dir) / baseline.id)
+        cand_rows = _rows(registry.runs_dir(pilot.dir) / rec.id)
         row["deltas"] = deltas(base_m, row["metrics"])
+        intervals = guard_intervals(pilot, base_m, row["metrics"], base_rows, cand_rows)
+        row["guard_intervals"] = intervals
         row["guards"] = [
             g.__dict__
             for g in check_guards(
-                pilot.spec.guards, base_m, row["metrics"], pilot.spec.eval.min_support
+                pilot.spec.guards, base_m, row["metrics"], pilot.spec.eval.min_support, intervals
             )
         ]
-        row["flips"] = flips(
-            _rows(registry.runs_dir(pilot.dir) / baseline.id),
-            _rows(registry.runs_dir(pilot.dir) / rec.id),
-        )
+        row["flips"] = flips(base_rows, cand_rows)
     return row
+
+
+def guard_intervals(
+    pilot: Pilot, base_m: dict, cand_m: dict, base_rows: list[dict], cand_rows: list[dict]
+) -> dict[str, dict]:
+    """The paired bootstrap of every concrete metric the guards check, on the same resamples
+    as the success criterion's ({} without rows: the guards are then judged on the point)."""
+    spec = pilot.spec
+    names = guard_metrics(spec.guards, base_m, cand_m)
+    if not names or not base_rows or not cand_rows:
+        return {}
+    return bootstrap_metrics(
+        spec.task.kind,
+        names,
+        base_rows,
+        cand_rows,
+        spec.task.labels,
+        task=spec.task,
+        norm=spec.eval.normalize,
+    )
 
 
 def choose_run(pilot: Pilot, candidates: list[dict]) -> tuple[dict | None, dict]:
@@ -208,6 +236,7 @@ def collect(pilot: Pilot) -> dict:
             baseline.result["metrics"],
             chosen["metrics"],
             bootstrap=boot,
+            guard_intervals=chosen.get("guard_intervals"),
         )
     verify = None
     test = None
@@ -243,6 +272,8 @@ def collect(pilot: Pilot) -> dict:
                     "n": r.result.get("n"),
                     "guards": _test_guards(pilot, r),
                 }
+    for row in rows:  # the guards' results carry their CIs; the summaries are not needed
+        row.pop("guard_intervals", None)
     smoke = latest_smoke(runs, spec.spec_hash())
     if decision is not None:  # no GO without the protocol's gates (smoke, verify, final test)
         decision = gate(decision, verify, test, smoke)
@@ -333,7 +364,11 @@ def _test_guards(pilot: Pilot, rec: registry.RunRecord) -> list[dict]:
     spec = pilot.spec
     m, base_m = rec.result.get("metrics") or {}, rec.result.get("baseline_metrics")
     if base_m:
-        results = check_guards(spec.guards, base_m, m, spec.eval.min_support)
+        d = registry.runs_dir(pilot.dir) / rec.id
+        intervals = guard_intervals(
+            pilot, base_m, m, read_jsonl(d / BASELINE_PREDICTIONS), _rows(d)
+        )
+        results = check_guards(spec.guards, base_m, m, spec.eval.min_support, intervals)
     else:
         results = check_absolute_guards(spec.guards, m, spec.eval.min_support)
     return [g.__dict__ for g in results]

@@ -72,3 +72,22 @@ def mark(ok: Any, yes: str = "yes", no: str = "no") -> Mark | str:
     if ok is None:
         return DASH
     return Mark(yes if ok else no, bool(ok))
+
+
+def support_text(rule: dict) -> str:
+    """A rule's support as `154 examples` / `15 values checked` (a dash when unknown)."""
+    n = rule.get("support")
+    return f"{fmt(n)} {rule.get('support_of') or ''}".strip() if isnum(n) else DASH
+
+
+def ci_text(rule: dict, bootstrap: dict | None = None) -> str:
+    """The CI a rule is judged on: of the change (signed) for the relative rules, of the
+    value for `min` / `max`; the success criterion's from its bootstrap."""
+    low, high = rule.get("ci_low"), rule.get("ci_high")
+    if isinstance(bootstrap, dict):
+        low, high = bootstrap.get("ci_low"), bootstrap.get("ci_high")
+    if not isnum(low) or not isnum(high):
+        return DASH
+    if rule.get("rule") in ("min", "max"):
+        return f"[{fmt(low)}, {fmt(high)}]"
+    return f"[{fdelta(low)}, {fdelta(high)}]"

@@ -40,7 +40,11 @@ class EvalSpec(_Strict):
         default_factory=EvalNormalize, description="Normalisation of values before comparing."
     )
     min_support: int = Field(
-        5, ge=1, description="Below this support a per-category verdict is 'insufficient data'."
+        5,
+        ge=1,
+        description="Below this support (the examples or values a guard's metric is computed "
+        "over: a category's examples, the gold or predicted values of an F1 or precision, the "
+        "values a grounding rate checked) a guard is 'insufficient data', not judged.",
     )
     label_search: Literal["best_first", "all"] = Field(
         "best_first",

@@ -28,9 +28,8 @@ _EXTRACTION = (
     "field_accuracy", "field_precision", "field_recall", "field_f1",
     "leaf_precision", "leaf_recall", "leaf_f1",
 )  # fmt: skip
-GROUNDED = (
-    "ungrounded_value_rate"  # extraction/format with task.grounded, top level and per category
-)
+# extraction/format with task.grounded, top level and per category: the rate and its support
+GROUNDED = ("ungrounded_value_rate", "grounding_checked")
 TOP_LEVEL = {
     "classification": ("accuracy", "macro_f1", "invalid_rate"),
     "image_classification": ("accuracy", "macro_f1", "invalid_rate"),
@@ -68,10 +67,10 @@ def known(
     entries = {"per_category": labels if labelled else None, "per_field": fields}
     names = list(TOP_LEVEL[kind])
     if grounded and not labelled:
-        names.append(GROUNDED)
+        names += GROUNDED
     for group, metrics in PER_GROUP[kind].items():
         if grounded and group == "per_category" and not labelled:
-            metrics = (*metrics, GROUNDED)
+            metrics = (*metrics, *GROUNDED)
         names += [f"{group}.{m}" for m in metrics]
         names += [f"{group}.{e}.{m}" for e in entries[group] or [] for m in metrics]
     if not labelled:
@@ -96,7 +95,7 @@ def problem(
         return None
     head, _, rest = name.partition(".")
     if kind not in LABELLED and head == "per_category" and "." in rest:
-        allowed = PER_GROUP[kind]["per_category"] + ((GROUNDED,) if grounded else ())
+        allowed = PER_GROUP[kind]["per_category"] + (GROUNDED if grounded else ())
         if rest.rsplit(".", 1)[1] in allowed:
             return None
     if kind not in LABELLED and head == "per_field" and "." in rest:

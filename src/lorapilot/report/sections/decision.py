@@ -18,6 +18,7 @@ from lorapilot.report.blocks import (
 )
 from lorapilot.report.formatting import (
     DASH,
+    ci_text,
     fbytes,
     fdelta,
     fmt,
@@ -25,6 +26,7 @@ from lorapilot.report.formatting import (
     fsec,
     fusd,
     isnum,
+    support_text,
 )
 from lorapilot.report.sections.state import _dict, _get, _list
 
@@ -108,6 +110,7 @@ def _decision(s: dict) -> list:
                     "listed under Runs but were not eligible for selection"
                 )
             )
+    b = d.get("bootstrap")
     rules = []
     if isinstance(d.get("success"), dict):
         rules.append(("success", d["success"]))
@@ -116,7 +119,18 @@ def _decision(s: dict) -> list:
         out.append(Sub("Pre-registered checks"))
         out.append(
             Table(
-                ["check", "metric", "rule", "baseline", "adapted", "threshold", "status", "detail"],
+                [
+                    "check",
+                    "metric",
+                    "rule",
+                    "baseline",
+                    "adapted",
+                    "threshold",
+                    "support",
+                    "95% CI",
+                    "status",
+                    "detail",
+                ],  # fmt: skip
                 [
                     [
                         kind,
@@ -125,6 +139,8 @@ def _decision(s: dict) -> list:
                         fmt(r.get("baseline")),
                         fmt(r.get("candidate")),
                         fmt(r.get("threshold")),
+                        support_text(r),
+                        ci_text(r, b if kind == "success" else None),
                         Mark(
                             str(r.get("status")), {"pass": True, "fail": False}.get(r.get("status"))
                         ),
@@ -134,7 +150,6 @@ def _decision(s: dict) -> list:
                 ],
             )
         )
-    b = d.get("bootstrap")
     if isinstance(b, dict):
         level = f"{100 * b['ci']:g}%" if isnum(b.get("ci")) else "95%"
         out.append(Sub("Paired bootstrap"))

@@ -19,12 +19,14 @@ from lorapilot.report.blocks import (
 )
 from lorapilot.report.formatting import (
     DASH,
+    ci_text,
     fdelta,
     fmt,
     fsec,
     fusd,
     isnum,
     mark,
+    support_text,
 )
 from lorapilot.report.sections.model import _record
 from lorapilot.report.sections.results import _pair
@@ -268,11 +270,15 @@ def _test(s: dict) -> list:
         out += [
             Sub("Guards on test"),
             Table(
-                ["guard", "status", "detail"],
+                ["guard", "support", "95% CI", "status", "detail"],
                 [
                     [
                         g.get("metric"),
-                        Mark(str(g.get("status")), g.get("status") == "pass"),
+                        support_text(g),
+                        ci_text(g),
+                        Mark(
+                            str(g.get("status")), {"pass": True, "fail": False}.get(g.get("status"))
+                        ),
                         g.get("detail"),
                     ]
                     for g in guards
