@@ -393,3 +393,18 @@ def test_most_confused_lists_off_diagonal_cells_largest_first_with_their_share()
     ]
     assert got[0]["share"] == 3 / 8 and got[1]["share"] == 1.0
     assert most_confused([[2, 0], [0, 2]], ["x", "y"]) == []
+
+
+def test_calibration_offsets_divide_out_the_content_free_preference():
+    from lorapilot.evaluate.metrics import calibration_offsets
+
+    # the model prefers label 0 whatever the input: 0.8 / 0.1 / 0.1 with no input at all
+    free = np.log([[0.8, 0.1, 0.1], [0.8, 0.1, 0.1], [0.8, 0.1, 0.1]])
+    off = calibration_offsets(free + 5.0)  # unnormalised sums: only the ratios count
+    np.testing.assert_allclose(off, -np.log([0.8, 0.1, 0.1]))
+    x = np.log([0.6, 0.3, 0.1])  # plain argmax 0; relative to the bias, 1 gained most
+    assert np.argmax(x) == 0 and np.argmax(x + off) == 1
+    flat = calibration_offsets(np.log([[0.7, 0.3], [0.3, 0.7]]))  # averaged: no preference
+    np.testing.assert_allclose(flat, [np.log(2), np.log(2)])
+    with pytest.raises(ValueError, match="finite"):
+        calibration_offsets(np.array([[0.0, np.nan]]))

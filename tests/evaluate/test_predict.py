@@ -294,3 +294,28 @@ def test_a_frozen_lm_head_is_one_product_not_a_copy_per_row(tiny_model_dir):
                      batch_size=3, share_prefix=share)  # fmt: skip
         assert spy.seen == 0
         np.testing.assert_allclose(got, score_labels_reference(model, prompts, LABELS), atol=1e-4)
+
+
+def test_best_first_with_calibration_offsets_picks_the_argmax_of_score_plus_offset(
+    tiny_model_dir, monkeypatch
+):
+    """Calibrated scoring ranks score + offset: the search bounds a node by its score plus
+    the largest offset below it, so it picks what scoring every label picks, though offsets
+    move the winner (here: large ones on labels the plain argmax never picks)."""
+    from lorapilot.base.models import load_model, resolve_base
+    from lorapilot.evaluate import predict
+
+    monkeypatch.setattr(predict, "SWITCH_FRACTION", 1e9)  # the search alone, never the tree
+    labels = _many_labels()
+    model, tok = load_model(resolve_base(str(tiny_model_dir)))
+    prompts = _prompts(n=9, seed=8, prefix=6)
+    full = score_labels(model, prompts, labels, batch_size=4, pad_id=tok.pad_token_id)
+    offsets = np.zeros(len(labels))
+    losers = [j for j in range(len(labels)) if j not in set(full.argmax(1))]
+    offsets[losers[::3]] = np.ptp(full, axis=1).mean() / 2  # enough to win some rows
+    want = (full + offsets).argmax(1)
+    assert (want != full.argmax(1)).any()
+    got = score_labels(model, prompts, labels, batch_size=4, pad_id=tok.pad_token_id,
+                       search="best_first", offsets=offsets)  # fmt: skip
+    assert (np.nanargmax(got + offsets, axis=1) == want).all()
+    assert np.isnan(got).any()  # it still pruned

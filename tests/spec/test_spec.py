@@ -71,6 +71,11 @@ def test_extraction_default_success_metric():
         ({**BASE, "guards": [{"metric": "accuracy"}]}, "guards[0]"),
         ({**BASE, "name": "../escape"}, "name:"),
         ({**BASE, "limits": {"rental_days": 5}}, "limits.rental_days"),
+        (
+            {**BASE, "eval": {"mode": "generate", "label_scoring": "calibrated"}},
+            "eval.label_scoring: calibrated re-weights the scores",
+        ),
+        ({**BASE, "eval": {"label_scoring": "softmax"}}, "eval.label_scoring"),
     ],
 )
 def test_bad_specs_name_the_key(raw, needle):
@@ -350,3 +355,9 @@ def test_gguf_export_is_refused_for_images_and_without_the_extra(tmp_path, monke
         UsageError, match=r"export.formats: the GGUF export needs llama_cpp.*make serve"
     ):
         load_pilot(tmp_path)
+
+
+def test_calibrated_scoring_is_in_the_hash_and_the_default_is_not():
+    plain = spec_from_dict(BASE).spec_hash()
+    assert spec_from_dict({**BASE, "eval": {"label_scoring": "sum"}}).spec_hash() == plain
+    assert spec_from_dict({**BASE, "eval": {"label_scoring": "calibrated"}}).spec_hash() != plain

@@ -161,3 +161,25 @@ def test_train_threads_sets_torchs_threads_and_is_recorded(tmp_path, tiny_model_
                        "--set", f"train.threads={n}")  # fmt: skip
         rec = json.loads((pilot / "runs" / out["run_id"] / "run.json").read_text())
         assert rec["environment"]["torch_num_threads"] == n
+
+
+def test_calibrated_label_scoring_is_recorded_and_decides_the_predictions(tmp_path, tiny_model_dir):
+    """#35 item 6: `eval.label_scoring: calibrated` scores every label after the content-free
+    inputs, records the offsets (run.json and calibration.json), names itself in the eval
+    protocol, and each prediction is the label with the best score + offset among those
+    scored."""
+    pilot = _tiny_init(tmp_path, tiny_model_dir)
+    plain = run_json("baseline", str(pilot), "--limit", "6", "--no-progress")
+    assert "label_scoring" not in plain["protocol"] and "calibration" not in plain
+    out = run_json("baseline", str(pilot), "--limit", "6", "--no-progress",
+                   "--set", "eval.label_scoring=calibrated")  # fmt: skip
+    assert out["protocol"]["label_scoring"] == "calibrated"
+    assert out["eval_protocol"] != plain["eval_protocol"]
+    labels = out["protocol"]["labels"]
+    cal = json.loads((pilot / "runs" / out["run_id"] / "calibration.json").read_text())
+    assert cal == out["calibration"] and cal["content_free"] == ["N/A", "", "[MASK]"]
+    assert set(cal["offsets"]) == set(labels) and len(cal["content_free_scores"]) == 3
+    rows = [json.loads(x) for x in open(out["predictions"], encoding="utf-8")]
+    for row in rows:
+        best = max(row["scores"], key=lambda lab: row["scores"][lab] + cal["offsets"][lab])
+        assert row["parsed"] == best

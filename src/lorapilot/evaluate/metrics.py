@@ -111,6 +111,27 @@ def classification_totals(totals: dict, labels: list[str]) -> dict:
     }
 
 
+# --------------------------------------------------------------------------- calibration
+
+CONTENT_FREE = ("N/A", "", "[MASK]")
+"""The content-free inputs of contextual calibration (Zhao et al. 2021): what the model
+answers when the input says nothing is its bias among the labels."""
+
+
+def calibration_offsets(content_free_scores: np.ndarray) -> np.ndarray:
+    """Per-label offsets that divide out the model's preference without an input: each
+    content-free input's label scores (log-probabilities, [n_inputs, n_labels]) normalised over
+    the labels, the probabilities averaged, and -log of the average. The calibrated
+    prediction is argmax(score + offset), the label whose probability gained most over its
+    content-free one."""
+    s = np.asarray(content_free_scores, dtype=np.float64)
+    if s.ndim != 2 or not s.size or not np.isfinite(s).all():
+        raise ValueError("content-free scores must be a finite [n_inputs, n_labels] array")
+    shifted = s - s.max(axis=1, keepdims=True)
+    probs = np.exp(shifted) / np.exp(shifted).sum(axis=1, keepdims=True)
+    return -np.log(probs.mean(axis=0))
+
+
 # --------------------------------------------------------------------------- lookup
 
 

@@ -168,13 +168,15 @@ def score_labels(
     progress: Callable[[int], None] | None = None,
     share_prefix: bool = True,
     search: str = "all",
+    offsets: np.ndarray | None = None,
 ) -> np.ndarray:
     """Sum of log-probabilities of each label's tokens (answer + end-of-turn) after each
     prompt -> array [n_prompts, n_labels] in float64. `share_prefix=False` recomputes the
     common prefix in every batch (same result within float rounding; for benchmarks).
 
     `search="best_first"` scores only the labels the argmax needs (`_best_first`): the
-    other entries are NaN, and `np.nanargmax` of a row is the label `search="all"` picks.
+    other entries are NaN, and `np.nanargmax` of a row is the label `search="all"` picks;
+    with `offsets` (one per label, calibrated scoring), of the row plus the offsets.
     Attention kernels that cannot take a custom mask score all labels."""
     device = next(model.parameters()).device
     n_labels = len(label_ids)
@@ -212,7 +214,7 @@ def score_labels(
         logp_first = torch.log_softmax(res.logits[:, -1, :].float(), dim=-1)  # [b, V]
         if best_first:
             out[idx] = _best_first(model, trie, tree, logp_first, first, res.past_key_values,
-                                   mask, pos, precision, pad_id)  # fmt: skip
+                                   mask, pos, precision, pad_id, offsets)  # fmt: skip
             if progress:
                 progress(b)
             continue
@@ -267,9 +269,28 @@ class _Trie:
             self.paths.append(path)
         self.n_labels = len(label_ids)
 
+    def max_below(self, per_label: np.ndarray) -> np.ndarray:
+        """Per node, the largest value of `per_label` among the labels ending at or below it
+        (-inf where none does)."""
+        out = np.full(len(self.token), -np.inf)
+        for j, path in enumerate(self.paths):
+            for node in path:
+                out[node] = max(out[node], per_label[j])
+        return out
+
 
 def _best_first(
-    model, trie: _Trie, tree, logp_first, first, cache, mask, pos, precision: str, pad_id: int
+    model,
+    trie: _Trie,
+    tree,
+    logp_first,
+    first,
+    cache,
+    mask,
+    pos,
+    precision: str,
+    pad_id: int,
+    offsets: np.ndarray | None = None,
 ) -> np.ndarray:
     """Exact argmax over the labels without scoring them all -> [b, n_labels], NaN where a
     label was not scored.
@@ -286,7 +307,10 @@ def _best_first(
 
     A model unsure of its answer (a zero-shot base) keeps many nodes above its bound: once
     the passes have cost SWITCH_FRACTION of the packed tree, the prompts not yet decided are
-    scored with the tree (every label) instead."""
+    scored with the tree (every label) instead.
+
+    With `offsets` the argmax is of score + offset (calibrated scoring): a node is then
+    bounded by its score plus the largest offset of the labels below it."""
     import heapq
 
     device = mask.device
@@ -297,15 +321,18 @@ def _best_first(
     column: list[dict[int, int]] = [{} for _ in range(b)]  # node -> its KV cache column
     last_pos = pos[:, -1].tolist()
 
+    offset = np.zeros(trie.n_labels) if offsets is None else np.asarray(offsets, np.float64)
+    bonus = trie.max_below(offset)
+
     def labels_at(i: int, node: int, score: float) -> None:
         for j in trie.ends[node]:
             scores[i, j] = score
-            best[i] = max(best[i], score)
+            best[i] = max(best[i], score + offset[j])
 
     def found(i: int, node: int, score: float) -> None:
         labels_at(i, node, score)
         if trie.children[node]:
-            heapq.heappush(frontier[i], (-score, node))
+            heapq.heappush(frontier[i], (-(score + bonus[node]), node, score))
 
     first_nodes = list(trie.children[0].values())
     firsts = logp_first[:, [trie.token[n] for n in first_nodes]].double().cpu().numpy()
@@ -325,9 +352,9 @@ def _best_first(
         for i in range(b):
             row, popped, limit = [], 0, BEST_FIRST_WIDTH if best[i] > -np.inf else 1
             while frontier[i] and popped < limit and -frontier[i][0][0] >= best[i]:
-                neg, node = heapq.heappop(frontier[i])
+                _, node, node_score = heapq.heappop(frontier[i])
                 row.append(node)
-                score[i][node], popped = -neg, popped + 1
+                score[i][node], popped = node_score, popped + 1
                 while len(trie.children[node]) == 1:
                     (node,) = trie.children[node].values()
                     if not trie.children[node]:
@@ -470,8 +497,14 @@ def _score_tree(model, tree: _LabelTree, cache, mask, pos, precision: str) -> to
             past_key_values=cache,
             use_cache=True,
         )
-    logp = torch.log_softmax(res.logits.float(), dim=-1)  # [b, n, V]
-    tok = logp[:, tree.pair_slot, tree.pair_target]  # [b, label tokens after the first]
+    # one prompt at a time: [n, V] in fp32 is 73 MB for 371 nodes of a 49k vocabulary, where
+    # the whole batch's [b, n, V] (with its log_softmax) held 4.6 GB at once for 32 prompts
+    tok = torch.stack(
+        [
+            torch.log_softmax(res.logits[i].float(), dim=-1)[tree.pair_slot, tree.pair_target]
+            for i in range(b)
+        ]
+    )  # [b, label tokens after the first]
     return tok @ tree.segments
 
 

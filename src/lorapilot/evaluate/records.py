@@ -13,6 +13,7 @@ LEDGER = "test_ledger.jsonl"
 
 
 BASELINE_PREDICTIONS = "baseline_predictions.jsonl"
+CALIBRATION = "calibration.json"  # eval.label_scoring: calibrated
 
 
 def write_predictions(path: Path, rows: list[dict]) -> None:
@@ -24,6 +25,8 @@ def write_eval_files(run_dir: Path, result: EvalResult) -> None:
     write_predictions(run_dir / "predictions.jsonl", result.predictions)
     atomic_write_json(run_dir / "metrics.json", result.metrics)
     atomic_write_json(run_dir / "protocol.json", result.protocol)
+    if result.calibration is not None:
+        atomic_write_json(run_dir / CALIBRATION, result.calibration)
 
 
 def record_test_access(

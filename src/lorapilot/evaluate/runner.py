@@ -18,7 +18,7 @@ from lorapilot.data.dataset import PreparedData
 from lorapilot.data.format import PromptFormatter, answer_text, template_hash
 from lorapilot.data.rows import Record
 from lorapilot.evaluate import predict
-from lorapilot.evaluate.metrics import classification_metrics
+from lorapilot.evaluate.metrics import CONTENT_FREE, calibration_offsets, classification_metrics
 from lorapilot.evaluate.structured import extraction_metrics, format_metrics
 from lorapilot.fsutil import sha256_json
 from lorapilot.records.progress import Phase
@@ -63,6 +63,8 @@ def make_protocol(spec: PilotSpec, tokenizer: Any, prepared: PreparedData) -> di
         "seed": spec.train.seed,
         "data_version": prepared.version,
     }
+    if spec.eval.label_scoring != "sum":  # absent at the default: older hashes hold
+        proto["label_scoring"] = spec.eval.label_scoring
     proto["eval_protocol"] = "ep-" + sha256_json(proto)[:16]
     return proto
 
@@ -100,6 +102,7 @@ class EvalResult:
     device: str = "cpu"
     peak_memory_bytes: int | None = None  # CPU: peak RSS; CUDA: max reserved (memmeter)
     peak_increase_bytes: int | None = None  # CPU: the RSS increase; CUDA: max allocated
+    calibration: dict | None = None  # eval.label_scoring: calibrated (`calibration_record`)
 
 
 def evaluate_records(
@@ -136,8 +139,18 @@ def evaluate_records(
             rate = (phase.done + n) / max(time.perf_counter() - t0, 1e-9)
             phase.advance(n=n, rate=f"{rate:.1f} ex/s")
 
+        calibration = None
         if protocol["mode"] == "score":
             label_ids = label_token_ids(fmt, task, budget)
+            offsets = None
+            if protocol.get("label_scoring") == "calibrated":
+                free = [fmt.encode_prompt(text, budget) for text in CONTENT_FREE]
+                free_scores = predict.score_labels(
+                    model, free, label_ids, batch_size=len(free), pad_id=pad_id,
+                    share_prefix=False, search="all",
+                )  # fmt: skip
+                offsets = calibration_offsets(free_scores)
+                calibration = calibration_record(task.labels or [], free_scores, offsets)
             scores = predict.score_labels(
                 model,
                 prompts,
@@ -147,6 +160,7 @@ def evaluate_records(
                 progress=tick,
                 search=spec.eval.label_search,
                 share_prefix=protocol["shared_prefix_cache"],
+                offsets=offsets,
             )
             outputs = None
         else:
@@ -166,13 +180,27 @@ def evaluate_records(
     seconds = time.perf_counter() - t0
 
     prompt_texts = [tokenizer.decode(p) for p in prompts]
-    metrics, rows = score_predictions(spec, records, prompt_texts, scores, outputs)
+    offsets = None if calibration is None else calibration["offsets"]
+    metrics, rows = score_predictions(spec, records, prompt_texts, scores, outputs, offsets)
     metrics["n"] = len(records)
     device = str(next(model.parameters()).device)
     return EvalResult(
         metrics, rows, seconds, len(records) / max(seconds, 1e-9), protocol, device,
-        meter.total, meter.peak,
+        meter.total, meter.peak, calibration,
     )  # fmt: skip
+
+
+def calibration_record(labels: list[str], free_scores: np.ndarray, offsets: np.ndarray) -> dict:
+    """What calibrated scoring used, written beside the predictions (calibration.json)."""
+    return {
+        "method": "contextual calibration (Zhao et al. 2021)",
+        "content_free": list(CONTENT_FREE),
+        "content_free_scores": [
+            {lab: round(float(x), 6) for lab, x in zip(labels, row, strict=True)}
+            for row in free_scores
+        ],
+        "offsets": {lab: float(x) for lab, x in zip(labels, offsets, strict=True)},
+    }
 
 
 def label_token_ids(fmt: PromptFormatter, task, budget: int) -> list[list[int]]:
@@ -193,16 +221,19 @@ def score_predictions(
     prompt_texts: list[str],
     scores: np.ndarray | None,
     outputs: list[str] | None,
+    offsets: dict[str, float] | None = None,
 ) -> tuple[dict, list[dict]]:
     """(metrics, prediction rows) from label scores or generated texts: one definition of
     what a prediction is, whichever runtime computed the scores or the text (lorapilot's
-    torch evaluation, or llama.cpp in the serving check)."""
+    torch evaluation, or llama.cpp in the serving check). With `offsets` (calibrated
+    scoring, by label) the prediction is the argmax of score + offset."""
     task = spec.task
     rows: list[dict] = []
     if task.kind == "classification":
         labels = list(task.labels or [])
         if scores is not None:
-            preds = [labels[int(i)] for i in np.nanargmax(scores, axis=1)]
+            shift = np.array([offsets[lab] for lab in labels]) if offsets else 0.0
+            preds = [labels[int(i)] for i in np.nanargmax(scores + shift, axis=1)]
         else:
             lookup = {lab.casefold(): lab for lab in labels}
             preds = [lookup.get(o.strip().casefold()) for o in outputs]

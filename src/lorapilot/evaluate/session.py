@@ -86,6 +86,7 @@ def evaluate_split(
             write_predictions(run.dir / BASELINE_PREDICTIONS, base_result.predictions)
             base_out = {
                 "baseline_metrics": base_result.metrics,
+                "baseline_calibration": base_result.calibration,
                 "baseline_seconds": round(base_result.seconds, 3),
                 "baseline_predictions": str(run.dir / BASELINE_PREDICTIONS),
             }
@@ -106,6 +107,8 @@ def evaluate_split(
             "predictions": str(run.dir / "predictions.jsonl"),
             **base_out,
         }
+        if result.calibration is not None:
+            out["calibration"] = result.calibration
         if split == "test":
             out["test_accesses_before"] = earlier
         run.update(**out)

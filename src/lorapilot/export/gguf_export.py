@@ -26,6 +26,7 @@ from lorapilot.base.models import load_tokenizer, original_gguf
 from lorapilot.data.dataset import formatter_for, max_length_of, prepare_data
 from lorapilot.data.format import render_messages
 from lorapilot.errors import CheckFailed, LorapilotError, UsageError
+from lorapilot.evaluate.metrics import CONTENT_FREE, calibration_offsets
 from lorapilot.evaluate.runner import label_token_ids, score_predictions, stop_token_ids
 from lorapilot.export import gguf_files as gf
 from lorapilot.export import ollama
@@ -431,6 +432,13 @@ def _cases(
         ],
         "mode": mode,
         "labels": labels,
+        # calibrated scoring: the served model's own content-free scores give its offsets
+        "content_free": [
+            {"id": f"content-free-{i}", "ids": fmt.encode_prompt(text, budget)}
+            for i, text in enumerate(CONTENT_FREE)
+        ]
+        if protocol.get("label_scoring") == "calibrated"
+        else [],
         "stop_ids": stop,
         "max_new_tokens": max_new,
         "n_ctx": n_ctx,
@@ -452,10 +460,12 @@ def serving_check(
         "mode": cases["mode"],
         "prompts": cases["prompts"],
         "labels": cases["labels"],
+        "content_free": cases["content_free"],
         "stop_ids": cases["stop_ids"],
         "max_new_tokens": cases["max_new_tokens"],
         "n_ctx": cases["n_ctx"],
-        "label_search": spec.eval.label_search,
+        # llama.cpp's best-first knows no offsets: calibrated scoring scores every label
+        "label_search": "all" if cases["content_free"] else spec.eval.label_search,
         "threads": spec.train.threads,
     }
     with tempfile.TemporaryDirectory(prefix="lorapilot-serve-") as d:
@@ -525,8 +535,12 @@ def _compare(spec, cases: dict, conf: dict) -> dict:
         if "scores" in conf
         else None
     )
+    offsets = None
+    if conf.get("content_free_scores"):
+        free = calibration_offsets(np.array(conf["content_free_scores"], dtype=np.float64))
+        offsets = {lab: float(x) for lab, x in zip(spec.task.labels, free, strict=True)}
     metrics, rows = score_predictions(
-        spec, records, cases["prompt_texts"], scores, conf.get("outputs")
+        spec, records, cases["prompt_texts"], scores, conf.get("outputs"), offsets
     )
     theirs = cases["lorapilot_predictions"]
     differing = []

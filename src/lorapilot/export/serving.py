@@ -177,6 +177,11 @@ def check(cases: dict) -> dict:
         if cases["mode"] == "score":
             best_first = cases.get("label_search", "best_first") == "best_first"
             entry["scores"] = [rt.score(p["ids"], cases["labels"], best_first) for p in prompts]
+            free = cases.get("content_free") or []
+            if free:  # calibrated scoring: every label after each content-free input
+                entry["content_free_scores"] = [
+                    rt.score(p["ids"], cases["labels"], False) for p in free
+                ]
         else:
             stop = set(cases["stop_ids"])
             gens = [rt.generate(p["ids"], stop, int(cases["max_new_tokens"])) for p in prompts]

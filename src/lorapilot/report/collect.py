@@ -354,7 +354,10 @@ def degenerate_baseline(predictions: list[dict] | None, share: float = 0.5) -> l
     return [
         f"the baseline predicted {label!r} for {n} of {len(predictions)} validation examples "
         f"({n / len(predictions):.0%}): a near-constant zero-shot baseline is a weak starting "
-        "point, and the gain over it says more about the prompt than about the adapter"
+        "point, and the gain over it says more about the prompt than about the adapter; "
+        "`eval.label_scoring: calibrated` (docs/text-tasks.md) divides out the labels the "
+        "model prefers without any input, for the baseline and adapters alike (pre-register it "
+        "in a new spec: it changes the evaluation protocol)"
     ]
 
 

@@ -504,10 +504,11 @@ def estimate_eval_memory(
       without 4D masks, the cache repeated once per label; when generating, max_new_tokens
       more;
     - logits: the head's output where it is read, in the model dtype plus its fp32 copy and
-      fp32 log-probabilities: the prompt's last position; for the label tree the tokens of
-      its widest pass (`pass_tokens`: all `tree_tokens` at once when every label is scored,
-      at most predict.BEST_FIRST_WIDTH a pass in the best-first search) x vocab, the
-      figure that grows with the number of labels;
+      fp32 log-probabilities: the prompt's last position; for the packed label tree every
+      row's `tree_tokens` x vocab in the model dtype, the fp32 copies one row at a time (the
+      figure that grows with the number of labels); for a best-first search also its widest
+      pass (`pass_tokens`, at most predict.BEST_FIRST_WIDTH nodes a row) with both fp32
+      copies;
     - activations: one layer's transient while the prompt's own tokens pass (hidden states,
       the gated MLP's three intermediate tensors, the attention scores over the context);
     - masks: the tree's 4D attention mask (bool);
@@ -526,7 +527,11 @@ def estimate_eval_memory(
         if tree:
             wide = extra if pass_tokens is None else min(pass_tokens, extra)
             kv = b * (prompt_len + extra) * per_token_kv
-            logits = max(last_logits, b * wide * v * head_bytes)
+            # the packed tree (every label, or the prompts a best-first search hands over):
+            # the batch's logits in the model dtype, log-probabilities one prompt at a time
+            packed = b * extra * v * dtype_bytes + extra * v * 8
+            passes = b * wide * v * head_bytes if pass_tokens is not None else 0
+            logits = max(last_logits, packed, passes)
             masks = b * wide * (prompt_len + extra)
         else:
             longest = max(label_tokens) - 1

@@ -53,6 +53,16 @@ class EvalSpec(_Strict):
         "much faster with many labels; predictions.jsonl keeps the scores computed); all "
         "scores every label.",
     )
+    label_scoring: Literal["sum", "calibrated"] = Field(
+        "sum",
+        description="Classification by scoring: sum ranks the labels by the log-probability "
+        "of their tokens; calibrated (contextual calibration, Zhao et al. 2021) first scores "
+        "every label after content-free inputs (N/A, an empty text, [MASK]) and divides each "
+        "label's probability by its average there, so a label the model prefers whatever the "
+        "input (the first in the list, the one capitalised) loses that head start. Applied "
+        "alike to the baseline and every adapter (each with its own content-free scores), "
+        "recorded in calibration.json; part of the eval protocol.",
+    )
     shared_prefix: AutoOnOff = Field(
         "auto",
         description="on: the prompt prefix every prompt shares is computed once and its "
@@ -65,6 +75,7 @@ class EvalSpec(_Strict):
     # omitted from the spec hash at their defaults: specs written before them hash the same
     _omitted_at: ClassVar[dict[str, tuple]] = {
         "label_search": ("best_first",),  # same argmax
+        "label_scoring": ("sum",),
         "shared_prefix": ("auto",),
     }
 

@@ -107,6 +107,18 @@ class PilotSpec(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _calibration_is_for_label_scoring(self) -> PilotSpec:
+        if self.eval.label_scoring == "calibrated" and (
+            self.task.kind != "classification" or self.eval.mode != "score"
+        ):
+            raise ValueError(
+                "eval.label_scoring: calibrated re-weights the scores of a text classification's "
+                f"labels (task.kind: classification, eval.mode: score); this pilot has "
+                f"task.kind: {self.task.kind}, eval.mode: {self.eval.mode}"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _category_source(self) -> PilotSpec:
         by = self.data.category
         if by is None:
