@@ -9,7 +9,7 @@ import pytest
 
 from lorapilot.data.format import IGNORE_INDEX, PromptFormatter, answer_text
 from lorapilot.errors import UsageError
-from lorapilot.spec import TaskSpec
+from lorapilot.spec import FieldSpec, TaskSpec
 
 ZEPHYR = (
     "{% for m in messages %}{% if m['role'] == 'system' %}<|system|>\n{{ m['content'] }}{{ "
@@ -169,3 +169,15 @@ def test_missing_chat_template_is_refused(chatml):
     t.chat_template = None
     with pytest.raises(UsageError, match="no chat template"):
         PromptFormatter(t, TASK, max_length=64)
+
+
+def test_a_scalar_or_list_value_says_so_in_the_prompt():
+    from lorapilot.data.format import render_messages
+
+    task = NESTED.model_copy(update={"fields": [
+        FieldSpec(name="slots", type="map", values="string | list")]})  # fmt: skip
+    [system, _] = render_messages(task, "x")
+    assert (
+        system["content"]
+        == "Answer with the keys slots (map of name to string or list of strings)."
+    )

@@ -102,3 +102,26 @@ def test_category_of():
     )
     fmt = TaskSpec(kind="format", json_schema={"type": "object"})
     assert category_of(None, {"x": 1}, fmt) == "all"
+
+
+def test_a_map_value_that_is_sometimes_a_list():
+    """#35 item 7: 11 SNIPS rows name a slot twice. Under `values: string` the error says
+    what to declare; under `values: string | list` the row is valid (a list of one or more
+    strings, never an empty one)."""
+    row = {"intent": "book", "slots": {"city": ["Oslo", "Bergen"]}}
+
+    def task(values):
+        return TaskSpec(kind="extraction", fields=[
+            {"name": "intent"}, {"name": "slots", "type": "map", "values": values}])  # fmt: skip
+
+    (problem,) = validate_target(row, task("string"))
+    assert problem.startswith("target.slots.city: ['Oslo', 'Bergen'] is not of type 'string'")
+    assert "declare the map's `values: string | list`" in problem
+    assert validate_target(row, task("string | list")) == []
+    assert validate_target({**row, "slots": {"city": "Oslo"}}, task("string | list")) == []
+    assert validate_target({**row, "slots": {"city": []}}, task("string | list"))
+    assert validate_target({**row, "slots": {"city": [3]}}, task("string | list"))
+    optional = TaskSpec(kind="extraction", fields=[
+        {"name": "city", "type": "list | string", "required": False}])  # fmt: skip
+    assert validate_target({"city": None}, optional) == []
+    assert validate_target({"city": ["a", "b"]}, optional) == []

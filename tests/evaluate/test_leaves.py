@@ -261,3 +261,16 @@ def test_bad_nesting_is_named_by_its_path(tmp_path, fields, where, what):
     with pytest.raises(UsageError) as e:
         load_spec_file(path)
     assert where in str(e.value) and what in str(e.value)
+
+
+def test_a_scalar_or_list_value_is_a_multiset_under_its_own_path():
+    """`values: string | list` (#35 item 7): a slot named twice holds a list; one value is a
+    list of one; compared as multisets, at the slot's path (no `[]`)."""
+    slots = spec(type="map", values="string | list")
+    assert slots.values.type == "string" and slots.values.or_list
+    gold = {"city": ["Oslo", "Bergen"], "day": "mon"}
+    got = leaves.compare(gold, {"city": "oslo", "day": ["Mon"]}, slots, NORM)
+    assert got == {"city": [1, 2, 1], "day": [1, 1, 1]}
+    twice = leaves.compare(gold, {"city": ["Bergen", "Bergen", "Oslo"]}, slots, NORM)
+    assert twice == {"city": [2, 2, 3], "day": [0, 1, 0]}
+    assert slots.leaf_paths("slots") == ["slots.*"]

@@ -361,3 +361,17 @@ def test_calibrated_scoring_is_in_the_hash_and_the_default_is_not():
     plain = spec_from_dict(BASE).spec_hash()
     assert spec_from_dict({**BASE, "eval": {"label_scoring": "sum"}}).spec_hash() == plain
     assert spec_from_dict({**BASE, "eval": {"label_scoring": "calibrated"}}).spec_hash() != plain
+
+
+@pytest.mark.parametrize(
+    "values, needle",
+    [
+        ("map | list", "the one alternative written with | is a scalar or a list of it"),
+        ("string | number", "the one alternative written with |"),
+        ({"type": "map", "or_list": True}, "`or_list` (`<scalar> | list`) belongs to a scalar"),
+    ],
+)
+def test_scalar_or_list_types_are_checked(values, needle):
+    task = {"kind": "extraction",
+            "fields": [{"name": "slots", "type": "map", "values": values}]}  # fmt: skip
+    assert needle in bad({**BASE, "task": task})

@@ -53,7 +53,7 @@ def _shape_text(v: ValueSpec) -> str:
             else _shape_text(item)
         )
         return ("ordered " if v.ordered else "") + "list of " + shape
-    return v.type
+    return f"{v.type} or list of {v.type}s" if v.or_list else v.type
 
 
 def _fill(text: str, task: TaskSpec) -> str:

@@ -57,6 +57,8 @@ def _object_schema(fields: list[FieldSpec]) -> dict:
         prop = _value_schema(field)
         if field.required:
             required.append(field.name)
+        elif "anyOf" in prop:
+            prop["anyOf"] = [*prop["anyOf"], {"type": "null"}]
         else:
             prop["type"] = [prop["type"], "null"]
         if field.description:
@@ -78,6 +80,9 @@ def _value_schema(spec: ValueSpec) -> dict:
         return {"type": "object", "additionalProperties": values}
     if spec.type == "list" and spec.items is not None:
         return {"type": "array", "items": _value_schema(spec.items)}
+    if spec.or_list:  # `string | list`: one value or a non-empty list of them
+        one = dict(_TYPES[spec.type])
+        return {"anyOf": [one, {"type": "array", "items": one, "minItems": 1}]}
     return dict(_TYPES[spec.type])
 
 
@@ -119,12 +124,30 @@ def target_validator(task: TaskSpec) -> Callable[[Any], list[str]]:
 
     def check(obj: Any) -> list[str]:
         errors = sorted(validator.iter_errors(obj), key=lambda e: [str(p) for p in e.absolute_path])
-        problems = [_short(f"{_where(e.absolute_path)}: {e.message}") for e in errors]
+        problems = [_short(f"{_where(e.absolute_path)}: {e.message}") + _hint(e) for e in errors]
         if len(problems) > _MAX_PROBLEMS:
             problems = problems[:_MAX_PROBLEMS] + [f"... {len(problems) - _MAX_PROBLEMS} more"]
         return problems
 
     return check
+
+
+def _hint(error: Any) -> str:
+    """What to write in the spec when a map's scalar value comes as a list (a slot named
+    twice in one example, as 11 SNIPS rows do)."""
+    path = list(error.schema_path)
+    if (
+        error.validator == "type"
+        and isinstance(error.instance, list)
+        and "additionalProperties" in path
+        and error.validator_value in ("string", "number", "integer", "boolean")
+    ):
+        kind = error.validator_value
+        return (
+            f" (a map value given as a list: if a key may hold several values, declare the "
+            f"map's `values: {kind} | list`, scored as a multiset)"
+        )
+    return ""
 
 
 def validate_target(obj: Any, task: TaskSpec) -> list[str]:

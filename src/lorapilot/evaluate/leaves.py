@@ -63,7 +63,8 @@ def from_schema(schema: Any) -> ValueSpec | None:
 
 
 def _shape_of(spec: ValueSpec) -> dict:
-    return {k: getattr(spec, k) for k in ("type", "fields", "items", "values", "ordered")}
+    keys = ("type", "fields", "items", "values", "ordered", "or_list")
+    return {k: getattr(spec, k) for k in keys}
 
 
 def _add(out: Counts, path: str, tp: int, gold: int, pred: int) -> None:
@@ -84,6 +85,11 @@ def _compare(
     gold: Any, pred: Any, spec: ValueSpec | None, norm: EvalNormalize, path: str, out: Counts
 ) -> None:
     kind = spec.type if spec is not None else None
+    if spec is not None and spec.or_list:  # `string | list`: one value is a list of one
+        g_list = gold if isinstance(gold, list) else [] if gold is None else [gold]
+        p_list = pred if isinstance(pred, list) else [] if pred is None else [pred]
+        _add(out, path, *_multiset(g_list, p_list, norm))
+        return
     if kind == "list" and spec is not None and spec.items is None:
         kind = None  # untyped list: one leaf
     if kind not in _STRUCTURED:
@@ -127,11 +133,9 @@ def _compare_list(
             tp = sum(
                 canonical(g, norm) == canonical(p, norm) for g, p in zip(gold, pred, strict=False)
             )
+            _add(out, path, tp, len(gold), len(pred))
         else:  # a multiset: a duplicated item is one extra prediction
-            g_count = Counter(canonical(g, norm) for g in gold)
-            p_count = Counter(canonical(p, norm) for p in pred)
-            tp = sum((g_count & p_count).values())
-        _add(out, path, tp, len(gold), len(pred))
+            _add(out, path, *_multiset(gold, pred, norm))
         return
     if spec.ordered:
         pairs = [(i, i) for i in range(min(len(gold), len(pred)))]
@@ -148,6 +152,15 @@ def _compare_list(
     for j, p in enumerate(pred):
         if j not in matched_p:
             _compare(None, p, items, norm, path, out)
+
+
+def _multiset(gold: list, pred: list, norm: EvalNormalize) -> tuple[int, int, int]:
+    """(true positives, gold, predicted) of two lists of scalars compared as multisets."""
+    gold = [g for g in gold if g is not None]
+    pred = [p for p in pred if p is not None]
+    g_count = Counter(canonical(g, norm) for g in gold)
+    p_count = Counter(canonical(p, norm) for p in pred)
+    return sum((g_count & p_count).values()), len(gold), len(pred)
 
 
 def _tp(counts: Counts) -> int:

@@ -16,6 +16,7 @@ from lorapilot.spec.common import _known_names, _Strict
 
 ValueType = Literal["string", "number", "integer", "boolean", "date", "list", "object", "map"]
 _NESTED_KEYS = ("fields", "items", "values", "ordered")
+SCALAR_TYPES = ("string", "number", "integer", "boolean", "date")
 
 
 class ValueSpec(_Strict):
@@ -36,6 +37,12 @@ class ValueSpec(_Strict):
     ordered: bool = Field(
         False, description="A list compared in order (default: as a multiset, any order)."
     )
+    or_list: bool = Field(
+        False,
+        description="A scalar that may also be a list of such values, written `type: string | "
+        "list` (or `values: string | list` for a map): a slot named twice in one example. "
+        "Compared as a multiset (one value is a list of one).",
+    )
     description: str = Field("", description="Shown to the model in the prompt.")
     enum: list[str] | None = Field(
         None,
@@ -53,6 +60,21 @@ class ValueSpec(_Strict):
     @classmethod
     def _type_name(cls, v: Any) -> Any:
         return {"type": v} if isinstance(v, str) else v
+
+    @model_validator(mode="before")
+    @classmethod
+    def _scalar_or_list(cls, data: Any) -> Any:
+        """`type: string | list` -> type string, or_list true (either order)."""
+        if isinstance(data, dict) and isinstance(data.get("type"), str) and "|" in data["type"]:
+            parts = sorted({p.strip() for p in data["type"].split("|")})
+            scalars = [p for p in parts if p != "list"]
+            if "list" not in parts or len(scalars) != 1 or scalars[0] not in SCALAR_TYPES:
+                raise ValueError(
+                    f"type {data['type']!r}: the one alternative written with | is a scalar "
+                    f"or a list of it, e.g. `string | list` (scalars: {', '.join(SCALAR_TYPES)})"
+                )
+            data = {**data, "type": scalars[0], "or_list": True}
+        return data
 
     @model_validator(mode="after")
     def _shape(self) -> ValueSpec:
@@ -72,6 +94,8 @@ class ValueSpec(_Strict):
             raise ValueError("`enum` is a non-empty list of the values of a string")
         if self.ordered and self.type != "list":
             raise ValueError(f"`ordered` belongs to type list, not {self.type}")
+        if self.or_list and self.type not in SCALAR_TYPES:
+            raise ValueError(f"`or_list` (`<scalar> | list`) belongs to a scalar, not {self.type}")
         return self
 
     def leaf_paths(self, path: str = "") -> list[str]:
@@ -100,10 +124,13 @@ class ValueSpec(_Strict):
     @property
     def nested(self) -> bool:
         """Whether this value has structure beyond today's flat fields."""
-        return self.type in ("object", "map") or self.items is not None or self.ordered
+        return (
+            self.type in ("object", "map") or self.items is not None or self.ordered or self.or_list
+        )
 
     _omitted_at: ClassVar[dict[str, tuple]] = {
         **{k: (None, False) for k in _NESTED_KEYS},
+        "or_list": (False,),
         "enum": (None,),
         "grounded": (None,),
     }
