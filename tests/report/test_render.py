@@ -468,3 +468,49 @@ def test_the_variants_table_names_the_group_its_worst_delta_is_over(state):
     assert "worst per-field delta" in dec and "worst per-category delta" not in dec
     s["selection"]["variants"] = [variant("per_category")]
     assert "worst per-category delta" in md_section(render_markdown(s), "Decision")
+
+
+def test_the_report_says_which_run_each_sizing_and_base_figure_is_from(state):
+    """#35 item 9: the probe section names the variant whose probe it shows and lists the
+    other variants' probes; the base section lists each variant's base and quantization
+    when they differ; measured limit values are rounded."""
+    s = copy.deepcopy(state)
+    s["probe"] = {**s["probe"], "variant": "base"}
+    s["probes"] = [
+        {"variant": "base", "run_id": "probe-1", "quantization": "none"},
+        {"variant": "nf4", "run_id": "probe-2", "quantization": "4-bit nf4",
+         "later_step_s": 1.25, "peak_memory_bytes": 470_000_000},
+    ]  # fmt: skip
+    s["selection"] = {"metric": "macro_f1", "n_tried": 2, "variants": [
+        {"name": "base", "run_id": "train-1", "base": "smollm2-135m-instruct",
+         "quantization": "none"},
+        {"name": "nf4", "run_id": "train-2", "base": "smollm2-135m-instruct",
+         "quantization": "4-bit nf4"},
+    ]}  # fmt: skip
+    memory = {"limit": 8, "value": 5.70591, "ok": True, "detail": "5.71 <= 8"}
+    s["budget"] = {**(s.get("budget") or {}), "limits": {"memory_gb": memory}}
+    md = render_markdown(s)
+    probe = md_section(md, "Probe: time and memory")
+    assert "the probe of variant `base`" in probe
+    assert "`nf4` (probe-2, quantization 4-bit nf4): typical step 1.25 s, peak 448.2 MiB" in probe
+    base = md_section(md, "Base model and revision")
+    assert "| nf4 | train-2 | smollm2-135m-instruct | 4-bit nf4 |" in base
+    budget = md_section(md, "Budget: estimate, actual and rental plans")
+    assert "| memory_gb | 8 | 5.71 | yes |" in budget and "5.70591" not in budget
+    s["selection"]["variants"] = s["selection"]["variants"][:1]  # one base: no table
+    assert "Each variant's base" not in md_section(render_markdown(s), "Base model and revision")
+
+
+def test_leaks_kept_under_warn_are_a_named_limitation(tmp_path):
+    from conftest import EXAMPLES
+
+    from lorapilot.report.collect import limitations
+    from lorapilot.spec import load_pilot
+
+    pilot = load_pilot(EXAMPLES / "ticket-triage")
+    pair = {"a_split": "val", "a_id": "t12", "b_split": "test", "b_id": "t80", "kind": "near",
+            "similarity": 0.93}  # fmt: skip
+    data = {"duplicates": {"cross_split": [pair], "leakage_policy": "warn"}}
+    (line,) = [x for x in limitations(pilot, [], None, [], data) if "kept" in x]
+    assert line.startswith("1 duplicate pair(s) across splits were kept (data.leakage: warn)")
+    assert "val:t12 ~ test:t80 (near, 0.93)" in line

@@ -11,6 +11,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from lorapilot.data.dataset import describe_leaks
 from lorapilot.decision.plan import SELECTION_RULE, select, variant_name
 from lorapilot.decision.rule import (
     bootstrap_for,
@@ -112,6 +113,8 @@ def run_summary(pilot: Pilot, rec: registry.RunRecord, baseline: registry.RunRec
         "name": variant_name(rec.variant) if rec.kind == "train" else None,
         "diff": (rec.variant or {}).get("diff"),
         "seed": (rec.config.get("train") or {}).get("seed"),
+        "base": (rec.config.get("model") or {}).get("base"),
+        "quantization": quantization_text((rec.config.get("model") or {}).get("quantization")),
         "data_version": rec.data_version,
         "eval_protocol": res.get("eval_protocol"),
         "wall_s": rec.duration_s,
@@ -170,6 +173,15 @@ def guard_intervals(
     )
 
 
+def quantization_text(q: Any) -> str:
+    """A run's `model.quantization` as one phrase: `none`, `4-bit nf4`, `8-bit`."""
+    if not isinstance(q, dict) or not q.get("bits"):
+        return "none"
+    return f"{q['bits']}-bit" + (
+        f" {q.get('type')}" if q.get("bits") == 4 and q.get("type") else ""
+    )
+
+
 def choose_run(pilot: Pilot, candidates: list[dict]) -> tuple[dict | None, dict]:
     """The train run the decision is about, by the spec's pre-registered selection rule
     (`plan.select`) -> (its row or None, the selection: rule, metric and every variant)."""
@@ -188,6 +200,8 @@ def choose_run(pilot: Pilot, candidates: list[dict]) -> tuple[dict | None, dict]
         )
         entry.update(
             variant=row.get("variant"),
+            base=row.get("base"),
+            quantization=row.get("quantization"),
             diff=row.get("diff"),
             success_value=_num(row.get("metrics"), metric),
             delta=(deltas.get("overall") or {}).get(metric),
@@ -305,6 +319,7 @@ def collect(pilot: Pilot) -> dict:
         "baseline": baseline and run_summary(pilot, baseline, None),
         "data": latest["data"] and latest["data"].result,
         "probe": latest["probe"] and latest["probe"].result,
+        "probes": probes_by_variant(runs),
         "smoke": latest["smoke"] and latest["smoke"].result,
         "chosen_record": chosen
         and registry.get_run(pilot.dir, chosen["id"]).model_dump(mode="json"),
@@ -323,6 +338,32 @@ def collect(pilot: Pilot) -> dict:
         )
         + degenerate_baseline(baseline and _rows(registry.runs_dir(pilot.dir) / baseline.id)),
     }
+
+
+def probes_by_variant(runs: list) -> list[dict]:
+    """The latest completed probe of each variant (a variant that changes the step shape,
+    e.g. a 4-bit base, is probed on its own): which probe a figure comes from."""
+    latest: dict[str, Any] = {}
+    for r in runs:
+        if r.kind == "probe" and r.status == "completed":
+            latest[r.result.get("variant") or "base"] = r
+    return [
+        {
+            "variant": name,
+            "run_id": r.id,
+            "quantization": quantization_text((r.config.get("model") or {}).get("quantization")),
+            "later_step_s": _typical(r.result, "later_step_s"),
+            "peak_memory_bytes": _typical(r.result, "peak_memory_bytes"),
+        }
+        for name, r in latest.items()
+    ]
+
+
+def _typical(result: dict, key: str) -> Any:
+    for m in result.get("measurements") or []:
+        if isinstance(m, dict) and m.get("length") == "typical" and m.get("ok"):
+            return m.get(key)
+    return None
 
 
 def exported(pilot) -> list[dict]:
@@ -434,6 +475,14 @@ def limitations(
         )
     if data and data.get("skipped"):
         out.append(f"{len(data['skipped'])} invalid record(s) were skipped by the data policy")
+    kept = (data or {}).get("duplicates", {}).get("cross_split") or []
+    if kept and isinstance(kept, list):  # under data.leakage: warn (or records before it)
+        out.append(
+            f"{len(kept)} duplicate pair(s) across splits were kept (data.leakage: "
+            f"{(data or {}).get('duplicates', {}).get('leakage_policy', 'warn')}): "
+            + describe_leaks([p for p in kept if isinstance(p, dict)], limit=5)
+            + "; a held-out score on a leaked example measures memory, not the task"
+        )
     if data and data.get("duplicates", {}).get("dropped_from_train"):
         out.append(
             f"{len(data['duplicates']['dropped_from_train'])} leaked example(s) were dropped from "

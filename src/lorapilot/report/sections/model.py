@@ -7,7 +7,9 @@ from typing import Any
 from lorapilot.report.blocks import (
     KV,
     NotRun,
+    Para,
     Sub,
+    Table,
 )
 from lorapilot.report.formatting import (
     fbytes,
@@ -38,6 +40,7 @@ def _base_model(s: dict) -> list:
             NotRun("the resolved base (path, revision, sha256) is recorded by a train run"),
         ]
     return [
+        Para(f"the chosen run's base ({_record(s).get('id')})"),
         KV(
             [
                 ("id", base.get("id")),
@@ -48,7 +51,26 @@ def _base_model(s: dict) -> list:
                 *spec_rows[2:],
                 *_quantization_rows(_get(_record(s), "result", "base_identity")),
             ]
-        )
+        ),
+        *_variant_bases(s),
+    ]
+
+
+def _variant_bases(s: dict) -> list:
+    """Which base and quantization each variant's run used (a variant may change them: the
+    base section above is the chosen run's)."""
+    variants = [v for v in _get(s, "selection", "variants") or [] if isinstance(v, dict)]
+    if len({(v.get("base"), v.get("quantization")) for v in variants}) <= 1:
+        return []
+    return [
+        Sub("Each variant's base"),
+        Table(
+            ["variant", "train run", "base", "quantization"],
+            [
+                [v.get("name"), v.get("run_id"), v.get("base"), v.get("quantization")]
+                for v in variants
+            ],
+        ),
     ]
 
 

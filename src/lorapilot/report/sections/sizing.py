@@ -26,7 +26,22 @@ def _probe(s: dict) -> list:
     p = s.get("probe")
     if not isinstance(p, dict):
         return [NotRun("`lorapilot probe PILOT` measures full training steps")]
-    out: list = []
+    shown = p.get("variant") or "base"
+    out: list = [Para(f"the probe of variant `{shown}` (its latest completed probe run)")]
+    others = [v for v in s.get("probes") or [] if isinstance(v, dict) and v.get("variant") != shown]
+    if others:
+        out.append(
+            Para(
+                "other variants' probes (each variant whose step shape differs is probed on its "
+                "own; the budget uses each one's): "
+                + "; ".join(
+                    f"`{v.get('variant')}` ({v.get('run_id')}, quantization "
+                    f"{v.get('quantization')}): typical step {fsec(v.get('later_step_s'))}, "
+                    f"peak {fbytes(v.get('peak_memory_bytes'))}"
+                    for v in others
+                )
+            )
+        )
     if p.get("estimate_only"):
         out.append(
             Para("estimate only: no step was run, memory figures are the model's estimates", "warn")
@@ -159,7 +174,7 @@ def _budget(s: dict) -> list:
                     [
                         k,
                         fraw(v.get("limit")),
-                        fraw(v.get("value")),
+                        fmt(v.get("value"), 2),
                         mark(v.get("ok")),
                         v.get("detail"),
                     ]
