@@ -133,3 +133,23 @@ def test_a_guard_on_fewer_values_than_min_support_is_not_a_no_go(tmp_path):
     page = render_markdown(state)
     row = next(line for line in page.splitlines() if "| guard | ungrounded_value_rate |" in line)
     assert "| 15 values checked |" in row and "insufficient_data" in row
+
+
+def test_probes_are_kept_per_variant_with_their_quantization(tmp_path):
+    """#35 item 9: the latest completed probe of each variant, named with its quantization."""
+    from lorapilot.report.collect import probes_by_variant, quantization_text
+
+    spec = {"model": {"base": "b", "quantization": None}}
+    for variant, quant, step in (("base", None, 1.0), ("nf4", {"bits": 4, "type": "nf4"}, 2.0),
+                                 ("base", None, 3.0)):  # fmt: skip
+        config = {**spec, "model": {"base": "b", "quantization": quant}}
+        with registry.open_run(tmp_path, "probe", config=config) as run:
+            m = {"length": "typical", "ok": True, "later_step_s": step, "peak_memory_bytes": 7}
+            run.update(variant=variant, measurements=[m])
+    with registry.open_run(tmp_path, "probe", config=spec) as run:
+        run.update(variant="base")
+        run.fail_check("interrupted on purpose")  # a failed probe is not the latest
+    got = {p["variant"]: p for p in probes_by_variant(registry.list_runs(tmp_path))}
+    assert got["base"]["later_step_s"] == 3.0 and got["base"]["quantization"] == "none"
+    assert got["nf4"]["later_step_s"] == 2.0 and got["nf4"]["quantization"] == "4-bit nf4"
+    assert quantization_text({"bits": 8}) == "8-bit"
