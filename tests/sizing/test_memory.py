@@ -365,3 +365,24 @@ def test_eval_memory_by_hand():
     assert trie["logits"] == max(2 * 32 * 100 * 12, 2 * 100 * 100 * 4 + 100 * 100 * 8)
     assert trie["kv_cache"] == 2 * 110 * 64
     assert trie["masks"] == 2 * 32 * 110
+
+
+def test_a_quantized_bases_mlp_activations_are_in_the_residual_dtype():
+    """#35 item 10: bitsandbytes hands a linear's output back in its input's dtype, so on a
+    4-bit base with fp32 modules the MLP's three saved tensors are fp32 under bf16 autocast
+    (measured: the NF4 probe's live bytes 0.758 GiB against 0.611 estimated before, 0.748
+    after; bench/README.md)."""
+    from lorapilot.sizing.memory import ModelShape, layer_activation_bytes
+
+    shape = ModelShape(n_params=1000, n_layers=2, hidden=8, intermediate=16, n_heads=2,
+                       n_kv_heads=1, vocab=100, tied_embeddings=True)  # fmt: skip
+    kw = dict(micro_batch=2, seq_len=5, precision="bf16")
+    plain = layer_activation_bytes(shape, weight_dtype_bytes=4, **kw)
+    nf4 = layer_activation_bytes(shape, weight_dtype_bytes=4, quantized=True, **kw)
+    assert plain["mlp"] == 3 * 2 * 16 * 10 and nf4["mlp"] == 3 * 4 * 16 * 10
+    assert {k: v for k, v in nf4.items() if k not in ("mlp", "total")} == {
+        k: v for k, v in plain.items() if k not in ("mlp", "total")
+    }
+    # 16-bit modules around the 4-bit linears: the stream, and so the MLP, stay 16-bit
+    half = layer_activation_bytes(shape, weight_dtype_bytes=2, quantized=True, **kw)
+    assert half["mlp"] == 3 * 2 * 16 * 10
