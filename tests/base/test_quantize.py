@@ -269,3 +269,26 @@ def test_an_evaluation_pass_leaves_4bit_training_gradients_exact(tmp_path, defau
     assert sum(int(g.abs().sum() > 0) for g in plain.values()) > len(plain) // 3
     for name, grad in plain.items():
         assert torch.equal(grad, after_eval[name]), name
+
+
+def test_a_bf16_compute_merge_is_gated_like_with_like_and_saved_as_merged(tmp_path, tiny_model_dir):
+    """#36 item 7: with 4-bit layers computing in bf16 and evaluation in bf16, the merge's
+    gate compares adapter and merged model both in fp32 (`merge_agreement_precision`), the
+    agreement in the protocol's precision is reported beside it, and the folder holds the
+    merged weights in fp32 (the bf16 evaluation does not cast what is saved)."""
+    from safetensors import safe_open
+
+    pilot = _pilot(tmp_path, tiny_model_dir, {"bits": 4, "compute_dtype": "bf16"})
+    spec = yaml.safe_load((pilot / "pilot.yaml").read_text())
+    spec["eval"]["precision"] = "bf16"
+    (pilot / "pilot.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    run_json("train", str(pilot), "--no-progress")
+    res = run_json("export", str(pilot), "--merge", "--out", str(tmp_path / "merged"))
+    assert res["ok"] and res["merge_agreement_precision"] == "fp32"
+    assert res["merge_agreement"] >= 0.99
+    assert 0 <= res["merge_agreement_in_protocol_precision"] <= 1
+    manifest = json.loads((tmp_path / "merged" / "lorapilot.json").read_text())
+    assert manifest["merge_agreement_precision"] == "fp32"
+    with safe_open(str(tmp_path / "merged" / "model.safetensors"), "pt") as f:
+        dtypes = {str(f.get_slice(k).get_dtype()) for k in f.keys()}  # noqa: SIM118
+    assert dtypes == {"F32"}
