@@ -276,6 +276,7 @@ def test_a_bf16_compute_merge_is_gated_like_with_like_and_saved_as_merged(tmp_pa
     gate compares adapter and merged model both in fp32 (`merge_agreement_precision`), the
     agreement in the protocol's precision is reported beside it, and the folder holds the
     merged weights in fp32 (the bf16 evaluation does not cast what is saved)."""
+    import torch
     from safetensors import safe_open
 
     pilot = _pilot(tmp_path, tiny_model_dir, {"bits": 4, "compute_dtype": "bf16"})
@@ -291,4 +292,19 @@ def test_a_bf16_compute_merge_is_gated_like_with_like_and_saved_as_merged(tmp_pa
     assert manifest["merge_agreement_precision"] == "fp32"
     with safe_open(str(tmp_path / "merged" / "model.safetensors"), "pt") as f:
         dtypes = {str(f.get_slice(k).get_dtype()) for k in f.keys()}  # noqa: SIM118
+        q = f.get_tensor("model.layers.0.self_attn.q_proj.weight")
     assert dtypes == {"F32"}
+    assert (q.view(torch.int32) & 0xFFFF).ne(0).any()  # not values rounded to bf16 and back
+
+
+def test_a_dequantized_model_is_no_longer_quantized(tiny_model_dir):
+    """transformers' dequantize() leaves `is_loaded_in_4bit` set: the plain model must still
+    be evaluated as a plain one (cast to the protocol's dtype), not as a 4-bit base."""
+    from lorapilot.base.models import load_model, resolve_base
+    from lorapilot.base.quantize import is_quantized
+
+    model, _ = load_model(resolve_base(str(tiny_model_dir), None), "float32", False,
+                          QuantizationSpec(**Q4))  # fmt: skip
+    assert is_quantized(model)
+    plain = model.dequantize()
+    assert getattr(plain, "is_loaded_in_4bit", False) and not is_quantized(plain)

@@ -78,13 +78,19 @@ def identity_differences(trained: dict, now: dict) -> list[str]:
 
 
 def is_quantized(model) -> bool:
-    """A base (or PEFT model over one) loaded through bitsandbytes."""
+    """A base (or PEFT model over one) loaded through bitsandbytes that still holds its
+    quantized layers: transformers' `dequantize()` leaves `is_loaded_in_4bit` set on the
+    plain model it returns, which must then be evaluated (and cast) as any other."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return bool(
+    flagged = bool(
         getattr(base, "is_quantized", False)
         or getattr(base, "is_loaded_in_4bit", False)
         or getattr(base, "is_loaded_in_8bit", False)
     )
+    return flagged and any(type(m).__name__ in _BNB_LAYERS for m in base.modules())
+
+
+_BNB_LAYERS = ("Linear4bit", "Linear8bitLt")  # bitsandbytes' (and peft's wrappers of them)
 
 
 def keep_one_cpu_path(model) -> None:
