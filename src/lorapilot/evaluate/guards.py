@@ -99,7 +99,9 @@ def _support(metrics: dict, name: str) -> tuple[int | None, str | None]:
     head, _, rest = name.partition(".")
     if head in EXPANDING and rest:
         group = metrics.get(head)
-        for entry in sorted(group or {}, key=len, reverse=True):  # a label may hold a dot
+        if not isinstance(group, dict):
+            return None, None
+        for entry in sorted(group, key=len, reverse=True):  # a label may hold a dot
             if rest.startswith(entry + "."):
                 parent, key = group[entry], rest[len(entry) + 1 :]
                 break
@@ -112,7 +114,8 @@ def _support(metrics: dict, name: str) -> tuple[int | None, str | None]:
     for suffix, count, unit in _COUNTED:
         if key.endswith(suffix):
             stem = key[: -len(suffix)]  # `leaf_`, `field_` or '' (per entry)
-            names = [stem + count] if stem else [count, "support" if count == "gold" else ""]
+            # an entry's own counts: `predicted`, and `gold` under its name `support`
+            names = [stem + count] if stem else [count, "support"] if count == "gold" else [count]
             for candidate in names:
                 if _count(parent.get(candidate)) is not None:
                     if head == "per_category" and not stem:  # a label's examples
