@@ -514,3 +514,14 @@ def test_leaks_kept_under_warn_are_a_named_limitation(tmp_path):
     (line,) = [x for x in limitations(pilot, [], None, [], data) if "kept" in x]
     assert line.startswith("1 duplicate pair(s) across splits were kept (data.leakage: warn)")
     assert "val:t12 ~ test:t80 (near, 0.93)" in line
+
+
+def test_the_results_say_how_labels_were_scored(state):
+    s = copy.deepcopy(state)
+    s["task"] = {**s["task"], "kind": "classification"}
+    s["eval"] = {"mode": "score", "label_scoring": "calibrated"}
+    results = md_section(render_markdown(s), "Results: baseline vs adapted")
+    assert "calibrated: score + offset from the content-free inputs" in results
+    s["eval"] = {"mode": "score", "label_scoring": "sum"}
+    results = md_section(render_markdown(s), "Results: baseline vs adapted")
+    assert "sum of each label's token log-probabilities" in results

@@ -313,6 +313,7 @@ def collect(pilot: Pilot) -> dict:
         "model": spec.model.model_dump(),
         "adapter": spec.adapter.model_dump(),
         "train": spec.train.model_dump(),
+        "eval": spec.eval.model_dump(mode="json"),
         "runs": rows,
         "chosen": chosen,
         "selection": selection,

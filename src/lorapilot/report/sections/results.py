@@ -44,6 +44,19 @@ def _pair(b: Any, c: Any) -> str:
     return fmt(c if c is not None else b)
 
 
+def _label_scoring(s: dict) -> str | None:
+    """How a classification's labels were ranked (None for other tasks or generation)."""
+    ev = _dict(s, "eval")
+    if _get(s, "task", "kind") != "classification" or ev.get("mode", "score") != "score":
+        return None
+    if ev.get("label_scoring") == "calibrated":
+        return (
+            "calibrated: score + offset from the content-free inputs N/A, '' and [MASK], each "
+            "model its own (calibration.json beside its predictions)"
+        )
+    return "sum of each label's token log-probabilities"
+
+
 def _results(s: dict) -> list:
     base, chosen = _dict(s, "baseline"), _dict(s, "chosen")
     bm, cm = base.get("metrics"), chosen.get("metrics")
@@ -59,6 +72,7 @@ def _results(s: dict) -> list:
                 ("baseline run", base.get("id")),
                 ("adapted run", chosen.get("id")),
                 ("evaluation protocol", base.get("eval_protocol") or chosen.get("eval_protocol")),
+                ("label scoring", _label_scoring(s)),
             ]
         )
     ]
