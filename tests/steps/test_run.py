@@ -183,3 +183,18 @@ def test_calibrated_label_scoring_is_recorded_and_decides_the_predictions(tmp_pa
     for row in rows:
         best = max(row["scores"], key=lambda lab: row["scores"][lab] + cal["offsets"][lab])
         assert row["parsed"] == best
+
+
+def test_the_smoke_of_a_calibrated_pilot_checks_the_models_own_ranking(tmp_path, tiny_model_dir):
+    """Calibration divides by the content-free preferences of a model overfit on a handful
+    of examples, which moved 5 of 64 memorised BANKING77 answers: the smoke asks whether the
+    model ranks each example's own answer first, and says it scored that way."""
+    pilot = _tiny_init(tmp_path, tiny_model_dir)
+    # the tiny random model does not memorise in the smoke's steps (exit 1): what is checked
+    # is which ranking the check used
+    plain = run_json("smoke", str(pilot), "--no-progress", expect=1)
+    assert "label_scoring" not in plain
+    out = run_json("smoke", str(pilot), "--no-progress", "--set",
+                   "eval.label_scoring=calibrated", expect=1)  # fmt: skip
+    assert out["label_scoring"] == "sum"
+    assert out["n_correct"] == plain["n_correct"]  # the same ranking: calibration left out

@@ -143,7 +143,7 @@ class ImageModality:
         """(model, records, label=, progress=, log=) -> (EvalResult, protocol)."""
         from lorapilot.evaluate.image_predict import evaluate_images, image_protocol
 
-        def evaluate(model, records, *, label="eval", progress=True, log=None):
+        def evaluate(model, records, *, label="eval", progress=True, log=None, plain=False):
             protocol = image_protocol(
                 self.pilot.spec, self.pipeline, prepared.version, resolved.weights_sha256
             )

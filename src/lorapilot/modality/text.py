@@ -60,8 +60,10 @@ class TextModality:
 
         spec = self.pilot.spec
 
-        def evaluate(model, records, *, label="eval", progress=True, log=None):
+        def evaluate(model, records, *, label="eval", progress=True, log=None, plain=False):
             protocol = make_protocol(spec, tok, prepared)
+            if plain:  # the labels the model itself ranks first (the smoke's question)
+                protocol.pop("label_scoring", None)
             ev = evaluate_records(
                 model, tok, fmt, spec, records, protocol, progress=progress, label=label, log=log
             )

@@ -24,7 +24,8 @@ class Trainee:
     train_records: list  # the records behind train_set (the smoke evaluates them)
     train_set: Any  # train.examples.TrainingSet
     val_set: Any
-    # (model, records, label=, progress=, log=) -> (EvalResult, protocol)
+    # (model, records, label=, progress=, log=, plain=) -> (EvalResult, protocol); plain:
+    # the model's own ranking of labels, without calibration (the smoke's memorisation check)
     evaluate: Callable[..., tuple[Any, dict]]
     manifest_hashes: dict  # text: tokenizer and chat template; images: the transforms
 
