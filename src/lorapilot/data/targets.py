@@ -134,7 +134,7 @@ def target_validator(task: TaskSpec) -> Callable[[Any], list[str]]:
 
 def _hint(error: Any) -> str:
     """What to write in the spec when a map's scalar value comes as a list (a slot named
-    twice in one example, as 11 SNIPS rows do)."""
+    twice in one example: 4 of the 2,800 SNIPS train/validate rows)."""
     path = list(error.schema_path)
     if (
         error.validator == "type"
