@@ -38,7 +38,7 @@ def main() -> None:
     args = ap.parse_args()
 
     pilot = load_pilot(args.pilot)
-    _, model, tok = load_base(pilot)
+    _, model, tok = load_base(pilot, use="exact")  # fp32 weights, timed under each precision
     model, _ = build_adapter(model, pilot.spec.adapter, seed=0)
     prepared = prepare_data(pilot, tok)
     records = prepared.splits["train"][: args.micro_batch]

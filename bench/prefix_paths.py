@@ -8,8 +8,9 @@ rows share once. On CPUs that is 1.2-5x faster; on a GPU with the 135M default m
 were slower (launch-bound, bench/README.md "On a GPU"). Users adapt 1-8B models on GPUs, so
 the question is where the crossover lies. Timing does not depend on the weights' values, so
 each shape is a randomly initialised Llama-architecture model built from its config on the
-device (SmolLM2-135M, SmolLM2-1.7B and Llama-3.1-8B dimensions), in fp32 master weights with
-lorapilot's LoRA (r 16, all-linear, `adapter.build_adapter`), as lorapilot loads a base.
+device (SmolLM2-135M, SmolLM2-1.7B and Llama-3.1-8B dimensions), with lorapilot's LoRA (r 16,
+all-linear, `adapter.build_adapter`) and, by default, its frozen linears held in the compute
+dtype as lorapilot's trainer holds them (`--base-dtype float32`: the fp32 base).
 
 Cases (synthetic token ids, shapes measured on the real pilots): `ticket` is
 examples/ticket-triage (8 rows, 38 shared prefix tokens, 45-80 tokens of their own, a 3-token
@@ -71,8 +72,10 @@ def _sync(device) -> None:
         torch.cuda.synchronize()
 
 
-def build(shape: str, device):
-    """A random Llama of `shape` on `device` (fp32), with lorapilot's LoRA attached."""
+def build(shape: str, device, held: str | None = None):
+    """A random Llama of `shape` on `device` (fp32), with lorapilot's LoRA attached; `held`
+    ("bfloat16"): its frozen linears then held in that dtype, as lorapilot's trainer does
+    under `model.dtype: auto` (`precision.hold_frozen`)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -86,6 +89,12 @@ def build(shape: str, device):
         model = LlamaForCausalLM(config)
     n_params = sum(p.numel() for p in model.parameters())
     model, _ = build_adapter(model, AdapterSpec(r=16, alpha=32, dropout=0.0), seed=0)
+    if held:
+        from lorapilot.base.precision import hold_frozen
+
+        hold_frozen(model, held)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
     return model.train(), n_params
 
 
@@ -186,13 +195,18 @@ def main() -> None:
     ap.add_argument("--eval-prompts", type=int, default=64)
     ap.add_argument("--checkpointing", action="store_true")
     ap.add_argument("--rows", type=int, default=None, help="rows per micro-batch (default 8)")
+    ap.add_argument(
+        "--base-dtype", choices=("auto", "float32"), default="auto",
+        help="auto: the frozen linears held in the compute dtype, as lorapilot trains "
+        "(model.dtype auto); float32: the fp32 base under autocast",
+    )  # fmt: skip
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
     import torch
 
     from lorapilot.base.adapter import set_checkpointing
-    from lorapilot.base.precision import resolve
+    from lorapilot.base.precision import TORCH_DTYPE_NAMES, resolve
     from lorapilot.evaluate.runner import cast_for_eval
 
     if args.rows:
@@ -208,9 +222,12 @@ def main() -> None:
         "rows": CASES["ticket"]["rows"],
         "shapes": {},
     }
+    auto = args.base_dtype == "auto" and precision != "fp32"
+    held = TORCH_DTYPE_NAMES[precision] if auto else None
+    result["base_dtype"] = held or "float32"
     for shape in args.shapes.split(","):
         t0 = time.perf_counter()
-        model, n_params = build(shape, device)
+        model, n_params = build(shape, device, held)
         vocab = SHAPES[shape]["vocab_size"]
         entry: dict = {"params": n_params, "train": {}, "score": {}}
         for case in args.cases.split(","):

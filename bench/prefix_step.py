@@ -33,7 +33,7 @@ def main() -> None:
 
     from lorapilot.base.adapter import build_adapter
     from lorapilot.base.models import load_base, pad_id_of
-    from lorapilot.base.precision import resolve
+    from lorapilot.base.precision import hold_for_training, resolve
     from lorapilot.data.dataset import encode_records, formatter_for, prepare_data
     from lorapilot.spec import load_pilot
     from lorapilot.train.batches import collate, count_target_tokens
@@ -41,8 +41,9 @@ def main() -> None:
     from lorapilot.train.step import make_optimizer, train_step
 
     pilot = load_pilot(args.pilot)
-    _, model, tok = load_base(pilot)
+    _, model, tok = load_base(pilot, use="train")
     model, _ = build_adapter(model, pilot.spec.adapter, seed=0)
+    hold_for_training(model, pilot.spec)  # as the trainer holds the base
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model.to(device).train()
     precision = resolve(pilot.spec.train.precision, device.type)

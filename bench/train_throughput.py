@@ -528,7 +528,7 @@ def compare(args, pilot_dir, steps: int, warmup: int, repeat: int) -> tuple[dict
 
     from lorapilot.base.adapter import build_adapter
     from lorapilot.base.models import load_base, pad_id_of
-    from lorapilot.base.precision import resolve
+    from lorapilot.base.precision import hold_for_training, resolve
     from lorapilot.data.dataset import encode_records, formatter_for, prepare_data
     from lorapilot.spec import load_pilot
 
@@ -549,8 +549,10 @@ def compare(args, pilot_dir, steps: int, warmup: int, repeat: int) -> tuple[dict
 
     load_start = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     log("loading the base twice and preparing the data (not timed)")
-    _, model_a, tok = load_base(pilot)
-    _, model_b, _ = load_base(pilot)
+    # lorapilot's side as its trainer holds the base (model.dtype auto: frozen linears in the
+    # compute dtype); the reference as a plain recipe does: fp32 weights under autocast
+    _, model_a, tok = load_base(pilot, use="train")
+    _, model_b, _ = load_base(pilot, use="exact")
     prepared = prepare_data(pilot, tok)
     fmt = formatter_for(pilot, tok)
     examples = encode_records(fmt, spec.task, prepared.splits["train"], prepared.answer_budget)
@@ -560,6 +562,7 @@ def compare(args, pilot_dir, steps: int, warmup: int, repeat: int) -> tuple[dict
         for e in examples
     ]
     model_a, info = build_adapter(model_a, spec.adapter, seed=cfg.seed)
+    held = hold_for_training(model_a, spec)
     model_b, _ = build_adapter(model_b, spec.adapter, seed=cfg.seed)
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     model_a.to(device)
@@ -674,8 +677,8 @@ def compare(args, pilot_dir, steps: int, warmup: int, repeat: int) -> tuple[dict
         "micro_batch": cfg.micro_batch,
         "grad_accum": cfg.grad_accum,
         "global_batch": cfg.micro_batch * cfg.grad_accum,
-        "precision": f"{cfg.precision} autocast, fp32 master weights (base loaded as "
-        f"{spec.model.dtype})",
+        "precision": f"{cfg.precision} autocast, fp32 master weights (lorapilot's base held "
+        f"in {held['base_dtype']}, the reference's in float32)",
         "lr": cfg.lr,
         "schedule": f"{cfg.schedule}, {warmup_sched} warm-up steps",
         "ratio": round(statistics.median(pair_ratios), 3),

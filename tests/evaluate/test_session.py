@@ -95,7 +95,8 @@ def test_evaluation_moves_a_cpu_model_to_the_accelerator(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     m = cast_for_eval(Model(), "bf16")
-    assert m.moves == [torch.device("cuda", 0), torch.bfloat16]
+    # cast first, on the CPU: the GPU never holds a full-precision copy of the base
+    assert m.moves == [torch.bfloat16, torch.device("cuda", 0)]
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert cast_for_eval(Model(), "fp32").moves == []
 

@@ -148,3 +148,22 @@ def test_sigterm_while_the_record_is_first_written_still_closes_it_as_interrupte
     assert not died
     (rec,) = registry.list_runs(tmp_path)
     assert rec.status == "interrupted" and calls == ["running", "interrupted"]
+
+
+def test_a_sigterm_whose_exception_was_swallowed_still_ends_the_run_as_interrupted(tmp_path):
+    """Python swallows an exception a signal handler raises inside a weakref callback or an
+    import lock's cleanup ("Exception ignored in ..."; seen when a SIGTERM landed during
+    `baseline`'s imports, which then completed with exit 0). The run still ends interrupted."""
+
+    class Swallows:
+        def __del__(self):
+            os.kill(os.getpid(), signal.SIGTERM)  # the handler raises here; Python ignores it
+
+    with (
+        pytest.raises(registry.Interrupted, match="SIGTERM"),
+        registry.open_run(tmp_path, "data") as run,
+    ):
+        Swallows()  # collected at once: __del__ runs, its exception goes nowhere
+        run.update(after="the signal")  # the body goes on to its end
+    (rec,) = registry.list_runs(tmp_path)
+    assert rec.status == "interrupted" and rec.result["after"] == "the signal"

@@ -386,3 +386,61 @@ def test_a_quantized_bases_mlp_activations_are_in_the_residual_dtype():
     # 16-bit modules around the 4-bit linears: the stream, and so the MLP, stay 16-bit
     half = layer_activation_bytes(shape, weight_dtype_bytes=2, quantized=True, **kw)
     assert half["mlp"] == 3 * 2 * 16 * 10
+
+
+LLAMA3_8B = {
+    "num_hidden_layers": 32,
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "vocab_size": 128256,
+    "tie_word_embeddings": False,
+}
+
+
+def test_a_held_base_counts_its_linears_in_16_bits_and_no_casts_of_them():
+    """model.dtype auto: frozen decoder linears (and an untied head) in bf16, the rest fp32;
+    autocast has nothing to cast but the adapter and a tied head (the fp32 embeddings)."""
+    from lorapilot.sizing.memory import decoder_linear_params
+
+    smol = ModelShape.from_config(SMOLLM2_135M)  # tied head
+    linears = decoder_linear_params(smol)
+    kw = dict(trainable_params=0, micro_batch=8, seq_len=100, grad_checkpointing=False)
+    fp32 = step(smol, **kw)
+    held = step(smol, **kw, held_linear_bytes=2)
+    assert held["weights"] == linears * 2 + (smol.n_params - linears) * 4
+    assert held["weight_casts"] == 2 * 49152 * 576  # the tied head's copy only
+    assert fp32["weight_casts"] == held["weight_casts"] + 2 * linears
+    assert held["activations"] == fp32["activations"]  # the same computation
+    assert held["logits"] == fp32["logits"]
+
+    llama = ModelShape.from_config(LLAMA2_7B)  # untied head: held too
+    head = 32000 * 4096
+    held = step(llama, **{**kw, "trainable_params": 1000}, held_linear_bytes=2)
+    rest = llama.n_params - decoder_linear_params(llama) - head
+    assert held["weights"] == (decoder_linear_params(llama) + head) * 2 + rest * 4
+    assert held["weight_casts"] == 2 * 1000  # the adapter's casts
+    # not for full fine-tuning (fp32 master weights) nor a quantized base
+    assert step(smol, **kw, held_linear_bytes=2, adapter="full")["weights"] == smol.n_params * 4
+    q = step(smol, **kw, held_linear_bytes=2, quantized_bytes_per_param=0.5)
+    assert q["weights"] == step(smol, **kw, quantized_bytes_per_param=0.5)["weights"]
+
+
+def test_an_8b_lora_step_of_8_x_512_tokens_fits_24_gib_with_the_base_held_in_bf16():
+    """The issue's target (#36): Llama-3-8B shape, LoRA r 16 on every linear, micro-batch 8
+    x 512 tokens, checkpointing, the loss on 64 answer tokens a row: 21.2 GiB estimated
+    with the held base, 38.1 GiB with the fp32 one."""
+    from lorapilot.sizing.probe_plan import lora_trainable_params
+    from lorapilot.spec import AdapterSpec
+
+    shape = ModelShape.from_config(LLAMA3_8B)
+    kw = dict(
+        trainable_params=lora_trainable_params(shape, AdapterSpec(r=16)), micro_batch=8,
+        seq_len=512, grad_checkpointing=True, loss_positions_per_example=64,
+    )  # fmt: skip
+    held = step(shape, **kw, held_linear_bytes=2)
+    fp32 = step(shape, **kw)
+    assert held["total"] <= 24 * GIB < fp32["total"]
+    # linears and head (6.98e9 + 0.53e9) x 2 bytes, the embeddings 0.53e9 x 4
+    assert 15.5 * GIB < held["weights"] < 16.5 * GIB

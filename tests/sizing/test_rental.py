@@ -77,8 +77,14 @@ def test_every_class_gets_a_plan_on_this_cpu_machine(ticket):
     assert not (ticket / "runs").exists()  # read-only
 
 
+def same_opts(gpu: dict) -> list[dict]:
+    return gpu["variants"][0]["options"]
+
+
 def test_an_8b_base_does_not_fit_24_gib_in_fp32_and_does_in_4_bit(ticket_8b):
-    fp32 = run_json("budget", str(ticket_8b), "--gpu", "l4,h100-80gb")
+    fp32 = run_json(
+        "budget", str(ticket_8b), "--gpu", "l4,h100-80gb", "--set", "model.dtype=float32"
+    )
     l4 = next(g for g in fp32["gpus"] if g["name"] == "l4")
     assert l4["fits"] is False and l4["why_not"]
     assert l4["peak_gib"]["train"] > HEADROOM * 24  # fp32 weights alone are 30 GiB
@@ -90,6 +96,17 @@ def test_an_8b_base_does_not_fit_24_gib_in_fp32_and_does_in_4_bit(ticket_8b):
     [opt0, *_] = bf16["gpus"][0]["variants"][0]["options"]
     assert (opt0["micro_batch"], opt0["checkpointing"], opt0["fits"]) == (8, False, False)
     assert opt0["peak_gib"] > HEADROOM * 24
+
+    # the default (model.dtype auto): frozen linears in bf16, embeddings and norms in fp32:
+    # 8 rows of its long inputs with checkpointing fit 24 GiB, without checkpointing not
+    auto = run_json("budget", str(ticket_8b), "--gpu", "l4")["gpus"][0]
+    opts = {(o["micro_batch"], o["checkpointing"]): o for o in auto["variants"][0]["options"]}
+    assert opts[(8, True)]["fits"] is True and opts[(8, True)]["peak_gib"] <= 24 * HEADROOM
+    assert opts[(8, False)]["fits"] is False
+    assert auto["fits"] is True and (auto["micro_batch"], auto["checkpointing"]) == (8, True)
+    fp32_ckpt = next(o for o in same_opts(l4) if (o["micro_batch"], o["checkpointing"]) == (8, 1))
+    # 8.03e9 x 4 bytes of weights against (6.98e9 + 0.53e9) x 2 + 0.53e9 x 4, less the casts
+    assert 15 < fp32_ckpt["peak_gib"] - opts[(8, True)]["peak_gib"] < 18
 
     q4 = run_json("budget", str(ticket_8b), "--gpu", "l4", "--set", "model.quantization.bits=4")
     g = q4["gpus"][0]

@@ -156,7 +156,8 @@ def test_live_tensor_bytes_are_the_same_every_time_and_grow_with_the_batch(probe
         batch = collate(ex[:n], tr.train_set.pad_id)
         m = stepmeasure.measure(
             tr.model, batch, make_opt=lambda: make_optimizer(tr.model, p.spec.train),
-            precision="fp32", max_grad_norm=1.0, steps=2, warmup=1, device=torch.device("cpu"),
+            precision=p.spec.train.precision,  # a base held in bf16 runs under its autocast
+            max_grad_norm=1.0, steps=2, warmup=1, device=torch.device("cpu"),
             live=True,
         )  # fmt: skip
         assert m["steps_run"] == 3 and m["profiled_step_s"] > 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -67,7 +68,7 @@ def test_adapter_files_and_plain_peft_reload(trained):
     from lorapilot.base.models import attach_adapter, load_base
     from lorapilot.spec import load_pilot
 
-    _, ours, _ = load_base(load_pilot(pilot))
+    _, ours, _ = load_base(load_pilot(pilot), use="exact")  # fp32, as the plain load
     ours = attach_adapter(ours, adapter)
     with torch.no_grad():
         torch.testing.assert_close(
@@ -212,3 +213,30 @@ def test_changed_evaluation_protocol_is_refused_naming_the_key(trained):
         assert "eval protocol" in out["error"] and "batch_size (3 vs " in out["error"], out["error"]
     finally:
         manifest.write_text(original)
+
+
+def test_a_base_held_in_bf16_trains_verifies_and_merges(tmp_path, tiny_model_dir):
+    """model.dtype auto with bf16 training and evaluation: the frozen linears are held in
+    bf16 (recorded in the run, the result and the manifest's base identity), the fresh
+    process reproduces every prediction, and the merge (in fp32) gives the adapter's logits."""
+    pilot = tmp_path / "tt"
+    shutil.copytree(EXAMPLES / "ticket-triage", pilot, ignore=shutil.ignore_patterns("runs"))
+    spec = yaml.safe_load((pilot / "pilot.yaml").read_text())
+    spec["model"] = {"base": str(tiny_model_dir)}
+    spec["train"].update(max_steps=3, lr=0.01, precision="bf16")
+    spec["eval"] = {**(spec.get("eval") or {}), "precision": "bf16"}
+    (pilot / "pilot.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    train = run_json("train", str(pilot), "--no-progress")
+    assert train["base_dtype"] == "bfloat16" and train["update_audit"]["ok"]
+    assert train["base_identity"]["dtype"] == "bfloat16"
+    rec = json.loads((pilot / "runs" / train["run_id"] / "run.json").read_text())
+    held = rec["result"]["adapter"]["frozen_held"]
+    assert held["dtype"] == "bfloat16" and held["params_in_dtype"] > 0
+    assert "weights_dtype" not in rec["result"]["protocol"]  # evaluated in bf16: nothing lower
+    from lorapilot.base.manifest import read_manifest
+
+    assert read_manifest(Path(train["adapter_path"]))["base_identity"]["dtype"] == "bfloat16"
+    out = run_json("verify", str(pilot))
+    assert out["ok"] and out["metrics_match"] and out["n_mismatched_predictions"] == 0
+    merged = run_json("export", str(pilot), "--merge", "--out", str(tmp_path / "merged"))
+    assert merged["ok"] and merged["max_logit_diff"] <= merged["tolerance"]

@@ -667,17 +667,45 @@ def quiet_transformers() -> None:
     logging.disable_progress_bar()
 
 
-def load_base(pilot: Pilot, resolved: ResolvedModel | None = None):
+def load_base(pilot: Pilot, resolved: ResolvedModel | None = None, *, use: str = "eval"):
     """(resolved, model, tokenizer) of the pilot's base model, offline, eval mode. `resolved`:
     the base already resolved by the caller (resolving a folder without a manifest hashes
-    every weight file)."""
+    every weight file).
+
+    `use` ("eval", "train" or "exact"): the dtype is `precision.base_dtype`'s for it. A base
+    to train whose frozen linears will be held in 16 bits (`precision.hold_frozen`, after
+    the adapter is attached) is loaded in fp32, or in that 16-bit dtype when its checkpoint
+    holds exactly it: then nothing is rounded and there is no fp32 copy of it in memory."""
+    from lorapilot.base.precision import base_dtype
+
     require_text(pilot, "a text model")
     quiet_transformers()
     m = pilot.spec.model
     if resolved is None:
         resolved = resolve_base(m.base, m.revision, root=pilot.dir, allow_pickle=m.allow_pickle)
-    model, tok = load_model(resolved, m.dtype, m.trust_remote_code, m.quantization)
+    dtype = base_dtype(pilot.spec, use)
+    if use == "train" and m.dtype == "auto" and dtype != "float32":
+        dtype = dtype if checkpoint_dtype(resolved.path) == dtype else "float32"
+    model, tok = load_model(resolved, dtype, m.trust_remote_code, m.quantization)
     return resolved, model, tok
+
+
+_SAFETENSORS_FLOATS = {"F32": "float32", "BF16": "bfloat16", "F16": "float16", "F64": "float64"}
+
+
+def checkpoint_dtype(folder: Path) -> str | None:
+    """The one floating dtype of a folder's safetensors weights, from their headers; None
+    when they mix dtypes, hold none, or are not safetensors."""
+    import struct
+
+    found: set[str] = set()
+    for file in sorted(Path(folder).glob("*.safetensors")):
+        with open(file, "rb") as f:
+            (size,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(size))
+        found |= {v["dtype"] for k, v in header.items() if k != "__metadata__" and "dtype" in v}
+    floats = {d for d in found if d.startswith(("F", "BF"))}
+    return _SAFETENSORS_FLOATS.get(floats.pop()) if len(floats) == 1 else None
 
 
 def attach_adapter(model: Any, adapter_dir: Path) -> Any:

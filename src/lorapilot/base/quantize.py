@@ -55,13 +55,23 @@ def describe(q: QuantizationSpec | None) -> dict[str, Any] | None:
     return out
 
 
-def identity(weights_sha256: str, q: QuantizationSpec | None) -> dict[str, Any]:
-    """The exact base an adapter is bound to: original weights, quantization, bitsandbytes."""
-    return {
+def identity(
+    weights_sha256: str, q: QuantizationSpec | None, dtype: str | None = None
+) -> dict[str, Any]:
+    """The exact base an adapter is bound to: original weights, quantization, bitsandbytes;
+    with `dtype`, the one its frozen weights were held in (`precision.base_dtype`).
+
+    The dtype is recorded, not compared by `identity_differences`: a base held in bf16 under
+    bf16 autocast computes what the fp32 base computes, and an evaluation casts the whole
+    model to its protocol's precision, which the eval protocol pins."""
+    out = {
         "weights_sha256": weights_sha256,
         "quantization": describe(q),
         "bitsandbytes": bitsandbytes_version() if q is not None else None,
     }
+    if dtype is not None:
+        out["dtype"] = dtype
+    return out
 
 
 def identity_differences(trained: dict, now: dict) -> list[str]:

@@ -65,8 +65,24 @@ def make_protocol(spec: PilotSpec, tokenizer: Any, prepared: PreparedData) -> di
     }
     if spec.eval.label_scoring != "sum":  # absent at the default: older hashes hold
         proto["label_scoring"] = spec.eval.label_scoring
+    held = held_weights(spec, proto["precision"])
+    if held is not None:  # weights rounded below the evaluation's precision (explicit dtype)
+        proto["weights_dtype"] = held
     proto["eval_protocol"] = "ep-" + sha256_json(proto)[:16]
     return proto
+
+
+def held_weights(spec: PilotSpec, precision: str) -> str | None:
+    """The dtype the base is loaded in when it is narrower than the evaluation's precision
+    (an explicit `model.dtype: bfloat16` evaluated in fp32 or fp16 computes with weights
+    rounded to bf16 first),
+    else None: the protocol's `precision` is then the dtype every weight is evaluated in.
+    A quantized base is named by the base identity instead."""
+    dtype = spec.model.dtype
+    if dtype == "auto" or spec.model.quantization is not None:
+        return None
+    evaluated = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[precision]
+    return dtype if dtype not in ("float32", evaluated) else None
 
 
 def cast_for_eval(model: Any, precision: str) -> Any:
@@ -84,11 +100,14 @@ def cast_for_eval(model: Any, precision: str) -> Any:
     if is_quantized(model):  # loaded on its device, quantized: it runs under autocast as it is
         return model
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+    # A trained model holds its frozen linears in 16 bits and the rest in fp32 (model.dtype
+    # auto): every parameter is checked. Cast before the move, so that a GPU never holds a
+    # full-precision copy of a base loaded in fp32.
+    if any(p.dtype != dtype for p in model.parameters()):
+        model = model.to(dtype)
     first = next(model.parameters())
     if first.device.type == "cpu" and torch.cuda.is_available():
         model = model.to(torch.device("cuda", torch.cuda.current_device()))
-    if first.dtype != dtype:
-        model = model.to(dtype)
     return model
 
 

@@ -367,7 +367,7 @@ def _fp32_predictions(pilot, tok, fmt, adapter_dir: Path, protocol: dict, record
     from lorapilot.base.models import attach_adapter, load_base
     from lorapilot.evaluate.runner import evaluate_records
 
-    _, base, _ = load_base(pilot)
+    _, base, _ = load_base(pilot, use="exact")
     model = attach_adapter(base, adapter_dir)
     proto = {**protocol, "precision": "fp32"}
     return evaluate_records(

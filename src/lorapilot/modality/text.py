@@ -77,11 +77,13 @@ class TextModality:
         """The base and tokenizer, the prompts encoded with their loss masks, LoRA attached."""
         from lorapilot.base.adapter import build_adapter
         from lorapilot.base.models import load_base, pad_id_of
+        from lorapilot.base.precision import hold_for_training
         from lorapilot.data.format import template_hash, tokenizer_hash
         from lorapilot.train.examples import TextExamples
 
         pilot, spec = self.pilot, self.pilot.spec
-        resolved, model, tok = load_base(pilot)
+        adapter = adapter or spec.adapter
+        resolved, model, tok = load_base(pilot, use="train")
         prepared = prepare_data(pilot, tok)
         fmt = formatter_for(pilot, tok)
         train_recs, val_recs = training_records(
@@ -96,9 +98,10 @@ class TextModality:
 
         train_set, val_set = examples(train_recs), examples(val_recs)
         model, info = build_adapter(
-            model, adapter or spec.adapter, seed=spec.train.seed,
+            model, adapter, seed=spec.train.seed,
             grad_checkpointing=spec.train.grad_checkpointing,
         )  # fmt: skip
+        info.update(hold_for_training(model, spec, adapter.method))
 
         evaluate = self._evaluator(tok, fmt, prepared)
 

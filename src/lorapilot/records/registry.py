@@ -224,17 +224,24 @@ class RunHandle:
 
 
 @contextlib.contextmanager
-def _sigterm_as_exception() -> Iterator[None]:
+def _sigterm_as_exception() -> Iterator[list[str]]:
+    """SIGTERM raises `Interrupted`; the signals received are listed in what it yields.
+
+    Python swallows an exception raised where it cannot propagate (a weakref callback, a
+    `__del__`, an import lock's cleanup: "Exception ignored in ..."), and the verb would go
+    on to complete as if no signal came; the list lets the caller end it as interrupted."""
+    received: list[str] = []
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield received
         return
 
     def handler(signum, frame):
+        received.append(signal.Signals(signum).name)
         raise Interrupted(f"received signal {signal.Signals(signum).name}")
 
     previous = signal.signal(signal.SIGTERM, handler)
     try:
-        yield
+        yield received
     finally:
         signal.signal(signal.SIGTERM, previous)
 
@@ -266,7 +273,7 @@ def open_run(
     pilot_dir = Path(pilot_dir)
     # SIGTERM becomes an exception before run.json exists: a signal arriving as the record is
     # written must close it as interrupted, not kill the process with the record "running".
-    with _sigterm_as_exception():
+    with _sigterm_as_exception() as signals:
         if not write or run_id is None:  # a new record: followed (write=False) or created
             if write:
                 run_id, run_dir = new_run_dir(pilot_dir, kind)
@@ -309,6 +316,8 @@ def open_run(
         try:
             handle.save()  # inside: a signal right after the record is written still closes it
             yield handle
+            if signals:  # its exception was swallowed where it was raised: interrupted still
+                raise Interrupted(f"received signal {signals[0]}")
         except StoppedByLimit as e:
             close("stopped_by_limit", str(e))
             raise

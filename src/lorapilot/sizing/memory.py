@@ -10,7 +10,9 @@ is alive at the same moment (see `gradients` and `logits` for what is not alive 
 - weights: the base model, `n_params x weight_dtype_bytes`; for a quantized base (bitsandbytes
   4-bit or 8-bit) its decoder linears take `quantized_bytes_per_param` each, their
   quantization state included (`quantize.weight_bytes_per_param`), the rest (embeddings,
-  norms, LM head) `weight_dtype_bytes` (fp32 after peft's k-bit preparation).
+  norms, LM head) `weight_dtype_bytes` (fp32 after peft's k-bit preparation). A base whose
+  frozen linears are held in 16 bits (`model.dtype: auto`, `precision.hold_frozen`): the
+  decoder linears and an untied LM head `held_linear_bytes`, the rest `weight_dtype_bytes`.
 - trainable_master: the trainable parameters in fp32 when they are separate from the
   weights. peft keeps LoRA matrices in fp32 even on a bf16/fp16 base; full fine-tuning
   updates the loaded weights in place (as lorapilot's loop does), so 0 there.
@@ -29,7 +31,8 @@ is alive at the same moment (see `gradients` and `logits` for what is not alive 
   to 16 bits and autograd keeps that copy for the input gradient. autocast caches casts
   only of leaf tensors that require grad, so a LoRA base's frozen weights are cast anew in
   every forward: one 16-bit copy of every decoder linear and of the LM head is alive when
-  backward starts (measured with saved-tensor hooks: 255 MiB for SmolLM2-135M).
+  backward starts (measured with saved-tensor hooks: 255 MiB for SmolLM2-135M). Weights
+  held in the compute dtype are used as they are: no copy (a tied head still is cast).
 - dequantize: a quantized linear dequantizes its weight to the compute dtype for every
   matmul (forward, and again for the input gradient in backward) and frees it after; one
   largest linear's copy is counted. 0 for an unquantized base.
@@ -327,6 +330,7 @@ def weight_cast_bytes(
     trainable_params: int = 0,
     quantized: bool = False,
     decoder_passes: int = 1,
+    held: bool = False,
 ) -> int:
     """16-bit copies of fp32 weights that autocast makes and autograd keeps for backward.
 
@@ -340,12 +344,15 @@ def weight_cast_bytes(
     two copies of every decoder linear are kept (the adapter's casts are cached: leaves that
     require grad; the head runs once). Measured with saved-tensor hooks on a tiny Llama and
     seen on an H200 as the probe's -13% before this term (bench/README.md).
+
+    `held`: the frozen linears (and an untied head) are held in the compute dtype: only the
+    adapter's casts and a tied head's (the fp32 embedding matrix) remain.
     """
     if precision not in ("bf16", "fp16") or weight_dtype_bytes < 4:
         return 0
     # A quantized base's linears dequantize themselves (component `dequantize`): no cast.
-    linears = 0 if quantized else decoder_linear_params(shape)
-    head = shape.vocab * shape.hidden
+    linears = 0 if quantized or held else decoder_linear_params(shape)
+    head = 0 if held and not shape.tied_embeddings else shape.vocab * shape.hidden
     if grad_checkpointing:
         return 2 * ((linears + trainable_params) // shape.n_layers + head)
     return 2 * (linears * max(1, decoder_passes) + head + trainable_params)
@@ -376,8 +383,13 @@ def estimate_step_memory(
     dequantize_bytes: int = 2,
     shared_prefix_tokens: int = 0,
     grad_accum: int = 1,
+    held_linear_bytes: float | None = None,
 ) -> dict[str, int]:
     """Estimated peak bytes of one micro-batch step, by component (COMPONENTS) and "total".
+
+    `held_linear_bytes` (2): the frozen decoder linears and an untied LM head are held in
+    the 16-bit compute dtype, the rest in `weight_dtype_bytes` (`precision.hold_frozen`).
+    Activations are those of the fp32 base under autocast (the residual stream stays fp32).
 
     `shared_prefix_tokens` > 0: the shared-prefix path (train/loss.py), where the rows'
     common prefix runs once and each row only its own tokens: a layer saves activations
@@ -438,13 +450,17 @@ def estimate_step_memory(
     positions = min(loss_positions_per_example or seq_len, seq_len)
     logits = micro_batch * positions * shape.vocab * 3 * 4
     quantized = quantized_bytes_per_param is not None
+    held = held_linear_bytes is not None and not quantized and adapter == "lora"
     casts = weight_cast_bytes(
         shape, precision=precision, weight_dtype_bytes=weight_dtype_bytes,
         grad_checkpointing=grad_checkpointing, trainable_params=trainable_params,
-        quantized=quantized, decoder_passes=2 if computed < tokens else 1,
+        quantized=quantized, decoder_passes=2 if computed < tokens else 1, held=held,
     )  # fmt: skip
     weights = shape.n_params * weight_dtype_bytes
     dequantize = 0
+    if held:
+        head = 0 if shape.tied_embeddings else shape.vocab * shape.hidden
+        weights += (decoder_linear_params(shape) + head) * (held_linear_bytes - weight_dtype_bytes)
     if quantized:
         linears = decoder_linear_params(shape)
         weights += linears * (quantized_bytes_per_param - weight_dtype_bytes)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 
-from lorapilot.base.precision import resolve
+from lorapilot.base.precision import base_dtype, held_dtype, resolve
 from lorapilot.base.quantize import dequantized_bytes, weight_bytes_per_param
 from lorapilot.errors import UsageError
 from lorapilot.sizing.memory import (
@@ -126,6 +126,7 @@ def estimate_row(
         workspace_fraction=workspace,
         **quantized_memory(spec.model.quantization),
         shared_prefix_tokens=shared_prefix,
+        held_linear_bytes=held_linear_bytes_of(spec, "cpu" if on_cpu else "cuda"),
     )
     grown = sum(est[k] for k in STEP_GROWTH)
     if basis == STEP_INCREASE:
@@ -154,11 +155,29 @@ def quantized_memory(q) -> dict:
 
 
 def weight_bytes_of(spec) -> int:
-    """Bytes per weight of the modules that stay unquantized: the spec's dtype, or fp32 for
-    a quantized base (peft's k-bit preparation upcasts norms, embeddings and the head)."""
-    if spec.model.quantization is not None:
+    """Bytes per weight of the modules that stay unquantized and are not held in 16 bits:
+    the spec's dtype; fp32 for `auto` (the trainer holds only the frozen linears in 16 bits,
+    `held_linear_bytes_of`) and for a quantized base (peft's k-bit preparation upcasts
+    norms, embeddings and the head)."""
+    if spec.model.quantization is not None or spec.model.dtype == "auto":
         return 4
     return {"float32": 4, "bfloat16": 2, "float16": 2}[spec.model.dtype]
+
+
+def held_linear_bytes_of(spec, device_type: str, train: str | None = None) -> int | None:
+    """2 when the trainer holds the frozen linears in 16 bits on `device_type`
+    (`precision.base_dtype`), else None. `train`: the training precision already resolved
+    (the pre-rental estimate's, for a GPU class this machine does not have)."""
+    if train is None:
+        held = base_dtype(spec, "train", device_type)
+    else:
+        evaluated = train if spec.eval.precision == "auto" else spec.eval.precision
+        held = held_dtype(
+            spec.model.dtype, "train", trained=train, evaluated=evaluated,
+            quantized=spec.model.quantization is not None,
+            full=spec.adapter.method == "full",
+        )  # fmt: skip
+    return 2 if spec.model.dtype == "auto" and held != "float32" else None
 
 
 def relative_error(estimate: float, measured: float | None) -> float | None:

@@ -43,6 +43,7 @@ from lorapilot.sizing.memory import (
     estimate_step_memory,
 )
 from lorapilot.sizing.probe_plan import (
+    held_linear_bytes_of,
     lora_trainable_params,
     quantized_memory,
     target_lengths,
@@ -176,6 +177,7 @@ def _train_peak(ps: PilotShape, spec, mb: int, ckpt: bool, precision: str, share
         **quantized_memory(spec.model.quantization),
         shared_prefix_tokens=shared,
         grad_accum=1,
+        held_linear_bytes=held_linear_bytes_of(spec, "cuda", train=precision),
     )
     return est["total"]
 
@@ -209,6 +211,7 @@ def _trainable(shape: ModelShape, spec) -> int:
 
 def _step_work(ps: PilotShape, spec, mb: int, ckpt: bool, shared: int) -> StepWork:
     q = spec.model.quantization
+    held = held_linear_bytes_of(spec, "cuda", train=_precision(spec.train.precision))
     return StepWork(
         rows=mb,
         seq_len=ps.typical,
@@ -217,7 +220,7 @@ def _step_work(ps: PilotShape, spec, mb: int, ckpt: bool, shared: int) -> StepWo
         trainable_params=_trainable(ps.shape, spec),
         grad_checkpointing=ckpt,
         full_finetune=spec.adapter.method == "full",
-        weight_bytes=weight_bytes_per_param(q) if q is not None else weight_bytes_of(spec),
+        weight_bytes=weight_bytes_per_param(q) if q is not None else held or weight_bytes_of(spec),
         quantized=q is not None,
     )
 

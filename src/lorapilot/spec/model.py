@@ -53,8 +53,14 @@ class ModelSpec(_Strict):
         "`efficientnet-lite0` (`lorapilot model fetch --image`).",
     )
     revision: str | None = Field(None, description="Hub revision (commit) for a hub id.")
-    dtype: Literal["float32", "bfloat16", "float16"] = Field(
-        "float32", description="Dtype the base weights are loaded in (master weights)."
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto",
+        description="Dtype the frozen base is held in. `auto`: for LoRA training, the decoder's "
+        "linear weights in the compute dtype (bf16/fp16, when train.precision and "
+        "eval.precision resolve to the same 16-bit dtype), embeddings and norms in fp32: the "
+        "same values autocast computes with from an fp32 base, in half the memory; fp32 "
+        "otherwise (full fine-tuning, a quantized base, fp32 compute). Evaluation loads the "
+        "whole base in its precision. An explicit dtype loads every weight in it.",
     )
     trust_remote_code: bool = Field(
         False, description="Run code shipped with the model repo. Off unless you set it."

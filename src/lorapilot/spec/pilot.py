@@ -182,8 +182,12 @@ class PilotSpec(_Strict):
         `limits.gpu_prices` left out: where runs are mirrored, what is exported and what a GPU
         would cost change no result, so changing them keeps reuse and resume working. `smoke`
         counts only when it differs from its defaults, so that specs written before it existed
-        keep their hash."""
+        keep their hash. `model.dtype: auto` hashes as `float32`, the default it replaced: it
+        computes exactly what an fp32 base under autocast computes (tests/base/test_frozen.py),
+        so a result is reused across the two."""
         resolved = self.model_dump(mode="json")
+        if resolved["model"]["dtype"] == "auto":
+            resolved["model"]["dtype"] = "float32"
         resolved["tracking"] = []
         resolved.pop("export", None)
         resolved["limits"].pop("gpu_prices", None)

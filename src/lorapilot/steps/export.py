@@ -107,7 +107,7 @@ def _export_adapter(train_id: str, adapter_dir: Path, manifest: dict, out: Path)
 def _merge_text(pilot, train_id: str, adapter_dir: Path, manifest: dict, out: Path) -> dict:
     import torch
 
-    resolved, base, tok = load_base(pilot)
+    resolved, base, tok = load_base(pilot, use="exact")  # the merge adds in fp32
     if weights_sha256(resolved.path, pilot.spec.model.allow_pickle) != manifest["base"]["sha256"]:
         raise CheckFailed(
             f"the base weights in {resolved.path} are not the ones the adapter was trained on"
@@ -333,7 +333,8 @@ def _merge_quantized(pilot, base, tok, fmt, prompts: list, adapter_dir: Path, pr
         "merge_agreement_examples": len(records),
         "merge_agreement_min": MERGE_AGREEMENT_MIN,
         "merged_onto": "the dequantized weights the adapter was trained against "
-        f"({describe(spec.model.quantization)}), in {spec.model.dtype}",
+        f"({describe(spec.model.quantization)}), in "
+        + (spec.model.dtype if spec.model.dtype != "auto" else "float32"),
     }
     later = in_protocol_precision if as_evaluated is not None else None
     return merged, before, after, checks, later

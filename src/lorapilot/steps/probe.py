@@ -66,6 +66,7 @@ from typing import Any
 
 from lorapilot.base.adapter import build_adapter, set_checkpointing
 from lorapilot.base.models import load_base, load_tokenizer, pad_id_of
+from lorapilot.base.precision import hold_for_training
 from lorapilot.base.quantize import is_quantized
 from lorapilot.data.dataset import encode_records, formatter_for, max_length_of, prepare_data
 from lorapilot.decision.plan import step_shape
@@ -406,7 +407,7 @@ def _load_phase(pilot: Pilot, device) -> tuple[Any, Any, Any, dict, dict]:
     its own: (model, tokenizer, adapter info, config, load record)."""
     with PeakMemory(device) as load_mem:
         t0 = time.perf_counter()
-        resolved, model, tok = load_base(pilot)
+        resolved, model, tok = load_base(pilot, use="train")
         quantized = is_quantized(model)
         # A quantized base packs two 4-bit weights in a byte: count its parameters from the
         # config, and its bytes from what is held (quantization state included).
@@ -420,6 +421,11 @@ def _load_phase(pilot: Pilot, device) -> tuple[Any, Any, Any, dict, dict]:
             weights_bytes = base_params * weight_bytes
         config = model.config.to_dict()
         model, info = build_adapter(model, pilot.spec.adapter, seed=pilot.spec.train.seed)
+        info.update(hold_for_training(model, pilot.spec))  # as the trainer holds it
+        if "frozen_held" in info:
+            frozen = {id(p): p.nbytes for p in model.parameters() if not p.requires_grad}
+            weights_bytes = sum(frozen.values())
+            weight_bytes = weight_bytes_of(pilot.spec)  # the fp32 rest; linears: the estimate's
         if not quantized:  # a quantized base was loaded on its device
             model.to(device)
         make_resident(model)  # part of loading: the weights are in memory before any step

@@ -121,13 +121,16 @@ def run_train(
         train_ex, val_ex = tr.train_set, tr.val_set
         base_info = {**resolved.record(), "source": resolved.source}
         # The exact base: the adapter learned against these weights quantized this way.
-        base_identity = identity(resolved.weights_sha256, spec.model.quantization)
+        base_identity = identity(
+            resolved.weights_sha256, spec.model.quantization, adapter_info.get("base_dtype")
+        )
         run.update(
             adapter=adapter_info,
             trainable_params=adapter_info["trainable_params"],
             target_modules=adapter_info["target_modules"],
             base=base_info,
             base_identity=base_identity,
+            base_dtype=adapter_info.get("base_dtype"),
             distributed=distributed,
         )
 
@@ -229,6 +232,7 @@ def run_train(
         "total_params": adapter_info["total_params"],
         "target_modules": adapter_info["target_modules"],
         "base_identity": base_identity,
+        "base_dtype": adapter_info.get("base_dtype"),
         "adapter_path": str(adapter_dir),
         "final_val_loss": result.final_val_loss,
         "initial_val_loss": result.initial_val_loss,

@@ -233,13 +233,14 @@ def model_for_final_eval(pilot, adapter_dir: Path, device: torch.device) -> Any:
     files plus the adapter just saved (what `verify` does in a fresh process). The sharded
     model cannot run on rank 0 alone: each of its forwards is a collective."""
     from lorapilot.base.models import attach_adapter, load_base
+    from lorapilot.base.precision import base_dtype
 
     if pilot.spec.adapter.method == "full":
         from transformers import AutoModelForCausalLM
 
         model = AutoModelForCausalLM.from_pretrained(
             adapter_dir,
-            dtype=getattr(torch, pilot.spec.model.dtype),
+            dtype=getattr(torch, base_dtype(pilot.spec, "eval")),
             trust_remote_code=pilot.spec.model.trust_remote_code,
             local_files_only=True,
         )
