@@ -4,7 +4,8 @@
 # On a CUDA or ROCm machine: install lorapilot into a venv that sees the machine's own torch,
 # fetch the default model, then on a temporary copy of examples/ticket-triage run `probe`, a
 # 20-step `train` in bf16, `verify`, the same train and verify on a 4-bit NF4 base (QLoRA),
-# bench/train_throughput.py --quick, bench/eval_throughput.py and bench/prefix_paths.py (1.7B).
+# bench/train_throughput.py --quick, bench/eval_throughput.py, bench/prefix_paths.py (1.7B) and
+# bench/gpu_shapes.py (135M, 1.7B, 8B against a plain PEFT step; 8B under 24/40 GiB caps).
 # Prints ONE JSON object with the figures on stdout; progress goes to stderr. Nothing in the
 # repository is modified (the pilot copy lives in a temp folder).
 #
@@ -173,6 +174,9 @@ if eval_bench is not None:
 paths = load("prefix_paths")
 if paths is not None:
     res["prefix_paths"] = paths
+shapes = load("gpu_shapes")
+if shapes is not None:
+    res["gpu_shapes"] = shapes
 
 if int(rc) != 0:
     res["failed_step"] = current or None
@@ -339,6 +343,14 @@ if [ "$GPU" = 1 ] && [ "$QUICK" = 0 ] && [ -f "$ROOT/bench/prefix_paths.py" ]; t
     --steps 3 --repeat 1 || die "the shared-prefix paths bench failed (see stderr)"
 else
   skip "bench/prefix_paths.py (GPU figures only)"
+fi
+# The step at 135M, 1.7B and 8B against a plain PEFT step (held bf16 base vs fp32 base under
+# autocast), and an 8B step of 8 x 512 tokens under a 24 and a 40 GiB cap (#36 items 5, 6).
+if [ "$GPU" = 1 ] && [ "$QUICK" = 0 ] && [ -f "$ROOT/bench/gpu_shapes.py" ]; then
+  run_step gpu_shapes "$PY" "$ROOT/bench/gpu_shapes.py" --json --shapes 135m,1.7b,8b \
+    --steps 3 --cap-gib 24,40 || skip "bench/gpu_shapes.py failed (see stderr)"
+else
+  skip "bench/gpu_shapes.py (GPU figures only)"
 fi
 
 # --------------------------------------------------------------------------- 4-bit (QLoRA)
