@@ -2,7 +2,7 @@
 8B step under a 24/40 GiB memory cap, without model files (#36 items 5 and 6).
 
     .venv/bin/python bench/gpu_shapes.py [--shapes 135m,1.7b,8b] [--cases ticket,long]
-        [--steps 4] [--cap-gib 24,40] [--cap-rows 8] [--cap-tokens 512] [--json]
+        [--steps 4] [--cap-gib 24,40] [--cap-rows 8] [--cap-tokens 512] [--compile] [--json]
 
 Per shape and case (random Llama-architecture models and token ids from
 `bench/prefix_paths.py`), in one process, sides alternating:
@@ -17,7 +17,9 @@ Each reports the median step time, the tokens it computes (padding included; the
 prefix once), the peak memory on a GPU, and the MFU on computed tokens: the FLOPs of the
 linears (4 per frozen and 6 per LoRA weight per token) and of the head at the loss positions
 (every position for `plain_peft`), attention not counted, over the device's measured bf16
-matmul peak. `ratio` = plain_peft step time / lorapilot step time.
+matmul peak. `ratio` = plain_peft step time / lorapilot step time. `--compile`: lorapilot's
+side once more with `train.compile: on` (`lorapilot_compiled`: the trial's seconds, compile
+included, then the step time), to decide whether it should become the GPU default.
 
 `--cap-gib`: for each cap, `torch.cuda.set_per_process_memory_fraction` limits this process to
 that many GiB (the model is built first, then held, then capped: a 24 GiB card's user loads
@@ -41,16 +43,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "src"))
 sys.path.insert(0, str(HERE))
 
-from prefix_paths import CASES, SHAPES, batch_for, build  # noqa: E402
+from prefix_paths import CASES, SHAPES, _sync, batch_for, build  # noqa: E402
 
 ANSWER_TOKENS = 64  # the capped step's loss positions per row
-
-
-def _sync(device) -> None:
-    import torch
-
-    if device.type == "cuda":
-        torch.cuda.synchronize()
 
 
 def linear_flops(model) -> tuple[int, int]:
@@ -118,7 +113,7 @@ def time_side(model, loss_fn, batch, precision, steps, device) -> tuple[list[flo
     return times, peak
 
 
-def compare_shape(shape, cases, steps, device, precision, peak_flops) -> dict:
+def compare_shape(shape, cases, steps, device, precision, peak_flops, compile_too=False) -> dict:
     import functools
 
     import torch
@@ -161,12 +156,32 @@ def compare_shape(shape, cases, steps, device, precision, peak_flops) -> dict:
                 **({"peak_gib": round(peaks[name] / 2**30, 2)} if device.type == "cuda" else {}),
             }
         entry["ratio"] = round(entry["plain_peft"]["step_s"] / entry["lorapilot"]["step_s"], 3)
+        if compile_too:
+            entry["lorapilot_compiled"] = compiled_side(ours, auto, batch, precision, steps, device)
         out["cases"][case] = entry
         print(f"{shape} {case} {entry}", file=sys.stderr, flush=True)
     del ours, plain
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return out
+
+
+def compiled_side(model, loss_fn, batch, precision, steps, device) -> dict:
+    """lorapilot's side again with `train.compile: on` (train/compiled.py): the compile's
+    trial, then the median step; the decoder is eager again afterwards."""
+    from lorapilot.train import compiled
+    from lorapilot.train.loss import _decoder_and_head
+
+    record = compiled.compile_decoder(model, loss_fn, batch, precision, lambda m: None)
+    try:
+        if not record["compiled"]:
+            return record
+        times, peak = time_side(model, loss_fn, batch, precision, steps, device)
+        return {**record, "step_s": round(statistics.median(times), 4),
+                **({"peak_gib": round(peak / 2**30, 2)} if peak else {})}  # fmt: skip
+    finally:
+        decoder, _ = _decoder_and_head(model)
+        decoder.__dict__.pop("forward", None)  # the class's own (eager) forward again
 
 
 def capped_step(cap_gib: float, rows: int, tokens: int, steps: int, device, precision) -> dict:
@@ -221,6 +236,10 @@ def main() -> None:
     ap.add_argument("--cap-gib", default="24,40", help="memory caps for the 8B step ('' none)")
     ap.add_argument("--cap-rows", type=int, default=8)
     ap.add_argument("--cap-tokens", type=int, default=512)
+    ap.add_argument(
+        "--compile", action="store_true",
+        help="also time lorapilot's step with train.compile: on (compile time reported apart)",
+    )  # fmt: skip
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
@@ -242,7 +261,7 @@ def main() -> None:
     }
     for shape in filter(None, args.shapes.split(",")):
         result["shapes"][shape] = compare_shape(
-            shape, args.cases.split(","), args.steps, device, precision, peak
+            shape, args.cases.split(","), args.steps, device, precision, peak, args.compile
         )
     caps = [float(c) for c in args.cap_gib.split(",") if c]
     if caps and device.type != "cuda":

@@ -177,6 +177,9 @@ if paths is not None:
 shapes = load("gpu_shapes")
 if shapes is not None:
     res["gpu_shapes"] = shapes
+compiled = load("gpu_shapes_compiled")
+if compiled is not None:
+    res["gpu_shapes_compiled"] = compiled
 
 if int(rc) != 0:
     res["failed_step"] = current or None
@@ -351,6 +354,12 @@ if [ "$GPU" = 1 ] && [ "$QUICK" = 0 ] && [ -f "$ROOT/bench/gpu_shapes.py" ]; the
     --steps 3 --cap-gib 24,40 || skip "bench/gpu_shapes.py failed (see stderr)"
 else
   skip "bench/gpu_shapes.py (GPU figures only)"
+fi
+# train.compile: on against eager at 135M and 8B on the long prompt (#36 item 4); at most 4 min
+if [ "$GPU" = 1 ] && [ "$QUICK" = 0 ] && [ -f "$ROOT/bench/gpu_shapes.py" ]; then
+  run_step gpu_shapes_compiled timeout 240 "$PY" "$ROOT/bench/gpu_shapes.py" --json \
+    --shapes 135m,8b --cases long --steps 3 --cap-gib "" --compile \
+    || skip "bench/gpu_shapes.py --compile failed or ran past 4 min (see stderr)"
 fi
 
 # --------------------------------------------------------------------------- 4-bit (QLoRA)

@@ -87,4 +87,16 @@ class TrainSpec(_Strict):
         "checkpointing; the run record says which path ran and why.",
     )
 
-    _omitted_at: ClassVar[dict[str, tuple]] = {"shared_prefix": ("auto",)}  # same gradients
+    compile: Literal["off", "on"] = Field(
+        "off",
+        description="on: torch.compile the decoder for training (fewer kernel launches and "
+        "less Python per step on a GPU); tried on the first micro-batch, forward and "
+        "backward, and left eager with the reason in the run record if it fails. Off by "
+        "default until measured faster (bench/gpu_shapes.py --compile); the same loss and "
+        "gradients as eager within float rounding (tests/train/test_compiled.py).",
+    )
+
+    _omitted_at: ClassVar[dict[str, tuple]] = {
+        "shared_prefix": ("auto",),  # same gradients
+        "compile": ("off",),  # the default: specs from before it keep their hash
+    }

@@ -65,6 +65,7 @@ from lorapilot.train.checkpoint import (
     save_checkpoint,
     write_final,
 )
+from lorapilot.train.compiled import compile_decoder
 from lorapilot.train.distributed import accelerator_for, check_distributed
 from lorapilot.train.examples import TrainingSet, as_training_set
 from lorapilot.train.loss import LossModule, call_module, prefix_decision
@@ -98,6 +99,8 @@ class TrainResult:
     # shared_micro_batches, tokens_saved (prefix tokens not recomputed, all calls)}
     prefix: dict | None = None
     unit: str = "tokens"  # what `tokens` counts: tokens, or images
+    # train.compile: on: {requested, compiled, seconds | reason} (train/compiled.py)
+    compile: dict | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -124,6 +127,7 @@ class _Loop:
     total_steps: int
     warmup: int
     data_hash: str
+    compiled: dict | None = None  # train.compile's record (train/compiled.py)
     totals: dict = dataclasses.field(
         default_factory=lambda: {
             "tokens": 0,
@@ -194,6 +198,13 @@ def _setup(model, data: TrainingSet, cfg: TrainSpec, out_dir: Path, log: Log) ->
     # the rank's own loss: the shared-prefix path where it applies (inside the module DDP
     # wraps or FSDP shards: the decoder's two passes are then one forward), else the plain one
     rank_loss, prefix_path = data.loss_fn(cfg)
+    compiled = None
+    if cfg.compile == "on" and use_fsdp:
+        compiled = {"requested": "on", "compiled": False, "reason": "not with FSDP"}
+        log("train.compile: training eagerly: not with FSDP")
+    elif cfg.compile == "on":  # before DDP wraps it; tried on the first micro-batch
+        first = data.collate(list(range(min(cfg.micro_batch, len(data)))))
+        compiled = compile_decoder(model, rank_loss, first, cfg.precision, log)
     # FSDP: shard before the optimizer is built, the parameters become DTensors (train.fsdp).
     sharded = fsdp.shard(LossModule(model, rank_loss), device, world) if use_fsdp else None
     optimizer = make_optimizer(model, cfg)
@@ -229,6 +240,7 @@ def _setup(model, data: TrainingSet, cfg: TrainSpec, out_dir: Path, log: Log) ->
         total_steps=total_steps,
         warmup=warmup,
         data_hash=data.data_hash(),
+        compiled=compiled,
     )
 
 
@@ -527,4 +539,5 @@ def train(
             "tokens_saved": lp.totals.get("prefix_tokens_saved", 0),
         },
         unit=data.unit,
+        compile=lp.compiled,
     )

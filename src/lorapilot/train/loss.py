@@ -177,24 +177,35 @@ def _replayable_cache(prefix_kv: list[tuple[torch.Tensor, torch.Tensor]] | None,
     None when the model's cache layers are not the plain dynamic kind (sliding windows,
     hybrid caches): those take the unshared path.
     """
-    from transformers import DynamicCache
     from transformers.cache_utils import DynamicLayer
 
-    class ReplayableCache(DynamicCache):
-        def update(self, key_states, value_states, layer_idx, *args, **kwargs):
-            if prefix_kv is None:
-                self.captured[layer_idx] = (key_states, value_states)
-                return key_states, value_states
-            keys, values = (t.expand(rows, -1, -1, -1) for t in prefix_kv[layer_idx])
-            return torch.cat([keys, key_states], dim=-2), torch.cat([values, value_states], dim=-2)
-
-    cache = ReplayableCache(
+    cache = _replayable_cache_class()(
         [(k.detach(), v.detach()) for k, v in prefix_kv] if prefix_kv else None, config=config
     )
-    cache.captured = {}
+    cache.prefix_kv, cache.rows, cache.captured = prefix_kv, rows, {}
     if not cache.layers or any(type(layer) is not DynamicLayer for layer in cache.layers):
         return None
     return cache
+
+
+@functools.cache
+def _replayable_cache_class():
+    """One class for every call (`train.compile` guards on the cache's type: a class made per
+    call would recompile the decoder at every step)."""
+    from transformers import DynamicCache
+
+    class ReplayableCache(DynamicCache):
+        prefix_kv: list | None = None
+        rows: int = 0
+
+        def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+            if self.prefix_kv is None:
+                self.captured[layer_idx] = (key_states, value_states)
+                return key_states, value_states
+            keys, values = (t.expand(self.rows, -1, -1, -1) for t in self.prefix_kv[layer_idx])
+            return torch.cat([keys, key_states], dim=-2), torch.cat([values, value_states], dim=-2)
+
+    return ReplayableCache
 
 
 @contextlib.contextmanager
