@@ -187,7 +187,8 @@ def test_a_shared_prefix_saves_the_rows_copies_of_it_but_not_their_keys_and_valu
         TINY, micro_batch=b, seq_len=s, precision="bf16", weight_dtype_bytes=4
     )["total"]
     computed = n + b * (s - n)
-    kv = 2 * 2 * TINY.kv_dim * (b * s - computed)  # bf16 keys and values of the prefix, per row
+    # bf16 keys and values of the prefix, per row, repeated to every head (SDPA under a mask)
+    kv = 2 * 2 * TINY.q_dim * (b * s - computed)
     per_layer = math.ceil(layer * computed / (b * s) + kv)
     assert shared["activations"] == TINY.n_layers * per_layer + 4 * TINY.hidden * computed
     assert shared["activations"] < base["activations"] and shared["logits"] == base["logits"]
@@ -242,9 +243,9 @@ def test_layer_formula_for_lora_all_linear_in_bf16():
     h, i, a, kv, r = 256, 688, 8, 128, 16
     expected = (
         2 * 4 * h  # two RMSNorm fp32 inputs
-        + 2 * (h + 2 * kv)
+        + 2 * (h + 2 * h)  # q, and k, v repeated to every head (SDPA under a mask)
         + 2 * h
-        + 4 * a  # q, k, v, output, log-sum-exp
+        + 4 * a  # output, log-sum-exp
         + 3 * 2 * i  # SiLU in/out, up
         + 2 * (6 * h + i)
         + 7 * 2 * r  # each adapter's own input copy + its rank-r output
@@ -253,6 +254,11 @@ def test_layer_formula_for_lora_all_linear_in_bf16():
         TINY, micro_batch=3, seq_len=100, precision="bf16", weight_dtype_bytes=4, lora_rank=r
     )
     assert got["total"] == expected * 300
+    flash = layer_activation_bytes(  # grouped k and v, as they are
+        TINY, micro_batch=3, seq_len=100, precision="bf16", weight_dtype_bytes=4, lora_rank=r,
+        attention="flash",
+    )  # fmt: skip
+    assert got["total"] - flash["total"] == 2 * 2 * (h - kv) * 300
     dropout = layer_activation_bytes(
         TINY, micro_batch=3, seq_len=100, precision="bf16", weight_dtype_bytes=4, lora_rank=r,
         lora_dropout=0.1,
@@ -444,3 +450,31 @@ def test_an_8b_lora_step_of_8_x_512_tokens_fits_24_gib_with_the_base_held_in_bf1
     assert held["total"] <= 24 * GIB < fp32["total"]
     # linears and head (6.98e9 + 0.53e9) x 2 bytes, the embeddings 0.53e9 x 4
     assert 15.5 * GIB < held["weights"] < 16.5 * GIB
+
+
+def test_sdpa_under_a_padding_mask_keeps_keys_and_values_repeated_to_every_head():
+    """What `kv_saved_width` says, measured: a grouped-query model (4 heads, 2 key/value
+    heads) on padded rows keeps, per layer, two bf16 tensors of every head's width (k and v
+    after transformers' repeat_kv) and none of the grouped width."""
+    import torch
+
+    from lorapilot.train.loss import causal_lm_loss_sum
+    from tests.train.test_shared_prefix import batch_of, make_lora_model
+
+    model = make_lora_model()
+    cfg = model.get_base_model().config
+    assert cfg._attn_implementation == "sdpa" and cfg.num_key_value_heads < cfg.num_attention_heads
+    batch = batch_of([5, 6, 7], [[8, 9, 10, 11], [12, 13]], answer_from=[0, 0])  # padded
+    rows, width = batch["input_ids"].shape
+    head_dim = cfg.hidden_size // cfg.num_attention_heads
+    shapes: list[tuple] = []
+    with torch.autograd.graph.saved_tensors_hooks(
+        lambda t: shapes.append((tuple(t.shape), t.dtype)) or t, lambda t: t
+    ):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            causal_lm_loss_sum(model, batch)
+    full = (rows, cfg.num_attention_heads, width, head_dim)
+    grouped = (rows, cfg.num_key_value_heads, width, head_dim)
+    # q, k, v and the output, each at every head's width: p(h + 2h) + p h in the formula
+    assert shapes.count((full, torch.bfloat16)) == 4 * cfg.num_hidden_layers
+    assert (grouped, torch.bfloat16) not in shapes
