@@ -36,14 +36,13 @@ import json
 import random
 import statistics
 import sys
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "src"))
 sys.path.insert(0, str(HERE))
 
-from prefix_paths import CASES, SHAPES, _sync, batch_for, build  # noqa: E402
+from prefix_paths import CASES, SHAPES, batch_for, build, timed_steps  # noqa: E402
 
 ANSWER_TOKENS = 64  # the capped step's loss positions per row
 
@@ -94,20 +93,13 @@ def time_side(model, loss_fn, batch, precision, steps, device) -> tuple[list[flo
 
     from lorapilot.spec import TrainSpec
     from lorapilot.train.batches import count_target_tokens
-    from lorapilot.train.step import make_optimizer, train_step
+    from lorapilot.train.step import make_optimizer
 
     optimizer = make_optimizer(model, TrainSpec())
     targets = count_target_tokens(batch)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    times = []
-    for i in range(steps + 1):  # the first is a warm-up
-        _sync(device)
-        t0 = time.perf_counter()
-        train_step(model, optimizer, None, [batch], targets, precision, 1.0, loss_fn=loss_fn)
-        _sync(device)
-        if i:
-            times.append(time.perf_counter() - t0)
+    times = timed_steps(model, optimizer, batch, targets, precision, steps, loss_fn)
     peak = torch.cuda.max_memory_allocated() if device.type == "cuda" else 0
     del optimizer
     return times, peak

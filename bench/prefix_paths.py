@@ -121,13 +121,29 @@ def batch_for(case: dict, vocab: int, rng: random.Random):
     return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
 
+def timed_steps(model, optimizer, batch, targets, precision, steps, loss_fn) -> list[float]:
+    """Seconds of `steps` calls of `train.step.train_step` after one warm-up, synchronised."""
+    from lorapilot.train.step import train_step
+
+    device = batch["input_ids"].device
+    times = []
+    for i in range(steps + 1):  # the first is a warm-up
+        _sync(device)
+        t0 = time.perf_counter()
+        train_step(model, optimizer, None, [batch], targets, precision, 1.0, loss_fn=loss_fn)
+        _sync(device)
+        if i:
+            times.append(time.perf_counter() - t0)
+    return times
+
+
 def time_training(model, batch, precision: str, steps: int, repeat: int, device) -> dict:
     import torch
 
     from lorapilot.spec import TrainSpec
     from lorapilot.train.batches import count_target_tokens
     from lorapilot.train.loss import causal_lm_loss_sum, prefix_path, shared_prefix_loss_sum
-    from lorapilot.train.step import make_optimizer, train_step
+    from lorapilot.train.step import make_optimizer
 
     batch = {k: v.to(device) for k, v in batch.items()}
     targets = count_target_tokens(batch)
@@ -143,13 +159,7 @@ def time_training(model, batch, precision: str, steps: int, repeat: int, device)
         for name, fn in sides.items():
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats()
-            for i in range(steps + 1):  # the first is a warm-up
-                _sync(device)
-                t0 = time.perf_counter()
-                train_step(model, optimizer, None, [batch], targets, precision, 1.0, loss_fn=fn)
-                _sync(device)
-                if i:
-                    times[name].append(time.perf_counter() - t0)
+            times[name] += timed_steps(model, optimizer, batch, targets, precision, steps, fn)
             if device.type == "cuda":
                 peak[name] = max(peak.get(name, 0), torch.cuda.max_memory_allocated())
     out = {f"{name}_s": round(statistics.median(t), 4) for name, t in times.items()}

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from lorapilot.base.models import pad_id_of
-from lorapilot.base.precision import default_device_type, resolve
+from lorapilot.base.precision import TORCH_DTYPE_NAMES, default_device_type, resolve
 from lorapilot.data.dataset import PreparedData
 from lorapilot.data.format import PromptFormatter, answer_text, template_hash
 from lorapilot.data.rows import Record
@@ -75,14 +75,13 @@ def make_protocol(spec: PilotSpec, tokenizer: Any, prepared: PreparedData) -> di
 def held_weights(spec: PilotSpec, precision: str) -> str | None:
     """The dtype the base is loaded in when it is narrower than the evaluation's precision
     (an explicit `model.dtype: bfloat16` evaluated in fp32 or fp16 computes with weights
-    rounded to bf16 first),
-    else None: the protocol's `precision` is then the dtype every weight is evaluated in.
+    rounded to bf16 first), else None: the protocol's `precision` is then the dtype every
+    weight is evaluated in.
     A quantized base is named by the base identity instead."""
     dtype = spec.model.dtype
     if dtype == "auto" or spec.model.quantization is not None:
         return None
-    evaluated = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[precision]
-    return dtype if dtype not in ("float32", evaluated) else None
+    return dtype if dtype not in ("float32", TORCH_DTYPE_NAMES[precision]) else None
 
 
 def cast_for_eval(model: Any, precision: str) -> Any:
