@@ -2,7 +2,8 @@
 8B step under a 24/40 GiB memory cap, without model files (#36 items 5 and 6).
 
     .venv/bin/python bench/gpu_shapes.py [--shapes 135m,1.7b,8b] [--cases ticket,long]
-        [--steps 4] [--cap-gib 24,40] [--cap-rows 8] [--cap-tokens 512] [--compile] [--json]
+        [--steps 4] [--cap-gib 24,40] [--cap-rows 8] [--cap-tokens 512] [--compile]
+        [--checkpointing] [--json]
 
 Per shape and case (random Llama-architecture models and token ids from
 `bench/prefix_paths.py`), in one process, sides alternating:
@@ -19,13 +20,16 @@ linears (4 per frozen and 6 per LoRA weight per token) and of the head at the lo
 (every position for `plain_peft`), attention not counted, over the device's measured bf16
 matmul peak. `ratio` = plain_peft step time / lorapilot step time. `--compile`: lorapilot's
 side once more with `train.compile: on` (`lorapilot_compiled`: the trial's seconds, compile
-included, then the step time), to decide whether it should become the GPU default.
+included, then the step time, and the graphs and graph breaks of its trial), to decide whether
+it should become the GPU default. `--checkpointing`: every side with activation checkpointing
+(`adapter.set_checkpointing`, non-reentrant, as the loop sets it).
 
 `--cap-gib`: for each cap, `torch.cuda.set_per_process_memory_fraction` limits this process to
 that many GiB (the model is built first, then held, then capped: a 24 GiB card's user loads
 the base on the CPU and moves the held base); one 8B step of `--cap-rows` x `--cap-tokens`
 tokens (64 answer tokens each) with activation checkpointing runs under it, against the
-memory model's estimate (`sizing.memory.estimate_step_memory`, held base, CUDA basis).
+memory model's estimate (`sizing.memory.estimate_step_memory`, held base, CUDA basis); with
+`--compile` the same step again with the decoder compiled (`compiled`).
 Needs a GPU; on a CPU the shapes run and the caps are skipped.
 """
 
@@ -105,20 +109,26 @@ def time_side(model, loss_fn, batch, precision, steps, device) -> tuple[list[flo
     return times, peak
 
 
-def compare_shape(shape, cases, steps, device, precision, peak_flops, compile_too=False) -> dict:
+def compare_shape(
+    shape, cases, steps, device, precision, peak_flops, compile_too=False, checkpointing=False
+) -> dict:
     import functools
 
     import torch
 
+    from lorapilot.base.adapter import set_checkpointing
     from lorapilot.base.precision import TORCH_DTYPE_NAMES
     from lorapilot.train.loss import prefix_path, shared_prefix_loss_sum
 
     held = TORCH_DTYPE_NAMES[precision] if precision != "fp32" else None
     ours, n_params = build(shape, device, held)
     plain, _ = build(shape, device, None)  # the same seed: the same weights, in fp32
+    for model in (ours, plain):
+        set_checkpointing(model, checkpointing)
     auto = functools.partial(shared_prefix_loss_sum, setting="auto")
     vocab = SHAPES[shape]["vocab_size"]
-    out: dict = {"params": n_params, "base_dtype": held or "float32", "cases": {}}
+    out: dict = {"params": n_params, "base_dtype": held or "float32",
+                 "checkpointing": checkpointing, "cases": {}}  # fmt: skip
     for case in cases:
         batch = {
             k: v.to(device) for k, v in batch_for(CASES[case], vocab, random.Random(1)).items()
@@ -176,7 +186,9 @@ def compiled_side(model, loss_fn, batch, precision, steps, device) -> dict:
         decoder.__dict__.pop("forward", None)  # the class's own (eager) forward again
 
 
-def capped_step(cap_gib: float, rows: int, tokens: int, steps: int, device, precision) -> dict:
+def capped_step(
+    cap_gib: float, rows: int, tokens: int, steps: int, device, precision, compile_too=False
+) -> dict:
     """One 8B step with checkpointing under a memory cap, against the memory model."""
     import torch
 
@@ -210,6 +222,9 @@ def capped_step(cap_gib: float, rows: int, tokens: int, steps: int, device, prec
             peak_gib=round(peak / 2**30, 2),
             estimate_error=round((est["total"] - peak) / peak, 4),
         )  # fmt: skip
+        if compile_too:
+            out["compiled"] = compiled_side(model, causal_lm_loss_sum, batch, precision, steps,
+                                            device)  # fmt: skip
     except torch.OutOfMemoryError as e:
         out.update(ok=False, error=str(e).splitlines()[0])
     finally:
@@ -232,6 +247,10 @@ def main() -> None:
         "--compile", action="store_true",
         help="also time lorapilot's step with train.compile: on (compile time reported apart)",
     )  # fmt: skip
+    ap.add_argument(
+        "--checkpointing", action="store_true",
+        help="every side with activation checkpointing (the capped 8B step always has it)",
+    )  # fmt: skip
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
@@ -253,7 +272,8 @@ def main() -> None:
     }
     for shape in filter(None, args.shapes.split(",")):
         result["shapes"][shape] = compare_shape(
-            shape, args.cases.split(","), args.steps, device, precision, peak, args.compile
+            shape, args.cases.split(","), args.steps, device, precision, peak, args.compile,
+            args.checkpointing,
         )
     caps = [float(c) for c in args.cap_gib.split(",") if c]
     if caps and device.type != "cuda":
@@ -261,7 +281,8 @@ def main() -> None:
     elif caps:
         for cap in caps:
             try:
-                row = capped_step(cap, args.cap_rows, args.cap_tokens, 2, device, precision)
+                row = capped_step(cap, args.cap_rows, args.cap_tokens, 2, device, precision,
+                                  args.compile)  # fmt: skip
             except Exception as e:  # a failure of one cap must not lose the figures above
                 row = {"cap_gib": cap, "ok": False, "error": f"{type(e).__name__}: {e}"}
             result["capped"].append(row)

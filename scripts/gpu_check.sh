@@ -180,6 +180,9 @@ if shapes is not None:
 compiled = load("gpu_shapes_compiled")
 if compiled is not None:
     res["gpu_shapes_compiled"] = compiled
+capped_compiled = load("gpu_capped_compiled")
+if capped_compiled is not None:
+    res["gpu_capped_compiled"] = capped_compiled
 
 if int(rc) != 0:
     res["failed_step"] = current or None
@@ -360,6 +363,10 @@ if [ "$GPU" = 1 ] && [ "$QUICK" = 0 ] && [ -f "$ROOT/bench/gpu_shapes.py" ]; the
   run_step gpu_shapes_compiled timeout 240 "$PY" "$ROOT/bench/gpu_shapes.py" --json \
     --shapes 135m,8b --cases long --steps 3 --cap-gib "" --compile \
     || skip "bench/gpu_shapes.py --compile failed or ran past 4 min (see stderr)"
+  # the 8B step a 24 GiB card runs (checkpointing), eager then compiled, under the cap
+  run_step gpu_capped_compiled timeout 180 "$PY" "$ROOT/bench/gpu_shapes.py" --json \
+    --shapes "" --cap-gib 24 --compile \
+    || skip "bench/gpu_shapes.py --cap-gib 24 --compile failed or ran past 3 min (see stderr)"
 fi
 
 # --------------------------------------------------------------------------- 4-bit (QLoRA)

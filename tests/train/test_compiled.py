@@ -58,6 +58,11 @@ def test_the_compiled_decoder_trains_as_the_eager_one(
         tiny_model_dir, examples, tmp_path / "c", compile="on", **kw
     )
     assert result.compile["compiled"] is True and result.compile["seconds"] > 0
+    # the whole decoder pass in one graph: no part of it left eager by a graph break (under
+    # checkpointing transformers' input-grad hook and use_cache warning were breaks, and each
+    # checkpointed layer then recompiled until torch's recompile limit left the rest eager)
+    assert result.compile["graph_breaks"] == 0, result.compile.get("graph_break_reasons")
+    assert result.compile["graphs"] == 1
     assert result.prefix["path"] == ("unshared" if kw.get("shared_prefix") else "shared")
     assert any("the decoder is compiled" in line for line in logs)
     assert losses == pytest.approx(eager_losses, abs=1e-5)

@@ -118,10 +118,17 @@ def set_checkpointing(model, on: bool) -> None:
     transformers 5 renamed gradient_checkpointing_* to activation_checkpointing_* (the old
     names warn); either is used, whichever exists."""
     kwargs = {"use_reentrant": False}
-    if on and hasattr(model, "activation_checkpointing_enable"):
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
-    elif on:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    if on:
+        if hasattr(model, "activation_checkpointing_enable"):
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        # transformers also hooks the input embeddings to make their output require grad,
+        # which only reentrant checkpointing needs: the hook's in-place requires_grad_ is a
+        # graph break under torch.compile (`train.compile`), and the gradient it asks for
+        # (the embeddings' output, nothing trainable) is work backward then skips.
+        if hasattr(model, "disable_input_require_grads"):
+            model.disable_input_require_grads()
     elif hasattr(model, "activation_checkpointing_disable"):
         model.activation_checkpointing_disable()
     else:

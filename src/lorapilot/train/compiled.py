@@ -45,6 +45,7 @@ def compile_decoder(
     device = next(model.parameters()).device
     batch = {k: v.to(device) for k, v in batch.items()}
     t0 = time.perf_counter()
+    graphs, breaks = _dynamo_counts()
     try:
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             with autocast(device.type, precision):
@@ -56,8 +57,31 @@ def compile_decoder(
     finally:
         model.zero_grad(set_to_none=True)
     seconds = time.perf_counter() - t0
-    log(f"train.compile: the decoder is compiled ({seconds:.1f} s for the first step's compile)")
-    return {"requested": "on", "compiled": True, "seconds": round(seconds, 3)}
+    graphs_after, breaks_after = _dynamo_counts()
+    record = {
+        "requested": "on",
+        "compiled": True,
+        "seconds": round(seconds, 3),
+        "graphs": graphs_after - graphs,
+        "graph_breaks": sum(breaks_after.values()) - sum(breaks.values()),
+    }
+    log(
+        f"train.compile: the decoder is compiled ({seconds:.1f} s for the first step's compile, "
+        f"{record['graphs']} graph(s), {record['graph_breaks']} graph break(s))"
+    )
+    new_reasons = [r for r in breaks_after if breaks_after[r] > breaks.get(r, 0)]
+    if new_reasons:  # parts of the decoder run eagerly: say which, so a user can see why
+        record["graph_break_reasons"] = [_first_line_of(r) for r in new_reasons[:3]]
+        log(f"train.compile: graph break: {record['graph_break_reasons'][0]}")
+    return record
+
+
+def _dynamo_counts() -> tuple[int, dict[str, int]]:
+    """(graphs compiled so far, graph breaks so far by reason) in this process: the trial's
+    are the difference (a graph break leaves part of the decoder eager, silently otherwise)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"]), dict(counters["graph_break"])
 
 
 def _eager(reason: str, log: Callable[[str], None]) -> dict[str, Any]:
@@ -66,5 +90,9 @@ def _eager(reason: str, log: Callable[[str], None]) -> dict[str, Any]:
 
 
 def _first_line(e: Exception) -> str:
-    text = str(e).strip()
+    return _first_line_of(str(e))
+
+
+def _first_line_of(text: str) -> str:
+    text = text.strip()
     return text.splitlines()[0][:300] if text else ""

@@ -227,6 +227,14 @@ def _checkpointing_keeps_cache(decoder):
                 layer._can_checkpoint_with_cache = value
 
 
+def _eager_when_checkpointed(decoder):
+    """torch.compile's stance `force_eager` while the decoder checkpoints its layers (a no-op
+    for a decoder that is not compiled), else nothing."""
+    if any(getattr(m, "gradient_checkpointing", False) for m in decoder.modules()):
+        return torch.compiler.set_stance("force_eager")
+    return contextlib.nullcontext()
+
+
 def shared_prefix_loss_sum(
     model, batch: Batch, setting: str = "on"
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -252,8 +260,13 @@ def shared_prefix_loss_sum(
     capture = _replayable_cache(None, 0, config)
     ids, mask = batch["input_ids"], batch["attention_mask"]
     rows, width = ids.shape
+    # use_cache=False: the layers use the cache they are given either way, and under
+    # checkpointing transformers would turn use_cache off itself, with a warning (a graph break
+    # under torch.compile). The prefix pass records its keys and values in the cache, a side
+    # effect torch.compile cannot trace inside checkpointing: it then runs eagerly.
     with _checkpointing_keeps_cache(decoder):
-        prefix = decoder(input_ids=ids[:1, :n], past_key_values=capture, use_cache=True)
+        with _eager_when_checkpointed(decoder):
+            prefix = decoder(input_ids=ids[:1, :n], past_key_values=capture, use_cache=False)
         kv = [capture.captured.get(i) for i in range(len(capture.layers))]
         if None in kv:  # a layer that keeps no keys and values (shared across layers)
             return causal_lm_loss_sum(model, batch)
@@ -263,7 +276,7 @@ def shared_prefix_loss_sum(
             attention_mask=mask,
             position_ids=positions,
             past_key_values=_replayable_cache(kv, rows, config),
-            use_cache=True,
+            use_cache=False,
         ).last_hidden_state
     hidden = torch.cat([prefix.last_hidden_state.expand(rows, -1, -1), own], dim=1)
     return _head_loss_sum(head, hidden, batch["labels"])
