@@ -144,6 +144,18 @@ def test_shared_prefix_under_checkpointing_keeps_the_prefix_keys_and_values_once
     assert shared["activations"] < plain["activations"]
     full = step(grad_checkpointing=False, micro_batch=4, seq_len=256, shared_prefix_tokens=200)
     assert shared["activations"] < full["activations"]
+    # By hand: every layer's input for the tokens computed (the prefix once, each row's
+    # rest), the prefix's keys after RoPE in the residual stream's dtype (fp32 over fp32
+    # weights: tests/train/test_shared_prefix.py) and its values in bf16, one layer
+    # recomputed (its activations for the tokens computed, plus the prefix's keys and
+    # values every row's attention keeps, at every head's width under SDPA), the final norm.
+    tokens, computed = 4 * 256, 4 * 256 - 3 * 200
+    full_layer = layer_activation_bytes(
+        TINY, micro_batch=4, seq_len=256, precision="bf16", weight_dtype_bytes=4
+    )["total"]
+    layer = math.ceil(full_layer * computed / tokens + 2 * 2 * TINY.q_dim * (tokens - computed))
+    kept = TINY.n_layers * (4 * TINY.hidden * computed + (4 + 2) * TINY.kv_dim * 200)
+    assert shared["activations"] == kept + layer + 4 * TINY.hidden * computed
 
 
 def test_full_fine_tuning_keeps_states_in_the_weight_dtype():

@@ -282,6 +282,54 @@ def test_padding_is_never_part_of_the_prefix():
     assert shared_prefix_len(same) == len(PREFIX) + 1  # each row keeps one token of its own
 
 
+def test_a_replay_of_the_prefix_pass_keeps_the_first_record_of_its_keys_and_values(lora_model):
+    """A checkpointed prefix layer replays in backward and updates the cache again: the
+    record stays the first call's (a replay's keys and values would keep the replay's whole
+    graph alive until the step ends: 47 MB of the 77-label pilot's step, bench/README.md),
+    while the replay's attention still gets its own keys and values."""
+    from lorapilot.train.loss import _replayable_cache
+
+    cache = _replayable_cache(None, 0, lora_model.get_base_model().config)
+    first = (torch.randn(1, 2, 12, 8), torch.randn(1, 2, 12, 8))
+    replay = (torch.randn(1, 2, 12, 8), torch.randn(1, 2, 12, 8))
+    assert all(a is b for a, b in zip(cache.update(*first, 0), first, strict=True))
+    assert all(a is b for a, b in zip(cache.update(*replay, 0), replay, strict=True))
+    assert all(a is b for a, b in zip(cache.captured[0], first, strict=True))
+
+
+def test_the_prefix_keys_are_kept_in_the_residual_dtype_and_the_values_in_bf16(lora_model):
+    """What the memory model counts for the prefix's keys and values under checkpointing: over
+    fp32 weights under bf16 autocast, RoPE's cos and sin are in the residual stream's dtype,
+    so the keys it returns are fp32; the values are the projection's bf16 output."""
+    from lorapilot.train.loss import _decoder_and_head, _replayable_cache
+
+    decoder, _ = _decoder_and_head(lora_model)
+    capture = _replayable_cache(None, 0, lora_model.get_base_model().config)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        decoder(input_ids=torch.tensor([PREFIX]), past_key_values=capture, use_cache=False)
+    dtypes = {(k.dtype, v.dtype) for k, v in capture.captured.values()}
+    assert dtypes == {(torch.float32, torch.bfloat16)}
+
+
+def test_the_rows_cache_gives_the_prefix_length_without_a_copy_of_the_prefix(lora_model):
+    """The rows' cache layers only tell the masks the prefix's length: they hold one-wide
+    stand-ins, not a copy of every layer's prefix keys and values."""
+    from lorapilot.train.loss import _replayable_cache
+
+    config = lora_model.get_base_model().config
+    layers = config.num_hidden_layers
+    prefix_kv = [(torch.randn(1, 2, 12, 8), torch.randn(1, 2, 12, 8)) for _ in range(layers)]
+    cache = _replayable_cache(prefix_kv, 3, config)
+    assert cache.get_seq_length() == 12
+    held = sum(layer.keys.numel() + layer.values.numel() for layer in cache.layers)
+    assert held == layers * 2 * (2 * 12 * 1)
+    own = torch.randn(3, 2, 5, 8)
+    keys, values = cache.update(own, own, 1)
+    assert keys.shape == (3, 2, 17, 8)
+    assert torch.equal(keys[:, :, :12], prefix_kv[1][0].expand(3, -1, -1, -1))
+    assert torch.equal(values[:, :, 12:], own)
+
+
 def test_train_records_which_prefix_path_ran(tmp_path, tiny_model_dir):
     """`train` on the init pilot: the shared path ran and the record says what it spared;
     with `train.shared_prefix: off` the record says so."""

@@ -410,7 +410,8 @@ def estimate_step_memory(
     for n + micro_batch x (seq_len - n) tokens (per-token bytes as in the unshared step:
     exact for sdpa, approximate for eager attention's probabilities), plus, per row, the keys
     and values of the prefix, which the rows' attention concatenates with their own; under
-    checkpointing every layer also keeps the prefix's keys and values (once) for the rows.
+    checkpointing every layer also keeps the prefix's keys (in the residual stream's dtype,
+    as RoPE leaves them) and values (once) for the rows.
     `grad_accum`: micro-batches per optimizer update (the probe measures 1).
 
     An estimate, to be compared with the probe's measurement (the probe reports the
@@ -457,8 +458,11 @@ def estimate_step_memory(
     final_norm = 4 * shape.hidden * computed
     if grad_checkpointing:
         kept = shape.n_layers * residual_bytes(weight_dtype_bytes) * shape.hidden * computed
-        if computed < tokens:  # and every layer's prefix keys and values, which the rows read
-            kept += shape.n_layers * p * 2 * shape.kv_dim * n_prefix
+        if computed < tokens:  # and every layer's prefix keys and values, which the rows read:
+            # the keys after RoPE, whose cos and sin are in the residual stream's dtype
+            # (fp32 over fp32 embeddings: measured), the values in the compute dtype
+            key_bytes = residual_bytes(weight_dtype_bytes)
+            kept += shape.n_layers * (key_bytes + p) * shape.kv_dim * n_prefix
         activations = kept + layer + final_norm
     else:
         activations = shape.n_layers * layer + final_norm

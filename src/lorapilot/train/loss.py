@@ -170,18 +170,21 @@ def _replayable_cache(prefix_kv: list[tuple[torch.Tensor, torch.Tensor]] | None,
 
     Activation checkpointing replays each layer's forward during backward; the stock
     DynamicCache appends on every call, so a replay would see its keys twice. Without
-    `prefix_kv` (the prefix pass) update records each layer's keys and values, replacing an
-    earlier record, and returns them. With it (the rows' pass) update returns the prefix's
+    `prefix_kv` (the prefix pass) update records each layer's keys and values (the first
+    call's: not a replay's) and returns them. With it (the rows' pass) update returns the prefix's
     keys and values, expanded to `rows` (a view, not a copy), followed by the new ones, and
-    stores nothing; the cache's layers hold the 1-row prefix only for the masks' lengths.
+    stores nothing; the cache's layers hold one-wide stand-ins with the prefix's length,
+    for the masks.
     None when the model's cache layers are not the plain dynamic kind (sliding windows,
     hybrid caches): those take the unshared path.
     """
     from transformers.cache_utils import DynamicLayer
 
-    cache = _replayable_cache_class()(
-        [(k.detach(), v.detach()) for k, v in prefix_kv] if prefix_kv else None, config=config
-    )
+    # The cache's layers only give the masks their lengths: one-wide stand-ins of the
+    # prefix's keys and values ([1, heads, n, 1]; an empty one would count as no prefix) say
+    # n without a copy of the whole prefix (the layers concatenate what they are given).
+    lengths = [(k.detach()[..., :1], v.detach()[..., :1]) for k, v in prefix_kv or []]
+    cache = _replayable_cache_class()(lengths or None, config=config)
     cache.prefix_kv, cache.rows, cache.captured = prefix_kv, rows, {}
     if not cache.layers or any(type(layer) is not DynamicLayer for layer in cache.layers):
         return None
@@ -200,7 +203,10 @@ def _replayable_cache_class():
 
         def update(self, key_states, value_states, layer_idx, *args, **kwargs):
             if self.prefix_kv is None:
-                self.captured[layer_idx] = (key_states, value_states)
+                # The first record only: a checkpointed layer's replay during backward calls
+                # this again, and its keys and values would keep the replay's whole graph
+                # (every tensor it saved) alive until the step ends.
+                self.captured.setdefault(layer_idx, (key_states, value_states))
                 return key_states, value_states
             keys, values = (t.expand(self.rows, -1, -1, -1) for t in self.prefix_kv[layer_idx])
             return torch.cat([keys, key_states], dim=-2), torch.cat([values, value_states], dim=-2)
