@@ -272,7 +272,13 @@ def main() -> None:
     }
     for shape in filter(None, args.shapes.split(",")):
         result["shapes"][shape] = compare_shape(
-            shape, args.cases.split(","), args.steps, device, precision, peak, args.compile,
+            shape,
+            args.cases.split(","),
+            args.steps,
+            device,
+            precision,
+            peak,
+            args.compile,
             args.checkpointing,
         )
     caps = [float(c) for c in args.cap_gib.split(",") if c]
