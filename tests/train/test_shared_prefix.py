@@ -311,6 +311,32 @@ def test_the_prefix_keys_are_kept_in_the_residual_dtype_and_the_values_in_bf16(l
     assert dtypes == {(torch.float32, torch.bfloat16)}
 
 
+@pytest.mark.parametrize("loss_on_all", [False, True])
+def test_the_head_reads_the_prefix_and_the_rows_without_their_concatenation(loss_on_all):
+    """The targets taken from the prefix's one row and the rows' own hidden states are those
+    of the [rows, width, d] concatenation, in its order: the same loss, bit for bit, and the
+    same gradients into both parts."""
+    from lorapilot.train.loss import _head_loss_sum, _shared_head_loss_sum
+
+    torch.manual_seed(0)
+    owns = [[40, 41, 42, 43, 50, 51], [60, 61, 50], [80, 81, 82, 83, 84, 85, 86, 50, 52]]
+    labels = batch_of(PREFIX, owns, answer_from=[4, 0, 7], loss_on_all=loss_on_all)["labels"]
+    rows, width = labels.shape
+    n = len(PREFIX)
+    head = torch.nn.Linear(16, 97, bias=False)
+    prefix = torch.randn(1, n, 16, requires_grad=True)
+    own = torch.randn(rows, width - n, 16, requires_grad=True)
+    loss, count = _shared_head_loss_sum(head, prefix, own, labels)
+    grads = torch.autograd.grad(loss, (prefix, own))
+    reference, ref_count = _head_loss_sum(
+        head, torch.cat([prefix.expand(rows, -1, -1), own], dim=1), labels
+    )
+    assert torch.equal(loss, reference) and int(count) == int(ref_count)
+    for a, b in zip(grads, torch.autograd.grad(reference, (prefix, own)), strict=True):
+        assert torch.allclose(a, b, rtol=0, atol=1e-6)
+    assert grads[0].abs().sum() > 0 if loss_on_all else torch.count_nonzero(grads[0][0, :-1]) == 0
+
+
 def test_the_rows_cache_gives_the_prefix_length_without_a_copy_of_the_prefix(lora_model):
     """The rows' cache layers only tell the masks the prefix's length: they hold one-wide
     stand-ins, not a copy of every layer's prefix keys and values."""

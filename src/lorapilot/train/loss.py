@@ -284,8 +284,25 @@ def shared_prefix_loss_sum(
             past_key_values=_replayable_cache(kv, rows, config),
             use_cache=False,
         ).last_hidden_state
-    hidden = torch.cat([prefix.last_hidden_state.expand(rows, -1, -1), own], dim=1)
-    return _head_loss_sum(head, hidden, batch["labels"])
+    return _shared_head_loss_sum(head, prefix.last_hidden_state, own, batch["labels"])
+
+
+def _shared_head_loss_sum(head, prefix: torch.Tensor, own: torch.Tensor, labels: torch.Tensor):
+    """`_head_loss_sum` over the prefix's hidden states (one row, [1, n, d]) followed by every
+    row's own ([rows, width - n, d]), without concatenating them into [rows, width, d]: the
+    targets are selected from each part (a prefix position only under `loss_on: all`), in
+    the order `_head_loss_sum` takes them."""
+    n = prefix.shape[1]
+    labels = labels[:, 1:]
+    mask = labels != IGNORE_INDEX
+    rows, positions = mask.nonzero(as_tuple=True)  # row-major, as boolean indexing selects
+    in_prefix = positions < n
+    selected = torch.where(
+        in_prefix[:, None],
+        prefix[0, positions.clamp(max=n - 1)],
+        own[rows, (positions - n).clamp(min=0)],
+    )
+    return F.cross_entropy(head(selected).float(), labels[mask], reduction="sum"), mask.sum()
 
 
 def loss_fn_for(cfg: TrainSpec) -> tuple[Callable, tuple[str, str]]:
