@@ -130,16 +130,30 @@ def test_lora_gradients_count_only_where_they_outlive_the_activations():
 
 
 def test_under_checkpointing_the_logits_and_a_recomputed_layer_do_not_coexist():
+    """The step peaks at the forward's end (the logits, the head's and the adapter's weight
+    copies) or while a layer is recomputed (its activations and copies), never both."""
+    from lorapilot.sizing.memory import checkpointed_cast_moments, decoder_linear_params
+
     few = dict(grad_checkpointing=True, loss_positions_per_example=4)
-    assert step(**few)["logits"] == 0 < step(**few, grad_accum=2)["logits"]  # under one layer
+    one, acc = step(**few), step(**few, grad_accum=2)
+    assert one["logits"] == 0 < acc["logits"]  # a recomputed layer outweighs a few logits
+    at_head, in_layer = checkpointed_cast_moments(
+        TINY, precision="bf16", weight_dtype_bytes=4, trainable_params=10_000
+    )
+    assert at_head == 2 * (1000 * 256 + 10_000)  # the tied head's copy, the adapter's
+    assert one["weight_casts"] == in_layer == 2 * ((decoder_linear_params(TINY) + 10_000) // 2)
     every = dict(grad_checkpointing=True, loss_positions_per_example=None)  # full logits
     wide = dataclasses.replace(TINY, vocab=100_000)  # logits outweigh a layer
     one, acc = step(wide, **every), step(wide, **every, grad_accum=2)
-    assert 0 < one["logits"] < acc["logits"] and one["activations"] == acc["activations"]
+    assert one["logits"] == acc["logits"] == 4 * 256 * 100_000 * 12
+    head_moment = one["activations"] + one["logits"] + one["weight_casts"]
+    assert one["weight_casts"] == 2 * (100_000 * 256 + 10_000)  # the head's and the adapter's
+    assert acc["activations"] - one["activations"] > 0  # no recomputed layer beside them
+    assert head_moment < acc["activations"] + acc["logits"] + acc["weight_casts"]
 
 
 def test_shared_prefix_under_checkpointing_keeps_the_prefix_keys_and_values_once():
-    kw = dict(grad_checkpointing=True, micro_batch=4, seq_len=256)
+    kw = dict(grad_checkpointing=True, micro_batch=4, seq_len=256, loss_positions_per_example=4)
     plain, shared = step(**kw), step(**kw, shared_prefix_tokens=200)
     assert shared["activations"] < plain["activations"]
     full = step(grad_checkpointing=False, micro_batch=4, seq_len=256, shared_prefix_tokens=200)
@@ -230,6 +244,10 @@ def test_checkpointing_reduces_activations():
     full = step(shape, micro_batch=8, seq_len=1024)
     ckpt = step(shape, micro_batch=8, seq_len=1024, grad_checkpointing=True)
     assert ckpt["activations"] < full["activations"] / 5
+    # the logits at every position (4.8 GB) outweigh a recomputed layer: the peak is at the
+    # forward's end; at a few answer positions it is while a layer is recomputed
+    ckpt = step(shape, micro_batch=8, seq_len=1024, grad_checkpointing=True,
+                loss_positions_per_example=8)  # fmt: skip
     assert ckpt["total"] < full["total"]
     # what is kept: each layer's fp32 input + one layer recomputed + the final norm
     layer = layer_activation_bytes(
