@@ -372,13 +372,15 @@ def test_eval_memory_by_hand():
     # kv: 2 layers x (k, v) x kv_dim 4 x 4 bytes = 64 per token; 2 rows x (10 + 1 + 2) tokens
     assert est["kv_cache"] == 2 * 13 * 64
     # logits: 3 packed label tokens x 2 rows x 100 vocab x 4 bytes, then one row's fp32 copy
-    # and log-probabilities at a time (3 x 100 x 8)
-    assert est["logits"] == 2 * 3 * 100 * 4 + 3 * 100 * 8
+    # and log-probabilities at a time (3 x 100 x 8), beside the first token's fp32
+    # log-probabilities (2 x 100 x 4)
+    assert est["logits"] == 2 * 3 * 100 * 4 + 3 * 100 * 8 + 2 * 100 * 4
     assert est["masks"] == 2 * 3 * 13
-    # one layer over the 6 own tokens of each row: (4 x 8 + 3 x 16) x 4 bytes, + scores
-    assert est["activations"] == 12 * 80 * 4 + 2 * 2 * 6 * 10 * 4
+    # one layer over the 6 own tokens of each row: 4 x 8 hidden x 4 bytes, then the larger
+    # of the MLP's 3 x 16 intermediates and the 2 heads' scores over the 10-token context
+    assert est["activations"] == 12 * 32 * 4 + max(12 * 48 * 4, 2 * 2 * 6 * 10 * 4)
     assert est["weights"] == 4000
-    live = 1664 + 4800 + 78 + 4800
+    live = 1664 + 5600 + 78 + 3840
     assert est["workspace"] == live // 2 and est["total"] == 4000 + live + live // 2
     # no 4D masks: the cache is repeated once per label, logits per label row
     flat = estimate_eval_memory(shape, batch_size=2, prompt_len=10, dtype_bytes=4, mode="score",
@@ -391,14 +393,14 @@ def test_eval_memory_by_hand():
     # many labels: the tree's logits dominate (the 77-label pilot's evaluation peak)
     many = estimate_eval_memory(shape, batch_size=2, prompt_len=10, dtype_bytes=4, mode="score",
                                 label_tokens=[4] * 77, workspace_fraction=0)  # fmt: skip
-    assert many["logits"] == 2 * 77 * 3 * 100 * 4 + 77 * 3 * 100 * 8 > many["kv_cache"]
+    assert many["logits"] == 2 * 77 * 3 * 100 * 4 + 77 * 3 * 100 * 8 + 800 > many["kv_cache"]
     # the same labels as a trie of 100 nodes with children, searched best first in passes of
     # at most 32 tokens: the cache holds the trie at most; the logits are the larger of one
     # pass (both fp32 copies) and the packed tree the unsure prompts are handed over to
     trie = estimate_eval_memory(shape, batch_size=2, prompt_len=10, dtype_bytes=4, mode="score",
                                 label_tokens=[4] * 77, tree_tokens=100, pass_tokens=32,
                                 workspace_fraction=0)  # fmt: skip
-    assert trie["logits"] == max(2 * 32 * 100 * 12, 2 * 100 * 100 * 4 + 100 * 100 * 8)
+    assert trie["logits"] == 800 + max(2 * 32 * 100 * 12, 2 * 100 * 100 * 4 + 100 * 100 * 8)
     assert trie["kv_cache"] == 2 * 110 * 64
     assert trie["masks"] == 2 * 32 * 110
 

@@ -137,6 +137,18 @@ def test_probe_measures_two_lengths_with_checkpointing_off_and_on(probed):
         assert ev["estimate_error"] == pytest.approx(
             ev["estimated_peak_memory_bytes"] / ev["measured_peak_memory_bytes"] - 1
         )
+    # on a CPU also the live tensors of that batch, held to the components that live in
+    # tensors; the label tree's logits are the worst case (an unsure model), so the estimate
+    # is at least what a (probe-trained) adapter held
+    assert ev["measured_live_bytes"] > 0
+    assert ev["estimated_live_bytes"] == sum(
+        comp[k] for k in ("kv_cache", "logits", "activations", "masks")
+    )
+    assert ev["live_estimate_error"] == pytest.approx(
+        ev["estimated_live_bytes"] / ev["measured_live_bytes"] - 1
+    )
+    assert ev["live_estimate_error"] >= 0 and "unsure model" in ev["estimate_case"]
+    assert any("tensors live" in ln and "unsure model" in ln for ln in lines)
 
 
 def test_live_tensor_bytes_are_the_same_every_time_and_grow_with_the_batch(probed):

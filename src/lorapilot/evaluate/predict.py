@@ -212,6 +212,7 @@ def score_labels(
                 logits_to_keep=1,
             )
         logp_first = torch.log_softmax(res.logits[:, -1, :].float(), dim=-1)  # [b, V]
+        res.logits = None  # held through the whole search otherwise; the cache is what stays
         if best_first:
             out[idx] = _best_first(model, trie, tree, logp_first, first, res.past_key_values,
                                    mask, pos, precision, pad_id, offsets)  # fmt: skip
@@ -240,6 +241,15 @@ PASS_OVERHEAD_TOKENS = 64
 # Once the search has cost this fraction of the batch's packed tree, the prompts still open
 # are scored with the tree: an unsure model (a zero-shot baseline) pays about 1.25 trees.
 SWITCH_FRACTION = 0.25
+
+
+def widest_search_pass(rows: int, tree_tokens: int) -> int:
+    """The most nodes a prompt feeds in one best-first pass over `rows` prompts (what the
+    memory model sizes the pass's logits by): BEST_FIRST_WIDTH, or fewer where the switch to
+    the tree comes first, since a pass runs only while the passes so far, it included, cost
+    at most SWITCH_FRACTION of the packed tree (6 labels, 11 trie tokens, 32 rows: 1)."""
+    budget = SWITCH_FRACTION * (PASS_OVERHEAD_TOKENS + rows * tree_tokens) - PASS_OVERHEAD_TOKENS
+    return max(1, min(BEST_FIRST_WIDTH, tree_tokens, int(budget // max(rows, 1))))
 
 
 class _Trie:
@@ -403,6 +413,7 @@ def _best_first(
             )
         cache, cache_len = res.past_key_values, cache_len + k
         logp = torch.log_softmax(res.logits.float(), dim=-1)  # [b, k, V]
+        del res  # its logits: not held beside the next pass's, nor the tree's
         where = [  # (prompt, slot, node, child, child's token) for every child of a fed node
             (i, s, node, child, t)
             for i, row in enumerate(picks)
@@ -411,6 +422,7 @@ def _best_first(
         ]
         at = torch.tensor(where, dtype=torch.long, device=device)
         vals = logp[at[:, 0], at[:, 1], at[:, 4]].double().cpu().tolist()
+        del logp
         # In slot order: a chained node's score is set (at its parent's slot) before its
         # own children's are computed from it.
         for (i, _, node, child, _), v in zip(where, vals, strict=True):

@@ -579,10 +579,11 @@ def estimate_eval_memory(
       fp32 log-probabilities: the prompt's last position; for the packed label tree every
       row's `tree_tokens` x vocab in the model dtype, the fp32 copies one row at a time (the
       figure that grows with the number of labels); for a best-first search also its widest
-      pass (`pass_tokens`, at most predict.BEST_FIRST_WIDTH nodes a row) with both fp32
-      copies;
+      pass (`pass_tokens`, `predict.widest_search_pass`) with both fp32 copies; either beside
+      the first token's fp32 log-probabilities, which the search keeps throughout;
     - activations: one layer's transient while the prompt's own tokens pass (hidden states,
-      the gated MLP's three intermediate tensors, the attention scores over the context);
+      then the gated MLP's three intermediate tensors or the attention scores over the
+      context, whichever is larger);
     - masks: the tree's 4D attention mask (bool);
     - workspace: a fraction of the rest (allocator, freed blocks).
     """
@@ -603,7 +604,8 @@ def estimate_eval_memory(
             # the batch's logits in the model dtype, log-probabilities one prompt at a time
             packed = b * extra * v * dtype_bytes + extra * v * 8
             passes = b * wide * v * head_bytes if pass_tokens is not None else 0
-            logits = max(last_logits, packed, passes)
+            # beside the first token's fp32 log-probabilities, which the search keeps
+            logits = max(last_logits, b * v * 4 + max(packed, passes))
             masks = b * wide * (prompt_len + extra)
         else:
             longest = max(label_tokens) - 1
@@ -614,9 +616,12 @@ def estimate_eval_memory(
         kv = b * (prompt_len + max_new_tokens) * per_token_kv
         logits = last_logits
     tokens = b * own
-    activations = (
-        tokens * (4 * shape.hidden + 3 * shape.intermediate) * dtype_bytes
-        + b * shape.n_heads * own * prompt_len * dtype_bytes  # attention scores
+    # within a layer the attention's scores and the MLP's intermediates come one after the
+    # other: the larger of the two beside the hidden states (measured on ticket-triage's
+    # widest batch: the peak is in the last layer's MLP)
+    activations = tokens * 4 * shape.hidden * dtype_bytes + max(
+        tokens * 3 * shape.intermediate * dtype_bytes,
+        b * shape.n_heads * own * prompt_len * dtype_bytes,  # attention scores
     )
     out = {
         "weights": shape.n_params * dtype_bytes,

@@ -219,10 +219,15 @@ def eval_estimate(
         workspace_fraction=CPU_WORKSPACE_FRACTION if on_cpu else DEFAULT_WORKSPACE_FRACTION,
     )
     compared = est["total"] - est["weights"] if on_cpu else est["total"]
-    return {
+    out = {
         "estimated_peak_memory_bytes": compared,
         "estimate_basis": STEP_INCREASE if on_cpu else TOTAL,
         "estimate_components": est,
         "batch_size": batch_size,
         "prompt_len": prompt_len,
     }
+    if protocol["mode"] == "score" and tree:
+        # the label tree's logits for every prompt of the batch: what an unsure model (the
+        # zero-shot base) costs; a confident adapter's best-first search stops far short
+        out["estimate_case"] = "every prompt scored over the whole label tree (an unsure model)"
+    return out

@@ -57,6 +57,7 @@ checkpointing switch, other processes) is `stepmeasure`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -98,7 +99,7 @@ from lorapilot.spec import Pilot
 from lorapilot.train.batches import collate, count_target_tokens, example_target_tokens
 from lorapilot.train.loop import seed_everything
 from lorapilot.train.loss import loss_fn_for, prefix_decision
-from lorapilot.train.meter import PeakMemory
+from lorapilot.train.meter import PeakMemory, live_tensor_peak
 from lorapilot.train.step import make_optimizer
 
 MIN_STEPS, MIN_WARMUP = 5, 1
@@ -535,17 +536,26 @@ def _measured(
         val = prepared.splits["val"]
         widths = [len(fmt.encode_prompt(r.text, prepared.answer_budget)) for r in val]
         order = sorted(range(len(val)), key=lambda i: -widths[i])[: spec.eval.batch_size]
-        wide = evaluate_records(
-            model, tok, fmt, spec, [val[i] for i in order], protocol, progress=False
-        )
+        # On a CPU, also the bytes its tensors held at once (the RSS increase depends on what
+        # the heap kept from the training steps before it): what the model is held to.
+        chosen = [val[i] for i in order]
+        with live_tensor_peak() if pr.on_cpu else contextlib.nullcontext({}) as seen:
+            wide = evaluate_records(model, tok, fmt, spec, chosen, protocol, progress=False)
         eval_peak = max(ev.peak_memory_bytes or 0, wide.peak_memory_bytes or 0) or None
         eval_est = _eval_estimate(pr, model, fmt, prepared, protocol, [widths[i] for i in order],
-                                  [val[i] for i in order], wide)  # fmt: skip
+                                  chosen, wide, seen.get("peak_bytes"))  # fmt: skip
         log(
             f"probe: evaluation {eval_eps:.2f} examples/s ({eval_n} validation examples), "
             f"peak {format_gib(eval_peak or 0)} with the {len(order)} longest prompts "
             f"(increase {format_gib(wide.peak_increase_bytes or 0)}, estimate "
             f"{format_gib(eval_est['estimated_peak_memory_bytes'])})"
+            + (
+                f"; tensors live {format_gib(eval_est['measured_live_bytes'])} (estimate "
+                f"{format_gib(eval_est['estimated_live_bytes'])}"
+                + (", for an unsure model)" if "estimate_case" in eval_est else ")")
+                if "measured_live_bytes" in eval_est
+                else ""
+            )
         )
     return {
         "measurements": pr.rows,
@@ -567,20 +577,25 @@ def _measured(
     }
 
 
-def _eval_estimate(pr, model, fmt, prepared, protocol, widths, records, wide) -> dict:
+def _eval_estimate(pr, model, fmt, prepared, protocol, widths, records, wide, live=None) -> dict:
     """The memory model's figure for the widest evaluation batch, beside what it measured:
-    estimate_error = (estimate - measured) / measured on the basis of `sizing.eval_estimate`."""
+    estimate_error = (estimate - measured) / measured on the basis of `sizing.eval_estimate`;
+    with `live` (a CPU's live-tensor peak of the batch) also `live_estimate_error`, against
+    the components that live in tensors (the weights were cast before, the workspace is the
+    allocator's)."""
     from lorapilot.evaluate.predict import (
-        BEST_FIRST_WIDTH,
         shared_prefix_len,
         takes_4d_masks,
         tree_size,
+        widest_search_pass,
     )
 
     budget = protocol["answer_budget"]
     prompts = [fmt.encode_prompt(r.text, budget) for r in records]
     labels = pr.pilot.spec.task.labels or ["x"]
     enc = [fmt.encode("x", lab, budget) for lab in labels]
+    tree = tree_size([e.input_ids[e.prompt_len :] for e in enc])
+    best_first = pr.pilot.spec.eval.label_search == "best_first"
     est = eval_estimate(
         pr.shape,
         protocol,
@@ -590,14 +605,21 @@ def _eval_estimate(pr, model, fmt, prepared, protocol, widths, records, wide) ->
         label_tokens=[len(e.input_ids) - e.prompt_len for e in enc],
         tree=takes_4d_masks(model),
         on_cpu=pr.on_cpu,
-        tree_tokens=tree_size([e.input_ids[e.prompt_len :] for e in enc]),
-        pass_tokens=BEST_FIRST_WIDTH if pr.pilot.spec.eval.label_search == "best_first" else None,
+        tree_tokens=tree,
+        pass_tokens=widest_search_pass(len(records), tree) if best_first else None,
     )
     measured = wide.peak_increase_bytes
     est["measured_peak_memory_bytes"] = measured
     est["estimate_error"] = (
         (est["estimated_peak_memory_bytes"] - measured) / measured if measured else None
     )
+    if live:
+        parts = est["estimate_components"]
+        estimated_live = sum(
+            v for k, v in parts.items() if k not in ("weights", "workspace", "total")
+        )
+        est["measured_live_bytes"], est["estimated_live_bytes"] = live, estimated_live
+        est["live_estimate_error"] = (estimated_live - live) / live
     return est
 
 

@@ -1,0 +1,95 @@
+"""The live tensors of a pilot's widest evaluation batch with the zero-shot base, beside the
+memory model's figure for it (the probe measures the same batch with its probe-trained
+adapter, whose confident scores a best-first search prunes; the zero-shot base is the worst
+case the model estimates: every prompt scored over the whole label tree):
+
+    .venv/bin/python bench/eval_live.py PILOT [--json]
+
+Loads the base as evaluation does, takes the `eval.batch_size` longest validation prompts,
+warms up on two of them (the cast to the evaluation dtype), then evaluates the batch under
+`train.meter.live_tensor_peak` (CPU). Reported: the live peak, the estimate's components
+that live in tensors (`sizing.probe_plan.eval_estimate`: KV cache, logits, activations,
+masks) and their relative error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("pilot", type=Path)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+
+    from lorapilot.base.models import load_base
+    from lorapilot.data.dataset import formatter_for, prepare_data
+    from lorapilot.evaluate.predict import (
+        shared_prefix_len,
+        takes_4d_masks,
+        tree_size,
+        widest_search_pass,
+    )
+    from lorapilot.evaluate.runner import evaluate_records, make_protocol
+    from lorapilot.sizing.memory import ModelShape
+    from lorapilot.sizing.probe_plan import eval_estimate
+    from lorapilot.spec import load_pilot
+    from lorapilot.train.meter import live_tensor_peak
+
+    pilot = load_pilot(args.pilot)
+    spec = pilot.spec
+    _, model, tok = load_base(pilot, use="eval")
+    model.eval()
+    prepared = prepare_data(pilot, tok)
+    fmt = formatter_for(pilot, tok)
+    protocol = make_protocol(spec, tok, prepared)
+    val = prepared.splits["val"]
+    budget = protocol["answer_budget"]
+    widths = [len(fmt.encode_prompt(r.text, budget)) for r in val]
+    order = sorted(range(len(val)), key=lambda i: -widths[i])[: spec.eval.batch_size]
+    chosen = [val[i] for i in order]
+    evaluate_records(model, tok, fmt, spec, chosen[:2], protocol, progress=False)
+    with live_tensor_peak() as seen:
+        evaluate_records(model, tok, fmt, spec, chosen, protocol, progress=False)
+
+    labels = spec.task.labels or ["x"]
+    enc = [fmt.encode("x", lab, budget) for lab in labels]
+    tree = tree_size([e.input_ids[e.prompt_len :] for e in enc])
+    shape = ModelShape.from_config(model.config.to_dict())
+    est = eval_estimate(
+        shape,
+        protocol,
+        batch_size=len(chosen),
+        prompt_len=max(widths[i] for i in order),
+        shared_prefix_len=shared_prefix_len([fmt.encode_prompt(r.text, budget) for r in chosen]),
+        label_tokens=[len(e.input_ids) - e.prompt_len for e in enc],
+        tree=takes_4d_masks(model),
+        on_cpu=True,
+        tree_tokens=tree,
+        pass_tokens=widest_search_pass(len(chosen), tree)
+        if spec.eval.label_search == "best_first"
+        else None,
+    )
+    parts = est["estimate_components"]
+    estimated = sum(parts[k] for k in ("kv_cache", "logits", "activations", "masks"))
+    out = {
+        "pilot": str(args.pilot),
+        "batch_size": len(chosen),
+        "prompt_len": est["prompt_len"],
+        "live_peak_bytes": seen["peak_bytes"],
+        "estimated_live_bytes": estimated,
+        "live_estimate_error": round(estimated / seen["peak_bytes"] - 1, 4),
+        "components": {k: parts[k] for k in ("kv_cache", "logits", "activations", "masks")},
+    }
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        for k, v in out.items():
+            print(f"{k}: {v}")
+
+
+if __name__ == "__main__":
+    main()
