@@ -544,18 +544,18 @@ def _measured(
         eval_peak = max(ev.peak_memory_bytes or 0, wide.peak_memory_bytes or 0) or None
         eval_est = _eval_estimate(pr, model, fmt, prepared, protocol, [widths[i] for i in order],
                                   chosen, wide, seen.get("peak_bytes"))  # fmt: skip
+        live_note = ""
+        if "measured_live_bytes" in eval_est:
+            case = ", for an unsure model" if "estimate_case" in eval_est else ""
+            live_note = (
+                f"; tensors live {format_gib(eval_est['measured_live_bytes'])} (estimate "
+                f"{format_gib(eval_est['estimated_live_bytes'])}{case})"
+            )
         log(
             f"probe: evaluation {eval_eps:.2f} examples/s ({eval_n} validation examples), "
             f"peak {format_gib(eval_peak or 0)} with the {len(order)} longest prompts "
             f"(increase {format_gib(wide.peak_increase_bytes or 0)}, estimate "
-            f"{format_gib(eval_est['estimated_peak_memory_bytes'])})"
-            + (
-                f"; tensors live {format_gib(eval_est['measured_live_bytes'])} (estimate "
-                f"{format_gib(eval_est['estimated_live_bytes'])}"
-                + (", for an unsure model)" if "estimate_case" in eval_est else ")")
-                if "measured_live_bytes" in eval_est
-                else ""
-            )
+            f"{format_gib(eval_est['estimated_peak_memory_bytes'])}){live_note}"
         )
     return {
         "measurements": pr.rows,
