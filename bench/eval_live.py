@@ -8,8 +8,8 @@ case the model estimates: every prompt scored over the whole label tree):
 Loads the base as evaluation does, takes the `eval.batch_size` longest validation prompts,
 warms up on two of them (the cast to the evaluation dtype), then evaluates the batch under
 `train.meter.live_tensor_peak` (CPU). Reported: the live peak, the estimate's components
-that live in tensors (`sizing.probe_plan.eval_estimate`: KV cache, logits, activations,
-masks) and their relative error.
+that live in tensors (`steps.probe.eval_batch_estimate`, the probe's own figure:
+`sizing.memory.EVAL_LIVE_COMPONENTS`) and their relative error.
 """
 
 from __future__ import annotations
@@ -27,16 +27,10 @@ def main() -> None:
 
     from lorapilot.base.models import load_base
     from lorapilot.data.dataset import formatter_for, prepare_data
-    from lorapilot.evaluate.predict import (
-        shared_prefix_len,
-        takes_4d_masks,
-        tree_size,
-        widest_search_pass,
-    )
     from lorapilot.evaluate.runner import evaluate_records, make_protocol
-    from lorapilot.sizing.memory import ModelShape
-    from lorapilot.sizing.probe_plan import eval_estimate
+    from lorapilot.sizing.memory import EVAL_LIVE_COMPONENTS, ModelShape
     from lorapilot.spec import load_pilot
+    from lorapilot.steps.probe import eval_batch_estimate
     from lorapilot.train.meter import live_tensor_peak
 
     pilot = load_pilot(args.pilot)
@@ -55,26 +49,11 @@ def main() -> None:
     with live_tensor_peak() as seen:
         evaluate_records(model, tok, fmt, spec, chosen, protocol, progress=False)
 
-    labels = spec.task.labels or ["x"]
-    enc = [fmt.encode("x", lab, budget) for lab in labels]
-    tree = tree_size([e.input_ids[e.prompt_len :] for e in enc])
     shape = ModelShape.from_config(model.config.to_dict())
-    est = eval_estimate(
-        shape,
-        protocol,
-        batch_size=len(chosen),
-        prompt_len=max(widths[i] for i in order),
-        shared_prefix_len=shared_prefix_len([fmt.encode_prompt(r.text, budget) for r in chosen]),
-        label_tokens=[len(e.input_ids) - e.prompt_len for e in enc],
-        tree=takes_4d_masks(model),
-        on_cpu=True,
-        tree_tokens=tree,
-        pass_tokens=widest_search_pass(len(chosen), tree)
-        if spec.eval.label_search == "best_first"
-        else None,
-    )
+    widest = [widths[i] for i in order]
+    est = eval_batch_estimate(shape, spec, model, fmt, protocol, chosen, widest, on_cpu=True)
     parts = est["estimate_components"]
-    estimated = sum(parts[k] for k in ("kv_cache", "logits", "activations", "masks"))
+    estimated = sum(parts[k] for k in EVAL_LIVE_COMPONENTS)
     out = {
         "pilot": str(args.pilot),
         "batch_size": len(chosen),
@@ -82,7 +61,7 @@ def main() -> None:
         "live_peak_bytes": seen["peak_bytes"],
         "estimated_live_bytes": estimated,
         "live_estimate_error": round(estimated / seen["peak_bytes"] - 1, 4),
-        "components": {k: parts[k] for k in ("kv_cache", "logits", "activations", "masks")},
+        "components": {k: parts[k] for k in EVAL_LIVE_COMPONENTS},
     }
     if args.json:
         print(json.dumps(out, indent=2))

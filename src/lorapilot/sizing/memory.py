@@ -362,11 +362,10 @@ def weight_cast_bytes(
     `held`: the frozen linears (and an untied head) are held in the compute dtype: only the
     adapter's casts and a tied head's (the fp32 embedding matrix) remain.
     """
-    if precision not in ("bf16", "fp16") or weight_dtype_bytes < 4:
+    cast = _cast_params(shape, precision, weight_dtype_bytes, quantized, held)
+    if cast is None:
         return 0
-    # A quantized base's linears dequantize themselves (component `dequantize`): no cast.
-    linears = 0 if quantized or held else decoder_linear_params(shape)
-    head = 0 if held and not shape.tied_embeddings else shape.vocab * shape.hidden
+    linears, head = cast
     if grad_checkpointing:
         return 2 * ((linears + trainable_params) // shape.n_layers + head)
     return 2 * (linears * max(1, decoder_passes) + head + trainable_params)
@@ -387,11 +386,24 @@ def checkpointed_cast_moments(
     grad for the whole forward); during a recompute, that layer's frozen linears' and
     adapter's copies. Measured on SmolLM2-135M with the profiler's allocation tree: 56.6 MB of
     tied-head copy and 9.8 MB of adapter copies at the forward's end (bench/README.md)."""
-    if precision not in ("bf16", "fp16") or weight_dtype_bytes < 4:
+    cast = _cast_params(shape, precision, weight_dtype_bytes, quantized, held)
+    if cast is None:
         return 0, 0
+    linears, head = cast
+    return 2 * (head + trainable_params), 2 * ((linears + trainable_params) // shape.n_layers)
+
+
+def _cast_params(
+    shape: ModelShape, precision: Precision, weight_dtype_bytes: float, quantized: bool, held: bool
+) -> tuple[int, int] | None:
+    """(frozen decoder-linear parameters, head parameters) that autocast copies to 16 bits,
+    or None when nothing is cast (fp32 compute, or weights already 16-bit or narrower)."""
+    if precision not in ("bf16", "fp16") or weight_dtype_bytes < 4:
+        return None
+    # A quantized base's linears dequantize themselves (component `dequantize`): no cast.
     linears = 0 if quantized or held else decoder_linear_params(shape)
     head = 0 if held and not shape.tied_embeddings else shape.vocab * shape.hidden
-    return 2 * (head + trainable_params), 2 * ((linears + trainable_params) // shape.n_layers)
+    return linears, head
 
 
 # --------------------------------------------------------------------------- one step
@@ -547,6 +559,9 @@ def estimate_step_memory(
 
 
 EVAL_COMPONENTS = ("weights", "kv_cache", "logits", "activations", "masks", "workspace")
+# The components held in tensors the evaluation allocates (the weights are there before it,
+# the workspace is the allocator's): what a CPU's live-tensor peak is compared with.
+EVAL_LIVE_COMPONENTS = ("kv_cache", "logits", "activations", "masks")
 
 
 def estimate_eval_memory(

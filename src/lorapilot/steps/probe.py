@@ -82,7 +82,7 @@ from lorapilot.sizing.measure import (
     measure,
     other_processes,
 )
-from lorapilot.sizing.memory import GIB, ModelShape
+from lorapilot.sizing.memory import EVAL_LIVE_COMPONENTS, GIB, ModelShape
 from lorapilot.sizing.probe_plan import (
     STEP_INCREASE,
     TOTAL,
@@ -542,7 +542,7 @@ def _measured(
         with live_tensor_peak() if pr.on_cpu else contextlib.nullcontext({}) as seen:
             wide = evaluate_records(model, tok, fmt, spec, chosen, protocol, progress=False)
         eval_peak = max(ev.peak_memory_bytes or 0, wide.peak_memory_bytes or 0) or None
-        eval_est = _eval_estimate(pr, model, fmt, prepared, protocol, [widths[i] for i in order],
+        eval_est = _eval_estimate(pr, model, fmt, protocol, [widths[i] for i in order],
                                   chosen, wide, seen.get("peak_bytes"))  # fmt: skip
         live_note = ""
         if "measured_live_bytes" in eval_est:
@@ -577,12 +577,10 @@ def _measured(
     }
 
 
-def _eval_estimate(pr, model, fmt, prepared, protocol, widths, records, wide, live=None) -> dict:
-    """The memory model's figure for the widest evaluation batch, beside what it measured:
-    estimate_error = (estimate - measured) / measured on the basis of `sizing.eval_estimate`;
-    with `live` (a CPU's live-tensor peak of the batch) also `live_estimate_error`, against
-    the components that live in tensors (the weights were cast before, the workspace is the
-    allocator's)."""
+def eval_batch_estimate(shape, spec, model, fmt, protocol, records, widths, on_cpu) -> dict:
+    """`sizing.eval_estimate` for one evaluation batch of `records` (prompt lengths `widths`)
+    under the pilot's protocol: its shared prefix, the labels' trie and the best-first
+    search's widest pass, as `evaluate.predict` will run them."""
     from lorapilot.evaluate.predict import (
         shared_prefix_len,
         takes_4d_masks,
@@ -592,34 +590,40 @@ def _eval_estimate(pr, model, fmt, prepared, protocol, widths, records, wide, li
 
     budget = protocol["answer_budget"]
     prompts = [fmt.encode_prompt(r.text, budget) for r in records]
-    labels = pr.pilot.spec.task.labels or ["x"]
-    enc = [fmt.encode("x", lab, budget) for lab in labels]
+    enc = [fmt.encode("x", lab, budget) for lab in spec.task.labels or ["x"]]
     tree = tree_size([e.input_ids[e.prompt_len :] for e in enc])
-    best_first = pr.pilot.spec.eval.label_search == "best_first"
-    est = eval_estimate(
-        pr.shape,
+    best_first = spec.eval.label_search == "best_first"
+    return eval_estimate(
+        shape,
         protocol,
         batch_size=len(records),
         prompt_len=max(widths),
         shared_prefix_len=shared_prefix_len(prompts),
         label_tokens=[len(e.input_ids) - e.prompt_len for e in enc],
         tree=takes_4d_masks(model),
-        on_cpu=pr.on_cpu,
+        on_cpu=on_cpu,
         tree_tokens=tree,
         pass_tokens=widest_search_pass(len(records), tree) if best_first else None,
     )
+
+
+def _eval_estimate(pr, model, fmt, protocol, widths, records, wide, live=None) -> dict:
+    """The memory model's figure for the widest evaluation batch, beside what it measured:
+    estimate_error = (estimate - measured) / measured on the basis of `sizing.eval_estimate`;
+    with `live` (a CPU's live-tensor peak of the batch) also `live_estimate_error`, against
+    the components that live in tensors (EVAL_LIVE_COMPONENTS: the weights were cast before,
+    the workspace is the allocator's)."""
+    est = eval_batch_estimate(
+        pr.shape, pr.pilot.spec, model, fmt, protocol, records, widths, pr.on_cpu
+    )
     measured = wide.peak_increase_bytes
     est["measured_peak_memory_bytes"] = measured
-    est["estimate_error"] = (
-        (est["estimated_peak_memory_bytes"] - measured) / measured if measured else None
-    )
+    est["estimate_error"] = relative_error(est["estimated_peak_memory_bytes"], measured)
     if live:
         parts = est["estimate_components"]
-        estimated_live = sum(
-            v for k, v in parts.items() if k not in ("weights", "workspace", "total")
-        )
+        estimated_live = sum(parts[k] for k in EVAL_LIVE_COMPONENTS)
         est["measured_live_bytes"], est["estimated_live_bytes"] = live, estimated_live
-        est["live_estimate_error"] = (estimated_live - live) / live
+        est["live_estimate_error"] = relative_error(estimated_live, live)
     return est
 
 

@@ -53,7 +53,7 @@ def compile_decoder(
             loss.backward()
     except Exception as e:  # any compiler failure: train eagerly, say why
         decoder.forward = eager_forward
-        return _eager(f"torch.compile failed: {type(e).__name__}: {_first_line(e)}", log)
+        return _eager(f"torch.compile failed: {type(e).__name__}: {_first_line_of(str(e))}", log)
     finally:
         model.zero_grad(set_to_none=True)
     seconds = time.perf_counter() - t0
@@ -87,10 +87,6 @@ def _dynamo_counts() -> tuple[int, dict[str, int]]:
 def _eager(reason: str, log: Callable[[str], None]) -> dict[str, Any]:
     log(f"train.compile: training eagerly: {reason}")
     return {"requested": "on", "compiled": False, "reason": reason}
-
-
-def _first_line(e: Exception) -> str:
-    return _first_line_of(str(e))
 
 
 def _first_line_of(text: str) -> str:

@@ -218,27 +218,19 @@ def _replayable_cache_class():
 def _checkpointing_keeps_cache(decoder):
     """transformers drops `past_key_values` in a checkpointed layer (a replay would append
     to the cache twice) unless the layer says it may keep it; with a replayable cache it
-    may, for the duration of the shared-prefix loss."""
+    may, for the duration of the shared-prefix loss. Yields whether any layer checkpoints."""
     layers = [m for m in decoder.modules() if getattr(m, "gradient_checkpointing", False)]
     before = [m.__dict__.get("_can_checkpoint_with_cache") for m in layers]
     for layer in layers:
         layer._can_checkpoint_with_cache = True
     try:
-        yield
+        yield bool(layers)
     finally:
         for layer, value in zip(layers, before, strict=True):
             if value is None:
                 del layer._can_checkpoint_with_cache
             else:
                 layer._can_checkpoint_with_cache = value
-
-
-def _eager_when_checkpointed(decoder):
-    """torch.compile's stance `force_eager` while the decoder checkpoints its layers (a no-op
-    for a decoder that is not compiled), else nothing."""
-    if any(getattr(m, "gradient_checkpointing", False) for m in decoder.modules()):
-        return torch.compiler.set_stance("force_eager")
-    return contextlib.nullcontext()
 
 
 def shared_prefix_loss_sum(
@@ -270,8 +262,9 @@ def shared_prefix_loss_sum(
     # checkpointing transformers would turn use_cache off itself, with a warning (a graph break
     # under torch.compile). The prefix pass records its keys and values in the cache, a side
     # effect torch.compile cannot trace inside checkpointing: it then runs eagerly.
-    with _checkpointing_keeps_cache(decoder):
-        with _eager_when_checkpointed(decoder):
+    with _checkpointing_keeps_cache(decoder) as checkpointed:
+        # torch.compile's stance: a no-op for a decoder that is not compiled
+        with torch.compiler.set_stance("force_eager") if checkpointed else contextlib.nullcontext():
             prefix = decoder(input_ids=ids[:1, :n], past_key_values=capture, use_cache=False)
         kv = [capture.captured.get(i) for i in range(len(capture.layers))]
         if None in kv:  # a layer that keeps no keys and values (shared across layers)
