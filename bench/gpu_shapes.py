@@ -3,7 +3,7 @@
 
     .venv/bin/python bench/gpu_shapes.py [--shapes 135m,1.7b,8b] [--cases ticket,long]
         [--steps 4] [--cap-gib 24,40] [--cap-rows 8] [--cap-tokens 512] [--compile]
-        [--checkpointing] [--json]
+        [--compile-modes default,reduce-overhead] [--checkpointing] [--json]
 
 Per shape and case (random Llama-architecture models and token ids from
 `bench/prefix_paths.py`), in one process, sides alternating:
@@ -21,8 +21,10 @@ linears (4 per frozen and 6 per LoRA weight per token) and of the head at the lo
 matmul peak. `ratio` = plain_peft step time / lorapilot step time. `--compile`: lorapilot's
 side once more with `train.compile: on` (`lorapilot_compiled`: the trial's seconds, compile
 included, then the step time, and the graphs and graph breaks of its trial), to decide whether
-it should become the GPU default. `--checkpointing`: every side with activation checkpointing
-(`adapter.set_checkpointing`, non-reentrant, as the loop sets it).
+it should become the GPU default; with `--compile-modes default,reduce-overhead` also with
+`train.compile_mode: reduce-overhead` (`lorapilot_cudagraphs`: CUDA graphs; the bench's
+batches repeat their shape, so no padding is needed). `--checkpointing`: every side with
+activation checkpointing (`adapter.set_checkpointing`, non-reentrant, as the loop sets it).
 
 `--cap-gib`: for each cap, `torch.cuda.set_per_process_memory_fraction` limits this process to
 that many GiB (the model is built first, then held, then capped: a 24 GiB card's user loads
@@ -49,6 +51,8 @@ sys.path.insert(0, str(HERE))
 from prefix_paths import CASES, SHAPES, batch_for, build, timed_steps  # noqa: E402
 
 ANSWER_TOKENS = 64  # the capped step's loss positions per row
+# train.compile_mode -> the entry's key for lorapilot's compiled side
+COMPILED_KEYS = {"default": "lorapilot_compiled", "reduce-overhead": "lorapilot_cudagraphs"}
 
 
 def linear_flops(model) -> tuple[int, int]:
@@ -110,7 +114,7 @@ def time_side(model, loss_fn, batch, precision, steps, device) -> tuple[list[flo
 
 
 def compare_shape(
-    shape, cases, steps, device, precision, peak_flops, compile_too=False, checkpointing=False
+    shape, cases, steps, device, precision, peak_flops, compile_modes=(), checkpointing=False
 ) -> dict:
     import functools
 
@@ -158,8 +162,10 @@ def compare_shape(
                 **({"peak_gib": round(peaks[name] / 2**30, 2)} if device.type == "cuda" else {}),
             }
         entry["ratio"] = round(entry["plain_peft"]["step_s"] / entry["lorapilot"]["step_s"], 3)
-        if compile_too:
-            entry["lorapilot_compiled"] = compiled_side(ours, auto, batch, precision, steps, device)
+        for mode in compile_modes:
+            entry[COMPILED_KEYS[mode]] = compiled_side(
+                ours, auto, batch, precision, steps, device, mode
+            )
         out["cases"][case] = entry
         print(f"{shape} {case} {entry}", file=sys.stderr, flush=True)
     del ours, plain
@@ -168,13 +174,19 @@ def compare_shape(
     return out
 
 
-def compiled_side(model, loss_fn, batch, precision, steps, device) -> dict:
-    """lorapilot's side again with `train.compile: on` (train/compiled.py): the compile's
-    trial, then the median step; the decoder is eager again afterwards."""
+def compiled_side(model, loss_fn, batch, precision, steps, device, mode="default") -> dict:
+    """lorapilot's side again with `train.compile: on` and `train.compile_mode: mode`
+    (train/compiled.py): the compile's trial, then the median step; the decoder is eager
+    again afterwards. dynamo's caches are reset first: every shape, case and mode recompiles
+    the same decoder code, which would otherwise reach torch's recompile limit and fall back
+    to eager."""
+    import torch
+
     from lorapilot.train import compiled
     from lorapilot.train.loss import _decoder_and_head
 
-    record = compiled.compile_decoder(model, loss_fn, batch, precision, lambda m: None)
+    torch._dynamo.reset()
+    record = compiled.compile_decoder(model, loss_fn, batch, precision, lambda m: None, mode)
     try:
         if not record["compiled"]:
             return record
@@ -248,6 +260,11 @@ def main() -> None:
         help="also time lorapilot's step with train.compile: on (compile time reported apart)",
     )  # fmt: skip
     ap.add_argument(
+        "--compile-modes", default="default",
+        help="with --compile: train.compile_mode values to time, comma-separated "
+        "(default, reduce-overhead: CUDA graphs)",
+    )  # fmt: skip
+    ap.add_argument(
         "--checkpointing", action="store_true",
         help="every side with activation checkpointing (the capped 8B step always has it)",
     )  # fmt: skip
@@ -270,6 +287,11 @@ def main() -> None:
         "shapes": {},
         "capped": [],
     }
+    modes = [m for m in args.compile_modes.split(",") if m] if args.compile else []
+    if unknown := set(modes) - set(COMPILED_KEYS):
+        ap.error(
+            f"--compile-modes: unknown mode(s) {sorted(unknown)}; known: {list(COMPILED_KEYS)}"
+        )
     for shape in filter(None, args.shapes.split(",")):
         result["shapes"][shape] = compare_shape(
             shape,
@@ -278,7 +300,7 @@ def main() -> None:
             device,
             precision,
             peak,
-            args.compile,
+            modes,
             args.checkpointing,
         )
     caps = [float(c) for c in args.cap_gib.split(",") if c]

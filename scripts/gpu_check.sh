@@ -15,7 +15,7 @@ set -euo pipefail
 
 usage() {
   cat <<'EOF'
-usage: scripts/gpu_check.sh [--quick | --full] [--keep] [--work DIR]
+usage: scripts/gpu_check.sh [--quick | --full | --targets] [--keep] [--work DIR]
 
 Runs probe, a short bf16 train, verify and the throughput bench on a temporary copy of
 examples/ticket-triage and prints one JSON object with the figures (progress on stderr).
@@ -23,6 +23,10 @@ examples/ticket-triage and prints one JSON object with the figures (progress on 
   --quick      shortened run (default without a GPU): val/test 5%, micro-batch 2,
                max_length 96, probe --steps 5, train.max_steps=2, no bench
   --full       the GPU settings even without a GPU (slow on a CPU)
+  --targets    only #36's GPU targets, in at most ~9 minutes (needs a GPU; no model files):
+               bench/gpu_shapes.py at 135M on ticket-triage shapes and at 8B on the long
+               prompt, each eager, compiled and with CUDA graphs, then the 8B step under
+               24 and 40 GiB caps; for a short lease, where the whole check does not fit
   --keep       keep the work folder (its path is in the JSON as "work_dir")
   --work DIR   work folder to use (default: a new temp folder)
   -h, --help   this help
@@ -47,12 +51,14 @@ EOF
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 QUICK="${GPU_CHECK_QUICK:-auto}"
 KEEP=0
+TARGETS=0
 WORK=""
 while [ $# -gt 0 ]; do
   case "$1" in
     -h|--help) usage; exit 0 ;;
     --quick) QUICK=1 ;;
     --full) QUICK=0 ;;
+    --targets) TARGETS=1 ;;
     --keep) KEEP=1 ;;
     --work) WORK="${2:?--work needs a folder}"; shift ;;
     *) echo "gpu_check: unknown option $1 (see --help)" >&2; exit 2 ;;
@@ -183,6 +189,9 @@ if compiled is not None:
 capped_compiled = load("gpu_capped_compiled")
 if capped_compiled is not None:
     res["gpu_capped_compiled"] = capped_compiled
+for name in ("targets_135m", "targets_8b", "targets_capped"):  # --targets
+    if load(name) is not None:
+        res[name] = load(name)
 
 if int(rc) != 0:
     res["failed_step"] = current or None
@@ -278,6 +287,25 @@ PYEOF
 GPU="$("$PY" -c "import json,sys; print(int(json.load(open(sys.argv[1]))['gpu']))" "$OUT/env.json")"
 if [ "$QUICK" = auto ]; then QUICK=$(( 1 - GPU )); fi
 log "gpu: $GPU, quick: $QUICK"
+
+# --------------------------------------------------------------------------- --targets
+# #36's targets alone (bench/README.md): the 135M step against Trainer + PEFT (>= 1.5x), the
+# 8B long-prompt step (<= 0.15 s), each eager, compiled and with CUDA graphs; the 8B r16 step
+# of 8 x 512 tokens with checkpointing under a 24 GiB cap (estimate within 10%). A step that
+# fails or runs past its time is skipped, so the others' figures still come back.
+if [ "$TARGETS" = 1 ]; then
+  [ "$GPU" = 1 ] || die "--targets measures a GPU and this machine has none (torch.cuda.is_available() is false); run without --targets for the CPU check"
+  SHAPES=("$PY" "$ROOT/bench/gpu_shapes.py" --json --cap-gib "" --compile
+          --compile-modes default,reduce-overhead)
+  run_step targets_135m timeout 180 "${SHAPES[@]}" --shapes 135m --cases ticket --steps 5 \
+    || skip "bench/gpu_shapes.py 135M failed or ran past 3 min (see stderr)"
+  run_step targets_8b timeout 240 "${SHAPES[@]}" --shapes 8b --cases long --steps 3 \
+    || skip "bench/gpu_shapes.py 8B failed or ran past 4 min (see stderr)"
+  run_step targets_capped timeout 120 "$PY" "$ROOT/bench/gpu_shapes.py" --json --shapes "" \
+    --cap-gib 24,40 || skip "bench/gpu_shapes.py --cap-gib failed or ran past 2 min (see stderr)"
+  CURRENT=""
+  exit 0
+fi
 
 # --------------------------------------------------------------------------- model + pilot copy
 if [ -n "${GPU_CHECK_BASE:-}" ]; then

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 import subprocess
+import sys
 
 import pytest
 from conftest import ROOT
@@ -34,3 +37,18 @@ def test_unknown_option_exits_2():
         ["bash", str(SCRIPT), "--nope"], capture_output=True, text=True, timeout=30
     )
     assert proc.returncode == 2 and "unknown option --nope" in proc.stderr and proc.stdout == ""
+
+
+def test_targets_without_a_gpu_says_so_in_one_json_object(tmp_path):
+    """--targets (#36's GPU benches alone, for a short lease) refuses a machine without a GPU
+    in the script's one JSON object, after the environment step, and runs no bench."""
+    env = {**os.environ, "GPU_CHECK_PYTHON": sys.executable}
+    proc = subprocess.run(
+        ["bash", str(SCRIPT), "--targets", "--work", str(tmp_path / "w")],
+        capture_output=True, text=True, timeout=120, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["ok"] is False and out["gpu"] is False
+    assert "--targets measures a GPU" in out["error"]
+    assert not any(k.startswith("targets_") for k in out)

@@ -7,6 +7,7 @@ from conftest import EXAMPLES
 
 from lorapilot.errors import UsageError
 from lorapilot.spec import (
+    TrainSpec,
     apply_overrides,
     json_schema,
     load_pilot,
@@ -261,6 +262,20 @@ def test_non_finite_overrides_are_refused(tmp_path, value):
     ):
         load_pilot(tmp_path, [f"train.lr={value}"])
     assert load_pilot(tmp_path, ["train.lr=1e-4"]).spec.train.lr == 1e-4  # a finite one still works
+
+
+def test_compile_mode_needs_compile_on_and_its_defaults_keep_the_spec_hash(tmp_path):
+    import yaml
+
+    dumped = TrainSpec(compile="on").model_dump()
+    assert "compile_mode" not in dumped and "pad_to_multiple_of" not in dumped
+    (tmp_path / "pilot.yaml").write_text(yaml.safe_dump(BASE))
+    with pytest.raises(UsageError, match=r"compile_mode: reduce-overhead needs compile: on"):
+        load_pilot(tmp_path, ["train.compile_mode=reduce-overhead"])
+    with pytest.raises(UsageError, match=r"train\.pad_to_multiple_of"):
+        load_pilot(tmp_path, ["train.pad_to_multiple_of=0"])
+    spec = load_pilot(tmp_path, ["train.compile=on", "train.compile_mode=reduce-overhead"]).spec
+    assert spec.train.compile_mode == "reduce-overhead"
 
 
 # --------------------------------------------------------------------------- the plan

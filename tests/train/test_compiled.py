@@ -1,6 +1,9 @@
 """`train.compile: on`: the compiled decoder trains as the eager one does (fp32 loss and
 gradients within 1e-5), through the shared prefix and with checkpointing, and a compiler
-failure leaves the training eager with the reason recorded."""
+failure leaves the training eager with the reason recorded. `compile_mode: reduce-overhead`
+(CUDA graphs on a GPU) compiles without graphs on a CPU and says so; its replay check
+catches gradients a replay overwrote; `pad_to_multiple_of` pads widths and trains the
+same."""
 
 from __future__ import annotations
 
@@ -86,6 +89,7 @@ def test_a_compiler_failure_trains_eagerly_and_says_why(
     result, losses, _, logs = run(tiny_model_dir, examples, tmp_path / "c", compile="on")
     assert result.compile == {
         "requested": "on",
+        "mode": "default",
         "compiled": False,
         "reason": "torch.compile failed: RuntimeError: backend refused the graph",
     }
@@ -97,3 +101,79 @@ def test_compile_is_off_by_default_and_off_keeps_the_spec_hash():
     assert TrainSpec().compile == "off"
     assert "compile" not in TrainSpec().model_dump()
     assert TrainSpec(compile="on").model_dump()["compile"] == "on"
+
+
+def test_pad_multiple_pads_only_where_asked_or_where_cuda_graphs_replay():
+    ro = TrainSpec(compile="on", compile_mode="reduce-overhead")
+    assert compiled.pad_multiple(TrainSpec(), "cuda") == 1
+    assert compiled.pad_multiple(TrainSpec(compile="on"), "cuda") == 1
+    assert compiled.pad_multiple(ro, "cuda") == compiled.CUDAGRAPH_PAD_MULTIPLE == 64
+    assert compiled.pad_multiple(ro, "cpu") == 1  # no CUDA graphs on a CPU: no padding
+    assert compiled.pad_multiple(TrainSpec(pad_to_multiple_of=16), "cpu") == 16
+    assert compiled.pad_multiple(ro.model_copy(update={"pad_to_multiple_of": 8}), "cuda") == 8
+
+
+def test_padded_micro_batches_train_as_unpadded_ones(tiny_model_dir, examples, tmp_path):
+    """Right padding carries no loss and no attention: the same losses and adapter (fp32,
+    within rounding), with the padding counted in the padding efficiency."""
+    plain, plain_losses, plain_adapter, _ = run(tiny_model_dir, examples, tmp_path / "p")
+    padded, losses, adapter, _ = run(
+        tiny_model_dir, examples, tmp_path / "q", pad_to_multiple_of=64
+    )
+    assert plain.pad_to_multiple_of == 1 and padded.pad_to_multiple_of == 64
+    widths = [max(e.n_tokens for e in examples[i : i + 4]) for i in range(0, len(examples), 4)]
+    assert all(w < 64 for w in widths)  # so the padded batches are really wider
+    assert padded.padding_efficiency < plain.padding_efficiency
+    assert losses == pytest.approx(plain_losses, abs=1e-5)
+    assert padded.final_val_loss == pytest.approx(plain.final_val_loss, abs=1e-5)
+    for name in adapter:
+        assert torch.allclose(adapter[name], plain_adapter[name], rtol=0, atol=1e-5), name
+
+
+def test_reduce_overhead_on_a_cpu_compiles_without_cuda_graphs_and_says_so(
+    tiny_model_dir, examples, tmp_path, monkeypatch
+):
+    monkeypatch.setattr(compiled, "BACKEND", "aot_eager")
+    eager, eager_losses, _, _ = run(tiny_model_dir, examples, tmp_path / "e", shared_prefix="off")
+    result, losses, _, logs = run(
+        tiny_model_dir, examples, tmp_path / "c", shared_prefix="off",
+        compile="on", compile_mode="reduce-overhead",
+    )  # fmt: skip
+    assert result.compile["compiled"] is True and result.compile["mode"] == "reduce-overhead"
+    assert result.compile["cudagraphs"] is False
+    assert result.compile["cudagraphs_reason"] == "CUDA graphs need a CUDA device (this is cpu)"
+    assert result.pad_to_multiple_of == 1  # padding only where graphs replay
+    assert any("compiled without them" in line for line in logs)
+    assert losses == pytest.approx(eager_losses, abs=1e-5)
+
+
+def test_the_replay_check_measures_accumulated_against_repeated_gradients(tiny_model_dir, examples):
+    """The trial's check: three forward/backward passes of one batch from the same RNG state
+    (dropout on) accumulate three times the first gradient; a pass that loses what was
+    accumulated before it (what a replay overwriting a kept gradient would do) is caught."""
+    from lorapilot.train.batches import collate
+    from lorapilot.train.loss import causal_lm_loss_sum
+
+    model = lora_model(tiny_model_dir, dropout=0.1)
+    model.train()
+    assert any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules())
+    batch = collate(examples[:4], pad_id=2)
+    cpu = torch.device("cpu")
+    error = compiled._trial(model, causal_lm_loss_sum, batch, "fp32", cpu, 3)
+    assert error is not None and error < 1e-6
+    model.zero_grad(set_to_none=True)
+    calls = []
+
+    def overwrites(m, b):  # the second pass finds the kept gradients overwritten
+        calls.append(1)
+        if len(calls) == 2:
+            for p in m.parameters():
+                if p.grad is not None:
+                    p.grad.zero_()
+        return causal_lm_loss_sum(m, b)
+
+    error = compiled._trial(model, overwrites, batch, "fp32", cpu, 3)
+    assert error == pytest.approx(1 / 3, rel=1e-3)  # 2 x g against 3 x g
+    assert error > compiled.REPLAY_TOLERANCE
+    model.zero_grad(set_to_none=True)
+    assert compiled._trial(model, causal_lm_loss_sum, batch, "fp32", cpu, 1) is None

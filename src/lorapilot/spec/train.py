@@ -7,6 +7,7 @@ from typing import ClassVar, Literal
 
 from pydantic import (
     Field,
+    model_validator,
 )
 
 from lorapilot.spec.common import AutoOnOff, _Strict
@@ -96,7 +97,36 @@ class TrainSpec(_Strict):
         "gradients as eager within float rounding (tests/train/test_compiled.py).",
     )
 
+    compile_mode: Literal["default", "reduce-overhead"] = Field(
+        "default",
+        description="With compile: on. reduce-overhead: torch.compile's CUDA-graph mode, which "
+        "replays a step's kernels without launching each from Python; shapes must repeat, so "
+        "micro-batches are padded to train.pad_to_multiple_of tokens (64 unless set). On a "
+        "CPU there are no CUDA graphs: the decoder is compiled as in default, unpadded, and "
+        "the run record says so.",
+    )
+    pad_to_multiple_of: int | None = Field(
+        None,
+        ge=1,
+        le=4096,
+        description="Right-pad every training and validation micro-batch to a multiple of "
+        "this many tokens (padding carries no loss and no attention; the padding it adds "
+        "shows in the steps' padding_efficiency). null: to the longest example; 64 under "
+        "compile_mode: reduce-overhead on a GPU.",
+    )
+
     _omitted_at: ClassVar[dict[str, tuple]] = {
         "shared_prefix": ("auto",),  # same gradients
         "compile": ("off",),  # the default: specs from before it keep their hash
+        "compile_mode": ("default",),
+        "pad_to_multiple_of": (None,),
     }
+
+    @model_validator(mode="after")
+    def _mode_needs_compile(self) -> TrainSpec:
+        if self.compile_mode != "default" and self.compile != "on":
+            raise ValueError(
+                f"compile_mode: {self.compile_mode} needs compile: on (set train.compile: on, "
+                "or drop train.compile_mode)"
+            )
+        return self

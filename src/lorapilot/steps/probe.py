@@ -97,6 +97,7 @@ from lorapilot.sizing.probe_plan import (
 )
 from lorapilot.spec import Pilot
 from lorapilot.train.batches import collate, count_target_tokens, example_target_tokens
+from lorapilot.train.compiled import pad_multiple
 from lorapilot.train.loop import seed_everything
 from lorapilot.train.loss import loss_fn_for, prefix_decision
 from lorapilot.train.meter import PeakMemory, live_tensor_peak
@@ -334,7 +335,8 @@ def _measure_config(pr: _Probe, name: str, mb: int, ckpt: bool, search: bool = F
     figure beside it, record the row in the run and return it."""
     tcfg = pr.pilot.spec.train
     idx = pick_examples(pr.lengths, pr.targets[name], mb)
-    batch = collate([pr.train_ex[i] for i in idx], pr.pad_id)
+    # padded as training pads it (train.pad_to_multiple_of; 64 under CUDA graphs)
+    batch = collate([pr.train_ex[i] for i in idx], pr.pad_id, pad_multiple(tcfg, pr.device.type))
     seq_len = batch["input_ids"].shape[1]
     positions = max(1, math.ceil(count_target_tokens(batch) / mb))
     set_checkpointing(pr.model, ckpt)
@@ -449,7 +451,7 @@ def _checkpoint_seconds(pr: _Probe) -> float:
     """One checkpoint as the training loop writes it, on a typical micro-batch, timed."""
     tcfg = pr.pilot.spec.train
     idx = pick_examples(pr.lengths, pr.targets["typical"], tcfg.micro_batch)
-    batch = collate([pr.train_ex[i] for i in idx], pr.pad_id)
+    batch = collate([pr.train_ex[i] for i in idx], pr.pad_id, pad_multiple(tcfg, pr.device.type))
     return checkpoint_seconds(
         pr.model, batch, tcfg, pr.run.dir / ".probe-checkpoint", tcfg.precision
     )

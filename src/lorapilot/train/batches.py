@@ -16,13 +16,16 @@ MEGA_CHUNK = 50  # micro-batches per length-sorted chunk (the usual group_by_len
 Batch = dict[str, torch.Tensor]
 
 
-def collate(examples: Sequence[Encoded], pad_id: int) -> Batch:
-    """Right-pad to the longest example; padding gets attention 0 and label -100.
+def collate(examples: Sequence[Encoded], pad_id: int, multiple: int = 1) -> Batch:
+    """Right-pad to the longest example, rounded up to a multiple of `multiple` tokens (so
+    that batch shapes repeat: `train.pad_to_multiple_of`); padding gets attention 0 and
+    label -100, so it changes no real position's result and carries no loss.
 
     Padding is marked by position, not by `pad_id`: the pad token is often the
     end-of-turn token, which is also a real, trained label at the end of each answer.
     """
-    width = max(len(e.input_ids) for e in examples)
+    longest = max(len(e.input_ids) for e in examples)
+    width = -(-longest // multiple) * multiple
     input_ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
     labels = torch.full((len(examples), width), IGNORE_INDEX, dtype=torch.long)
     attention_mask = torch.zeros((len(examples), width), dtype=torch.long)

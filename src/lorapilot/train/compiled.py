@@ -13,6 +13,15 @@ shapes. The trial runs one forward and backward of the first micro-batch under t
 autocast, with the RNG forked and the gradients dropped after it, so that training is the
 eager training's step for step; a failure (no compiler, an unsupported op, a graph the
 backend refuses) restores the eager forward and the reason goes in the run record.
+
+`train.compile_mode: reduce-overhead` asks for CUDA graphs: the compiled step's kernels are
+recorded once per shape and replayed, not launched one by one from Python, which is what
+a launch-bound step spends its time on. A graph is recorded per new shape, so micro-batches
+are padded to a multiple of 64 tokens (`pad_multiple`) and widths repeat. Replayed graphs
+reuse their output memory, which a gradient kept across micro-batches (accumulation) must
+not alias: the trial runs the first micro-batch three times (warm-up, record, replay) with
+the same RNG state and keeps CUDA graphs only if the accumulated gradients are three times
+the first's. On a CPU there are no CUDA graphs: the decoder is compiled as in `default`.
 """
 
 from __future__ import annotations
@@ -30,50 +39,116 @@ from lorapilot.train.loss import _decoder_and_head
 # "aot_eager" where they check the graphs lorapilot's decoder calls produce (the same
 # capture and autograd, without code generation, which takes minutes on 2 cores).
 BACKEND = "inductor"
+CUDAGRAPH_PAD_MULTIPLE = 64  # tokens: at most 8 widths up to 512, at most 63 pad tokens a row
+REPLAY_TOLERANCE = 1e-3  # relative: accumulated gradients vs 3 x the first's (bf16 kernels)
+
+
+def uses_cudagraphs(cfg: Any, device_type: str) -> bool:
+    """Whether `train.compile` on this device replays CUDA graphs."""
+    return cfg.compile == "on" and cfg.compile_mode == "reduce-overhead" and device_type == "cuda"
+
+
+def pad_multiple(cfg: Any, device_type: str) -> int:
+    """Tokens a micro-batch's width is a multiple of: `train.pad_to_multiple_of`, else 64
+    where CUDA graphs are replayed (each new width records a graph), else 1 (no padding)."""
+    if cfg.pad_to_multiple_of:
+        return cfg.pad_to_multiple_of
+    return CUDAGRAPH_PAD_MULTIPLE if uses_cudagraphs(cfg, device_type) else 1
 
 
 def compile_decoder(
-    model: Any, loss_fn: Callable, batch: dict, precision: str, log: Callable[[str], None]
+    model: Any,
+    loss_fn: Callable,
+    batch: dict,
+    precision: str,
+    log: Callable[[str], None],
+    mode: str = "default",
 ) -> dict[str, Any]:
     """Compile `model`'s decoder in place and try it on `batch`; the run record's entry:
-    {requested, compiled, seconds (the trial, compile included), reason (when eager)}."""
+    {requested, mode, compiled, cudagraphs, seconds (the trial, compile included), graphs,
+    graph_breaks, reason (when eager), cudagraphs_reason (when asked for and not used)}."""
     decoder, _ = _decoder_and_head(model)
     if decoder is None:
-        return _eager("the model has no separable decoder and head to compile", log)
-    eager_forward = decoder.forward
-    decoder.forward = torch.compile(eager_forward, dynamic=True, backend=BACKEND)
+        return _eager("the model has no separable decoder and head to compile", log, mode)
     device = next(model.parameters()).device
+    cudagraphs = mode == "reduce-overhead" and device.type == "cuda"
+    options = {"mode": "reduce-overhead"} if cudagraphs and BACKEND == "inductor" else {}
+    eager_forward = decoder.forward
+    decoder.forward = torch.compile(eager_forward, dynamic=True, backend=BACKEND, **options)
     batch = {k: v.to(device) for k, v in batch.items()}
     t0 = time.perf_counter()
     graphs, breaks = _dynamo_counts()
     try:
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-            with autocast(device.type, precision):
-                loss, _ = loss_fn(model, batch)
-            loss.backward()
+        replay_error = _trial(model, loss_fn, batch, precision, device, 3 if cudagraphs else 1)
     except Exception as e:  # any compiler failure: train eagerly, say why
         decoder.forward = eager_forward
-        return _eager(f"torch.compile failed: {type(e).__name__}: {_first_line_of(str(e))}", log)
+        why = f"torch.compile failed: {type(e).__name__}: {_first_line_of(str(e))}"
+        return _eager(why, log, mode)
     finally:
         model.zero_grad(set_to_none=True)
+    if replay_error is not None and replay_error > REPLAY_TOLERANCE:
+        decoder.forward = eager_forward
+        why = (
+            "CUDA graphs: gradients accumulated over three replays were not three times the "
+            f"first's (relative error {replay_error:.2g}); replayed memory would corrupt "
+            "gradient accumulation"
+        )
+        return _eager(why, log, mode)
     seconds = time.perf_counter() - t0
     graphs_after, breaks_after = _dynamo_counts()
     record = {
         "requested": "on",
+        "mode": mode,
         "compiled": True,
+        "cudagraphs": cudagraphs,
         "seconds": round(seconds, 3),
         "graphs": graphs_after - graphs,
         "graph_breaks": sum(breaks_after.values()) - sum(breaks.values()),
     }
+    if mode == "reduce-overhead" and not cudagraphs:
+        record["cudagraphs_reason"] = f"CUDA graphs need a CUDA device (this is {device.type})"
+        log(f"train.compile: {record['cudagraphs_reason']}: compiled without them")
     log(
         f"train.compile: the decoder is compiled ({seconds:.1f} s for the first step's compile, "
-        f"{record['graphs']} graph(s), {record['graph_breaks']} graph break(s))"
+        f"{record['graphs']} graph(s), {record['graph_breaks']} graph break(s)"
+        f"{', CUDA graphs' if cudagraphs else ''})"
     )
     new_reasons = [r for r in breaks_after if breaks_after[r] > breaks.get(r, 0)]
     if new_reasons:  # parts of the decoder run eagerly: say which, so a user can see why
         record["graph_break_reasons"] = [_first_line_of(r) for r in new_reasons[:3]]
         log(f"train.compile: graph break: {record['graph_break_reasons'][0]}")
     return record
+
+
+def _trial(model, loss_fn, batch, precision, device, iterations: int) -> float | None:
+    """Forward and backward of `batch` `iterations` times, each from the same RNG state
+    (dropout), the gradients accumulating; the RNG is as before afterwards. For more than one
+    iteration, the relative difference between the accumulated gradients and `iterations` x
+    the first's (None for one)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    first: list[torch.Tensor] = []
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        state = torch.random.get_rng_state()
+        cuda_state = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+        for i in range(iterations):
+            torch.random.set_rng_state(state)
+            if cuda_state is not None:
+                torch.cuda.set_rng_state(cuda_state, device)
+            with autocast(device.type, precision):
+                loss, _ = loss_fn(model, batch)
+            loss.backward()
+            del loss
+            if i == 0 and iterations > 1:
+                first = [_grad(p).clone() for p in params]
+    if iterations == 1:
+        return None
+    expected = torch.cat([g.flatten() * iterations for g in first])
+    got = torch.cat([_grad(p).flatten() for p in params])
+    return float((got - expected).norm() / expected.norm().clamp_min(1e-30))
+
+
+def _grad(p: torch.Tensor) -> torch.Tensor:
+    return p.grad.float() if p.grad is not None else torch.zeros_like(p, dtype=torch.float32)
 
 
 def _dynamo_counts() -> tuple[int, dict[str, int]]:
@@ -84,9 +159,9 @@ def _dynamo_counts() -> tuple[int, dict[str, int]]:
     return int(counters["stats"]["unique_graphs"]), dict(counters["graph_break"])
 
 
-def _eager(reason: str, log: Callable[[str], None]) -> dict[str, Any]:
+def _eager(reason: str, log: Callable[[str], None], mode: str = "default") -> dict[str, Any]:
     log(f"train.compile: training eagerly: {reason}")
-    return {"requested": "on", "compiled": False, "reason": reason}
+    return {"requested": "on", "mode": mode, "compiled": False, "reason": reason}
 
 
 def _first_line_of(text: str) -> str:

@@ -8,6 +8,7 @@ and a hash of the data (checked on resume). Text and images differ only behind t
 
 from __future__ import annotations
 
+import copy
 import hashlib
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -56,6 +57,7 @@ class TextExamples:
     """Tokenised examples (prompt + answer, loss mask) and the causal-LM loss."""
 
     unit = "tokens"
+    pad_multiple = 1  # batches are right-padded to a multiple of this many tokens
 
     def __init__(self, examples: Sequence[Encoded], pad_id: int):
         self.examples, self.pad_id = list(examples), pad_id
@@ -66,7 +68,7 @@ class TextExamples:
         return len(self.examples)
 
     def collate(self, indices: Sequence[int]) -> Batch:
-        return collate([self.examples[i] for i in indices], self.pad_id)
+        return collate([self.examples[i] for i in indices], self.pad_id, self.pad_multiple)
 
     def loss_sum(self, model, batch: Batch):
         from lorapilot.train.loss import causal_lm_loss_sum
@@ -90,6 +92,16 @@ class TextExamples:
             h.update(np.asarray(e.labels, dtype=np.int64).tobytes())
             h.update(b"|")
         return h.hexdigest()
+
+
+def padded_to(data: TrainingSet, multiple: int) -> TrainingSet:
+    """`data` whose batches are right-padded to a multiple of `multiple` tokens (a copy,
+    sharing the examples); a set without token positions (images), or multiple 1, as is."""
+    if multiple <= 1 or not isinstance(data, TextExamples):
+        return data
+    out = copy.copy(data)
+    out.pad_multiple = multiple
+    return out
 
 
 def as_training_set(examples: Any, pad_id: int | None) -> TrainingSet:

@@ -34,6 +34,7 @@ everything else to JSON.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import random
@@ -65,9 +66,9 @@ from lorapilot.train.checkpoint import (
     save_checkpoint,
     write_final,
 )
-from lorapilot.train.compiled import compile_decoder
+from lorapilot.train.compiled import compile_decoder, pad_multiple, uses_cudagraphs
 from lorapilot.train.distributed import accelerator_for, check_distributed
-from lorapilot.train.examples import TrainingSet, as_training_set
+from lorapilot.train.examples import TrainingSet, as_training_set, padded_to
 from lorapilot.train.loss import LossModule, call_module, prefix_decision
 from lorapilot.train.meter import PeakMemory
 from lorapilot.train.step import make_optimizer, make_scheduler, train_step, validation_loss
@@ -99,8 +100,9 @@ class TrainResult:
     # shared_micro_batches, tokens_saved (prefix tokens not recomputed, all calls)}
     prefix: dict | None = None
     unit: str = "tokens"  # what `tokens` counts: tokens, or images
-    # train.compile: on: {requested, compiled, seconds | reason} (train/compiled.py)
+    # train.compile: on: {requested, mode, compiled, seconds | reason} (train/compiled.py)
     compile: dict | None = None
+    pad_to_multiple_of: int = 1  # micro-batch widths padded to a multiple of this (tokens)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -128,6 +130,7 @@ class _Loop:
     warmup: int
     data_hash: str
     compiled: dict | None = None  # train.compile's record (train/compiled.py)
+    pad_multiple: int = 1  # tokens: train.pad_to_multiple_of as resolved (train/compiled.py)
     totals: dict = dataclasses.field(
         default_factory=lambda: {
             "tokens": 0,
@@ -198,13 +201,16 @@ def _setup(model, data: TrainingSet, cfg: TrainSpec, out_dir: Path, log: Log) ->
     # the rank's own loss: the shared-prefix path where it applies (inside the module DDP
     # wraps or FSDP shards: the decoder's two passes are then one forward), else the plain one
     rank_loss, prefix_path = data.loss_fn(cfg)
+    # widths repeat (CUDA graphs record one per shape); the padding shows in padding_efficiency
+    multiple = pad_multiple(cfg, device.type)
+    data = padded_to(data, multiple)
     compiled = None
     if cfg.compile == "on" and use_fsdp:
         compiled = {"requested": "on", "compiled": False, "reason": "not with FSDP"}
         log("train.compile: training eagerly: not with FSDP")
     elif cfg.compile == "on":  # before DDP wraps it; tried on the first micro-batch
         first = data.collate(list(range(min(cfg.micro_batch, len(data)))))
-        compiled = compile_decoder(model, rank_loss, first, cfg.precision, log)
+        compiled = compile_decoder(model, rank_loss, first, cfg.precision, log, cfg.compile_mode)
     # FSDP: shard before the optimizer is built, the parameters become DTensors (train.fsdp).
     sharded = fsdp.shard(LossModule(model, rank_loss), device, world) if use_fsdp else None
     optimizer = make_optimizer(model, cfg)
@@ -241,6 +247,7 @@ def _setup(model, data: TrainingSet, cfg: TrainSpec, out_dir: Path, log: Log) ->
         warmup=warmup,
         data_hash=data.data_hash(),
         compiled=compiled,
+        pad_multiple=multiple,
     )
 
 
@@ -292,7 +299,10 @@ def _validate(lp: _Loop, val_set: TrainingSet, eval_fn, at_step: int) -> dict:
         record = {"step": at_step, "val_loss": val}
         if eval_fn is not None:
             lp.model.eval()
-            record["eval"] = eval_fn(lp.model)
+            # evaluation's shapes do not repeat: under CUDA graphs each would record a graph
+            eager = uses_cudagraphs(cfg, device.type) and (lp.compiled or {}).get("compiled")
+            with torch.compiler.set_stance("force_eager") if eager else contextlib.nullcontext():
+                record["eval"] = eval_fn(lp.model)
             lp.model.train()
     record["time"] = time.time()
     if lp.main:
@@ -390,7 +400,8 @@ def train(
     if not len(data):
         raise UsageError("no training examples")
     lp = _setup(model, data, cfg, out_dir, log)
-    cfg = lp.cfg  # precision resolved for the device
+    cfg, data = lp.cfg, lp.data  # precision resolved for the device; batches padded
+    val_set = padded_to(val_set, lp.pad_multiple)
     if lp.sharded is not None and eval_fn is not None:
         raise UsageError("train(eval_fn=...) is not supported with train.distributed: fsdp")
     if not resume and (lp.ckpt_root.exists() or lp.steps_path.exists()):
@@ -540,4 +551,5 @@ def train(
         },
         unit=data.unit,
         compile=lp.compiled,
+        pad_to_multiple_of=lp.pad_multiple,
     )
