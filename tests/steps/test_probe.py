@@ -254,6 +254,16 @@ def test_spec_mode_measures_the_spec_setting_and_the_other_only_when_it_does_not
     assert tight["checkpointing_settings"] == ["off", "on"]
 
 
+def test_probe_pads_its_batches_as_training_does(tmp_path, tiny_model_dir):
+    """`train.pad_to_multiple_of`: the probe measures the padded widths training runs."""
+    out = probe.run_probe(
+        load_pilot(tiny_pilot(tmp_path, tiny_model_dir, train__pad_to_multiple_of=48)),
+        checkpointing="spec", steps=5, progress=False, log=lambda s: None,
+    )  # fmt: skip
+    widths = [r["seq_len"] for r in out["measurements"]]
+    assert widths and all(w % 48 == 0 for w in widths), widths
+
+
 def test_probe_refuses_too_few_steps(tmp_path, tiny_model_dir):
     from lorapilot.errors import UsageError
 
