@@ -57,10 +57,14 @@ def test_the_compiled_decoder_trains_as_the_eager_one(
     monkeypatch.setattr(compiled, "BACKEND", backend)
     eager, eager_losses, eager_adapter, _ = run(tiny_model_dir, examples, tmp_path / "e", **kw)
     assert eager.compile is None
+    before = compiled._dynamo_counts()[0]
     result, losses, adapter, logs = run(
         tiny_model_dir, examples, tmp_path / "c", compile="on", **kw
     )
     assert result.compile["compiled"] is True and result.compile["seconds"] > 0
+    # training compiled nothing after the trial (it ran under the attention the steps take:
+    # a CPU's eager attention for short batches); validation, without gradients, one more
+    assert compiled._dynamo_counts()[0] - before == result.compile["graphs"] + 1
     # the whole decoder pass in one graph: no part of it left eager by a graph break (under
     # checkpointing transformers' input-grad hook and use_cache warning were breaks, and each
     # checkpointed layer then recompiled until torch's recompile limit left the rest eager)

@@ -33,7 +33,9 @@ from typing import Any
 import torch
 
 from lorapilot.base.precision import autocast
+from lorapilot.train.batches import batch_width
 from lorapilot.train.loss import _decoder_and_head
+from lorapilot.train.step import short_sequence_attention
 
 # torch.compile's backend: inductor (Triton kernels on a GPU, C++ on a CPU). The tests set
 # "aot_eager" where they check the graphs lorapilot's decoder calls produce (the same
@@ -121,25 +123,33 @@ def compile_decoder(
 
 
 def _trial(model, loss_fn, batch, precision, device, iterations: int) -> float | None:
-    """Forward and backward of `batch` `iterations` times, each from the same RNG state
-    (dropout), the gradients accumulating; the RNG is as before afterwards. For more than one
-    iteration, the relative difference between the accumulated gradients and `iterations` x
-    the first's (None for one)."""
+    """Forward and backward of `batch` `iterations` times in training mode, each from the
+    same RNG state (dropout), the gradients accumulating; the RNG and the model's mode are as
+    before afterwards. For more than one iteration, the relative difference between the
+    accumulated gradients and `iterations` x the first's (None for one)."""
     params = [p for p in model.parameters() if p.requires_grad]
     first: list[torch.Tensor] = []
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        state = torch.random.get_rng_state()
-        cuda_state = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
-        for i in range(iterations):
-            torch.random.set_rng_state(state)
-            if cuda_state is not None:
-                torch.cuda.set_rng_state(cuda_state, device)
-            with autocast(device.type, precision):
-                loss, _ = loss_fn(model, batch)
-            loss.backward()
-            del loss
-            if i == 0 and iterations > 1:
-                first = [_grad(p).clone() for p in params]
+    was_training = model.training
+    model.train()  # the mode training compiles in (dynamo guards on it: eval would recompile)
+    try:
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            state = torch.random.get_rng_state()
+            cuda_state = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+            for i in range(iterations):
+                torch.random.set_rng_state(state)
+                if cuda_state is not None:
+                    torch.cuda.set_rng_state(cuda_state, device)
+                # the attention the steps take (a CPU runs short batches in eager attention):
+                # another attention implementation would be another graph, compiled again
+                with short_sequence_attention(model, device.type, batch_width(batch)):
+                    with autocast(device.type, precision):
+                        loss, _ = loss_fn(model, batch)
+                    loss.backward()
+                del loss
+                if i == 0 and iterations > 1:
+                    first = [_grad(p).clone() for p in params]
+    finally:
+        model.train(was_training)
     if iterations == 1:
         return None
     expected = torch.cat([g.flatten() * iterations for g in first])
