@@ -9,9 +9,10 @@ costs its compile time.
 Only the decoder is compiled (`loss._decoder_and_head`): both loss paths call it (the
 shared-prefix path twice, with a cache) and keep the head and the loss at the answer
 positions in eager code. Shapes vary with every micro-batch, so it is compiled with dynamic
-shapes. The trial runs one forward and backward of the first micro-batch under the step's
-autocast, with the RNG forked and the gradients dropped after it, so that training is the
-eager training's step for step; a failure (no compiler, an unsupported op, a graph the
+shapes. The trial runs one forward and backward of the first micro-batch as a step runs it
+(training mode, the step's attention and autocast: dynamo guards on each, and another would
+compile again), with the RNG forked and the gradients dropped after it, so that training is
+the eager training's step for step; a failure (no compiler, an unsupported op, a graph the
 backend refuses) restores the eager forward and the reason goes in the run record.
 
 `train.compile_mode: reduce-overhead` asks for CUDA graphs: the compiled step's kernels are
