@@ -275,7 +275,12 @@ def test_compile_mode_needs_compile_on_and_its_defaults_keep_the_spec_hash(tmp_p
     with pytest.raises(UsageError, match=r"train\.pad_to_multiple_of"):
         load_pilot(tmp_path, ["train.pad_to_multiple_of=0"])
     spec = load_pilot(tmp_path, ["train.compile=on", "train.compile_mode=reduce-overhead"]).spec
-    assert spec.train.compile_mode == "reduce-overhead"
+    assert spec.train.compile == "on" and spec.train.compile_mode == "reduce-overhead"
+    # a bare `on` in the file is YAML 1.1's true: still the setting the user wrote
+    assert "train" not in BASE
+    text = (tmp_path / "pilot.yaml").read_text()
+    (tmp_path / "pilot.yaml").write_text(text + "train:\n  compile: on\n")
+    assert load_pilot(tmp_path).spec.train.compile == "on"
 
 
 # --------------------------------------------------------------------------- the plan

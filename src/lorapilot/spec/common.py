@@ -63,3 +63,4 @@ def _bare_on_off(v: Any) -> Any:
 
 
 AutoOnOff = Annotated[Literal["auto", "on", "off"], BeforeValidator(_bare_on_off)]
+OnOff = Annotated[Literal["off", "on"], BeforeValidator(_bare_on_off)]

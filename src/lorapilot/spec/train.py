@@ -10,7 +10,7 @@ from pydantic import (
     model_validator,
 )
 
-from lorapilot.spec.common import AutoOnOff, _Strict
+from lorapilot.spec.common import AutoOnOff, OnOff, _Strict
 
 
 class AdapterSpec(_Strict):
@@ -88,7 +88,7 @@ class TrainSpec(_Strict):
         "checkpointing; the run record says which path ran and why.",
     )
 
-    compile: Literal["off", "on"] = Field(
+    compile: OnOff = Field(
         "off",
         description="on: torch.compile the decoder for training (fewer kernel launches and "
         "less Python per step on a GPU); tried on the first micro-batch, forward and "
