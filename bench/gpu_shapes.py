@@ -183,7 +183,6 @@ def compiled_side(model, loss_fn, batch, precision, steps, device, mode="default
     import torch
 
     from lorapilot.train import compiled
-    from lorapilot.train.loss import _decoder_and_head
 
     torch._dynamo.reset()
     record = compiled.compile_decoder(model, loss_fn, batch, precision, lambda m: None, mode)
@@ -194,8 +193,7 @@ def compiled_side(model, loss_fn, batch, precision, steps, device, mode="default
         return {**record, "step_s": round(statistics.median(times), 4),
                 **({"peak_gib": round(peak / 2**30, 2)} if peak else {})}  # fmt: skip
     finally:
-        decoder, _ = _decoder_and_head(model)
-        decoder.__dict__.pop("forward", None)  # the class's own (eager) forward again
+        compiled.uncompile(model)
 
 
 def capped_step(

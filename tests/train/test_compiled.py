@@ -30,12 +30,12 @@ def examples(tiny_model_dir):
     return [fmt.encode(text, label, budget) for text, label in TICKETS]
 
 
-def run(tiny_model_dir, examples, out, **cfg):
+def run(tiny_model_dir, examples, out, eval_fn=None, model=None, **cfg):
     spec = TrainSpec(precision="fp32", max_steps=3, micro_batch=4, lr=1e-2, warmup_ratio=0.0, **cfg)
     logs: list[str] = []
     result = train(
-        lora_model(tiny_model_dir), examples, examples[:4], spec, out,
-        pad_id=2, progress=False, log=logs.append,
+        model or lora_model(tiny_model_dir), examples, examples[:4], spec, out,
+        pad_id=2, progress=False, log=logs.append, eval_fn=eval_fn,
     )  # fmt: skip
     losses = [r["loss"] for r in read_jsonl(out / "steps.jsonl")]
     return result, losses, load_file(out / "adapter" / "adapter_model.safetensors"), logs
@@ -58,13 +58,28 @@ def test_the_compiled_decoder_trains_as_the_eager_one(
     eager, eager_losses, eager_adapter, _ = run(tiny_model_dir, examples, tmp_path / "e", **kw)
     assert eager.compile is None
     before = compiled._dynamo_counts()[0]
+    model = lora_model(tiny_model_dir)
+    evaluated = []
+
+    def eval_fn(m):  # evaluation's own calls (a KV cache, one row): they run eagerly
+        evaluated.append(compiled.is_compiled(m))
+        ids = torch.tensor([examples[0].input_ids])
+        with torch.no_grad():
+            m(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=True)
+        return {}
+
     result, losses, adapter, logs = run(
-        tiny_model_dir, examples, tmp_path / "c", compile="on", **kw
-    )
+        tiny_model_dir, examples, tmp_path / "c", eval_fn=eval_fn, model=model,
+        compile="on", **kw,
+    )  # fmt: skip
     assert result.compile["compiled"] is True and result.compile["seconds"] > 0
     # training compiled nothing after the trial (it ran under the attention the steps take:
-    # a CPU's eager attention for short batches); validation, without gradients, one more
+    # a CPU's eager attention for short batches); validation, without gradients, one more;
+    # evaluation none (at each validation point, while the decoder was compiled)
+    assert evaluated == [True, True]
     assert compiled._dynamo_counts()[0] - before == result.compile["graphs"] + 1
+    assert not compiled.is_compiled(model)  # the caller evaluates the adapter eagerly
+    assert "forward" not in model.get_base_model().model.__dict__
     # the whole decoder pass in one graph: no part of it left eager by a graph break (under
     # checkpointing transformers' input-grad hook and use_cache warning were breaks, and each
     # checkpointed layer then recompiled until torch's recompile limit left the rest eager)

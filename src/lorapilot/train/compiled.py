@@ -77,6 +77,7 @@ def compile_decoder(
     cudagraphs = mode == "reduce-overhead" and device.type == "cuda"
     options = {"mode": "reduce-overhead"} if cudagraphs and BACKEND == "inductor" else {}
     eager_forward = decoder.forward
+    decoder.__dict__["_lorapilot_eager_forward"] = (eager_forward, "forward" in decoder.__dict__)
     decoder.forward = torch.compile(eager_forward, dynamic=True, backend=BACKEND, **options)
     batch = {k: v.to(device) for k, v in batch.items()}
     t0 = time.perf_counter()
@@ -84,13 +85,13 @@ def compile_decoder(
     try:
         replay_error = _trial(model, loss_fn, batch, precision, device, 3 if cudagraphs else 1)
     except Exception as e:  # any compiler failure: train eagerly, say why
-        decoder.forward = eager_forward
+        uncompile(model)
         why = f"torch.compile failed: {type(e).__name__}: {_first_line_of(str(e))}"
         return _eager(why, log, mode)
     finally:
         model.zero_grad(set_to_none=True)
     if replay_error is not None and replay_error > REPLAY_TOLERANCE:
-        decoder.forward = eager_forward
+        uncompile(model)
         why = (
             "CUDA graphs: gradients accumulated over three replays were not three times the "
             f"first's (relative error {replay_error:.2g}); replayed memory would corrupt "
@@ -121,6 +122,27 @@ def compile_decoder(
         record["graph_break_reasons"] = [_first_line_of(r) for r in new_reasons[:3]]
         log(f"train.compile: graph break: {record['graph_break_reasons'][0]}")
     return record
+
+
+def uncompile(model: Any) -> None:
+    """The decoder's eager forward again (a no-op where it was not compiled): training
+    compiles it, evaluation never runs it compiled (the adapter is evaluated as the baseline
+    was, and evaluation's shapes and caches do not repeat: each would compile again, and
+    under CUDA graphs record again)."""
+    decoder, _ = _decoder_and_head(model)
+    saved = decoder.__dict__.pop("_lorapilot_eager_forward", None) if decoder is not None else None
+    if saved is None:
+        return
+    eager_forward, was_own = saved
+    if was_own:
+        decoder.forward = eager_forward
+    else:
+        del decoder.__dict__["forward"]  # the class's own forward again
+
+
+def is_compiled(model: Any) -> bool:
+    decoder, _ = _decoder_and_head(model)
+    return decoder is not None and "_lorapilot_eager_forward" in decoder.__dict__
 
 
 def _trial(model, loss_fn, batch, precision, device, iterations: int) -> float | None:

@@ -66,7 +66,7 @@ from lorapilot.train.checkpoint import (
     save_checkpoint,
     write_final,
 )
-from lorapilot.train.compiled import compile_decoder, pad_multiple, uses_cudagraphs
+from lorapilot.train.compiled import compile_decoder, is_compiled, pad_multiple, uncompile
 from lorapilot.train.distributed import accelerator_for, check_distributed
 from lorapilot.train.examples import TrainingSet, as_training_set, padded_to
 from lorapilot.train.loss import LossModule, call_module, prefix_decision
@@ -299,8 +299,8 @@ def _validate(lp: _Loop, val_set: TrainingSet, eval_fn, at_step: int) -> dict:
         record = {"step": at_step, "val_loss": val}
         if eval_fn is not None:
             lp.model.eval()
-            # evaluation's shapes do not repeat: under CUDA graphs each would record a graph
-            eager = uses_cudagraphs(cfg, device.type) and (lp.compiled or {}).get("compiled")
+            # evaluated as the final adapter is, eagerly (compiled.uncompile says why)
+            eager = is_compiled(lp.model)
             with torch.compiler.set_stance("force_eager") if eager else contextlib.nullcontext():
                 record["eval"] = eval_fn(lp.model)
             lp.model.train()
@@ -514,6 +514,7 @@ def train(
         val_records.append(validate(step))
     if last_saved != step:
         last_ckpt = _checkpoint(lp, step)
+    uncompile(model)  # the caller evaluates the adapter eagerly, as the baseline was
     weights = fsdp.gather_weights(lp.sharded) if lp.sharded is not None else None
     adapter_dir = write_final(model, out_dir, weights) if lp.main else out_dir / "adapter"
     lp.acc.wait_for_everyone()
