@@ -52,3 +52,17 @@ def test_targets_without_a_gpu_says_so_in_one_json_object(tmp_path):
     assert out["ok"] is False and out["gpu"] is False
     assert "--targets measures a GPU" in out["error"]
     assert not any(k.startswith("targets_") for k in out)
+
+
+def test_gpu_wheels_script_parses_and_says_how_to_use_the_wheels(tmp_path):
+    """scripts/gpu_wheels.sh (the wheels an offline GPU machine needs): valid bash, and its
+    --help names the install line the GPU machine runs, without downloading anything."""
+    wheels = ROOT / "scripts" / "gpu_wheels.sh"
+    assert subprocess.run(["bash", "-n", str(wheels)]).returncode == 0
+    proc = subprocess.run(
+        ["bash", str(wheels), "--help"], capture_output=True, text=True, timeout=30, cwd=tmp_path
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "pip install -q --no-index --no-deps --target" in proc.stdout
+    assert "gpu_check.sh --targets" in proc.stdout
+    assert list(tmp_path.iterdir()) == []
