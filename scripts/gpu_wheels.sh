@@ -19,7 +19,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 DIR="${1:-$ROOT/.whl}"
 PYV="${GPU_WHEELS_PYTHON_VERSION:-3.12}"
 PY="${PYTHON:-python3}"
-case "${1:-}" in -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
+case "${1:-}" in -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
 
 # The packages lorapilot imports at run time beyond what a CUDA image usually holds (numpy,
 # pyarrow, matplotlib, PyYAML, rich, typer, psutil, tokenizers and huggingface-hub are there),
