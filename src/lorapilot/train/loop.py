@@ -288,7 +288,11 @@ def _validate(lp: _Loop, val_set: TrainingSet, eval_fn, at_step: int) -> dict:
     that evaluation never shifts the dropout draws of training (resumes must match exactly)."""
     device, cfg = lp.acc.device, lp.cfg
     fork = [device.index or 0] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=fork):
+    # train.compile: only the steps run compiled; validation without gradients would be
+    # another graph to compile (minutes on a CPU), evaluation's shapes do not repeat, and the
+    # final adapter is evaluated eagerly as the baseline was (compiled.uncompile)
+    eager = torch.compiler.set_stance("force_eager") if is_compiled(lp.model) else None
+    with torch.random.fork_rng(devices=fork), eager or contextlib.nullcontext():
         if lp.sharded is not None:  # every rank must run the same forwards (collectives)
             val = fsdp.validation_loss(lp.sharded, val_set, cfg.micro_batch, cfg.precision, lp.acc)
         else:
@@ -299,10 +303,7 @@ def _validate(lp: _Loop, val_set: TrainingSet, eval_fn, at_step: int) -> dict:
         record = {"step": at_step, "val_loss": val}
         if eval_fn is not None:
             lp.model.eval()
-            # evaluated as the final adapter is, eagerly (compiled.uncompile says why)
-            eager = is_compiled(lp.model)
-            with torch.compiler.set_stance("force_eager") if eager else contextlib.nullcontext():
-                record["eval"] = eval_fn(lp.model)
+            record["eval"] = eval_fn(lp.model)
             lp.model.train()
     record["time"] = time.time()
     if lp.main:
