@@ -47,18 +47,22 @@ def run(tiny_model_dir, examples, out, eval_fn=None, model=None, **cfg):
         # the graphs of both passes of the shared prefix (on on a CPU) and of checkpointing's
         # recomputation, captured and differentiated, without code generation
         ("aot_eager", dict(grad_checkpointing=True)),
-        # the real backend end to end (C++ kernels here), on the plain path: ~1-2 min cold
-        ("inductor", dict(shared_prefix="off")),
+        # the real backend end to end (C++ kernels here), on the plain path: ~1-2 min cold;
+        # with LoRA dropout, whose masks inductor must draw as eager draws them
+        ("inductor", dict(shared_prefix="off", dropout=0.1)),
     ],
 )
 def test_the_compiled_decoder_trains_as_the_eager_one(
     tiny_model_dir, examples, tmp_path, monkeypatch, backend, kw
 ):
     monkeypatch.setattr(compiled, "BACKEND", backend)
-    eager, eager_losses, eager_adapter, _ = run(tiny_model_dir, examples, tmp_path / "e", **kw)
+    dropout = kw.pop("dropout", 0.0)
+    eager, eager_losses, eager_adapter, _ = run(
+        tiny_model_dir, examples, tmp_path / "e", model=lora_model(tiny_model_dir, dropout), **kw
+    )
     assert eager.compile is None
     before = compiled._dynamo_counts()[0]
-    model = lora_model(tiny_model_dir)
+    model = lora_model(tiny_model_dir, dropout)
     evaluated = []
 
     def eval_fn(m):  # evaluation's own calls (a KV cache, one row): they run eagerly

@@ -14,6 +14,9 @@ shapes. The trial runs one forward and backward of the first micro-batch as a st
 compile again), with the RNG forked and the gradients dropped after it, so that training is
 the eager training's step for step; a failure (no compiler, an unsupported op, a graph the
 backend refuses) restores the eager forward and the reason goes in the run record.
+Inductor draws random numbers with torch's own generator (`fallback_random`): LoRA dropout
+then masks exactly as in eager training, so a compiled run is the eager run within float
+rounding (with its own generator the masks differ and losses agree only statistically).
 
 `train.compile_mode: reduce-overhead` asks for CUDA graphs: the compiled step's kernels are
 recorded once per shape and replayed, not launched one by one from Python, which is what
@@ -75,7 +78,9 @@ def compile_decoder(
         return _eager("the model has no separable decoder and head to compile", log, mode)
     device = next(model.parameters()).device
     cudagraphs = mode == "reduce-overhead" and device.type == "cuda"
-    options = {"mode": "reduce-overhead"} if cudagraphs and BACKEND == "inductor" else {}
+    options = {}
+    if BACKEND == "inductor":  # ("reduce-overhead" is inductor's mode for these options)
+        options = {"options": {"fallback_random": True, "triton.cudagraphs": cudagraphs}}
     eager_forward = decoder.forward
     decoder.__dict__["_lorapilot_eager_forward"] = (eager_forward, "forward" in decoder.__dict__)
     decoder.forward = torch.compile(eager_forward, dynamic=True, backend=BACKEND, **options)
