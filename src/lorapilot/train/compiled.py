@@ -49,9 +49,9 @@ CUDAGRAPH_PAD_MULTIPLE = 64  # tokens: at most 8 widths up to 512, at most 63 pa
 REPLAY_TOLERANCE = 1e-3  # relative: accumulated gradients vs 3 x the first's (bf16 kernels)
 
 
-def uses_cudagraphs(cfg: Any, device_type: str) -> bool:
-    """Whether `train.compile` on this device replays CUDA graphs."""
-    return cfg.compile == "on" and cfg.compile_mode == "reduce-overhead" and device_type == "cuda"
+def replays_graphs(mode: str, device_type: str) -> bool:
+    """Whether `train.compile_mode: mode` replays CUDA graphs on this device."""
+    return mode == "reduce-overhead" and device_type == "cuda"
 
 
 def pad_multiple(cfg: Any, device_type: str) -> int:
@@ -59,7 +59,8 @@ def pad_multiple(cfg: Any, device_type: str) -> int:
     where CUDA graphs are replayed (each new width records a graph), else 1 (no padding)."""
     if cfg.pad_to_multiple_of:
         return cfg.pad_to_multiple_of
-    return CUDAGRAPH_PAD_MULTIPLE if uses_cudagraphs(cfg, device_type) else 1
+    replays = cfg.compile == "on" and replays_graphs(cfg.compile_mode, device_type)
+    return CUDAGRAPH_PAD_MULTIPLE if replays else 1
 
 
 def compile_decoder(
@@ -77,7 +78,7 @@ def compile_decoder(
     if decoder is None:
         return _eager("the model has no separable decoder and head to compile", log, mode)
     device = next(model.parameters()).device
-    cudagraphs = mode == "reduce-overhead" and device.type == "cuda"
+    cudagraphs = replays_graphs(mode, device.type)
     options = {}
     if BACKEND == "inductor":  # ("reduce-overhead" is inductor's mode for these options)
         options = {"options": {"fallback_random": True, "triton.cudagraphs": cudagraphs}}
