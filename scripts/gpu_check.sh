@@ -23,10 +23,10 @@ examples/ticket-triage and prints one JSON object with the figures (progress on 
   --quick      shortened run (default without a GPU): val/test 5%, micro-batch 2,
                max_length 96, probe --steps 5, train.max_steps=2, no bench
   --full       the GPU settings even without a GPU (slow on a CPU)
-  --targets    only #36's GPU targets, in at most ~9 minutes (needs a GPU; no model files):
+  --targets    only #36's GPU targets, in at most ~9.5 minutes (needs a GPU; no model files):
                bench/gpu_shapes.py at 135M on ticket-triage shapes and at 8B on the long
-               prompt, each eager, compiled and with CUDA graphs, then the 8B step under
-               24 and 40 GiB caps; for a short lease, where the whole check does not fit
+               prompt, eager, and the 8B step under 24 and 40 GiB caps; then both shapes
+               again compiled and with CUDA graphs; for a short lease
   --keep       keep the work folder (its path is in the JSON as "work_dir")
   --work DIR   work folder to use (default: a new temp folder)
   -h, --help   this help
@@ -189,7 +189,8 @@ if compiled is not None:
 capped_compiled = load("gpu_capped_compiled")
 if capped_compiled is not None:
     res["gpu_capped_compiled"] = capped_compiled
-for name in ("targets_135m", "targets_8b", "targets_capped"):  # --targets
+for name in ("targets_135m", "targets_8b", "targets_capped", "targets_135m_compiled",
+             "targets_8b_compiled"):  # --targets
     if load(name) is not None:
         res[name] = load(name)
 
@@ -290,19 +291,24 @@ log "gpu: $GPU, quick: $QUICK"
 
 # --------------------------------------------------------------------------- --targets
 # #36's targets alone (bench/README.md): the 135M step against Trainer + PEFT (>= 1.5x), the
-# 8B long-prompt step (<= 0.15 s), each eager, compiled and with CUDA graphs; the 8B r16 step
-# of 8 x 512 tokens with checkpointing under a 24 GiB cap (estimate within 10%). A step that
-# fails or runs past its time is skipped, so the others' figures still come back.
+# 8B long-prompt step (<= 0.15 s), the 8B r16 step of 8 x 512 tokens with checkpointing under
+# a 24 GiB cap (estimate within 10%); first eager (quick), then compiled and with CUDA graphs
+# (compiles take minutes). A step that fails or runs past its time is skipped, so the
+# others' figures still come back.
 if [ "$TARGETS" = 1 ]; then
   [ "$GPU" = 1 ] || die "--targets measures a GPU and this machine has none (torch.cuda.is_available() is false); run without --targets for the CPU check"
-  SHAPES=("$PY" "$ROOT/bench/gpu_shapes.py" --json --cap-gib "" --compile
-          --compile-modes default,reduce-overhead)
-  run_step targets_135m timeout 180 "${SHAPES[@]}" --shapes 135m --cases ticket --steps 5 \
-    || skip "bench/gpu_shapes.py 135M failed or ran past 3 min (see stderr)"
-  run_step targets_8b timeout 240 "${SHAPES[@]}" --shapes 8b --cases long --steps 3 \
-    || skip "bench/gpu_shapes.py 8B failed or ran past 4 min (see stderr)"
+  SHAPES=("$PY" "$ROOT/bench/gpu_shapes.py" --json --cap-gib "")
+  COMPILED=(--compile --compile-modes default,reduce-overhead)
+  run_step targets_135m timeout 60 "${SHAPES[@]}" --shapes 135m --cases ticket --steps 5 \
+    || skip "bench/gpu_shapes.py 135M failed or ran past 1 min (see stderr)"
+  run_step targets_8b timeout 90 "${SHAPES[@]}" --shapes 8b --cases long --steps 3 \
+    || skip "bench/gpu_shapes.py 8B failed or ran past 1.5 min (see stderr)"
   run_step targets_capped timeout 120 "$PY" "$ROOT/bench/gpu_shapes.py" --json --shapes "" \
     --cap-gib 24,40 || skip "bench/gpu_shapes.py --cap-gib failed or ran past 2 min (see stderr)"
+  run_step targets_135m_compiled timeout 150 "${SHAPES[@]}" "${COMPILED[@]}" --shapes 135m \
+    --cases ticket --steps 5 || skip "bench/gpu_shapes.py 135M compiled failed or ran past 2.5 min"
+  run_step targets_8b_compiled timeout 150 "${SHAPES[@]}" "${COMPILED[@]}" --shapes 8b \
+    --cases long --steps 3 || skip "bench/gpu_shapes.py 8B compiled failed or ran past 2.5 min"
   CURRENT=""
   exit 0
 fi
