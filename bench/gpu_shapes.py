@@ -3,7 +3,7 @@
 
     .venv/bin/python bench/gpu_shapes.py [--shapes 135m,1.7b,8b] [--cases ticket,long]
         [--steps 4] [--cap-gib 24,40] [--cap-rows 8] [--cap-tokens 512] [--compile]
-        [--compile-modes default,reduce-overhead] [--checkpointing] [--json]
+        [--compile-modes default,reduce-overhead] [--checkpointing] [--peft-forward] [--json]
 
 Per shape and case (random Llama-architecture models and token ids from
 `bench/prefix_paths.py`), in one process, sides alternating:
@@ -23,7 +23,10 @@ side once more with `train.compile: on` (`lorapilot_compiled`: the trial's secon
 included, then the step time, and the graphs and graph breaks of its trial), to decide whether
 it should become the GPU default; with `--compile-modes default,reduce-overhead` also with
 `train.compile_mode: reduce-overhead` (`lorapilot_cudagraphs`: CUDA graphs; the bench's
-batches repeat their shape, so no padding is needed). `--checkpointing`: every side with
+batches repeat their shape, so no padding is needed). `--peft-forward`: lorapilot's side once more
+with `train.lora_forward: peft` (`lorapilot_peft_forward`: PEFT's own LoRA forward; the
+`lorapilot` side runs the fused one, `train/lora_forward.py`; `plain_peft` runs PEFT's).
+`--checkpointing`: every side with
 activation checkpointing (`adapter.set_checkpointing`, non-reentrant, as the loop sets it).
 
 `--cap-gib`: for each cap, `torch.cuda.set_per_process_memory_fraction` limits this process to
@@ -96,7 +99,9 @@ def plain_peft_loss(model, batch):
     return out.loss * n, n
 
 
-def time_side(model, loss_fn, batch, precision, steps, device) -> tuple[list[float], int]:
+def time_side(
+    model, loss_fn, batch, precision, steps, device, lora_forward="fused"
+) -> tuple[list[float], int]:
     import torch
 
     from lorapilot.spec import TrainSpec
@@ -107,14 +112,15 @@ def time_side(model, loss_fn, batch, precision, steps, device) -> tuple[list[flo
     targets = count_target_tokens(batch)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    times = timed_steps(model, optimizer, batch, targets, precision, steps, loss_fn)
+    times = timed_steps(model, optimizer, batch, targets, precision, steps, loss_fn, lora_forward)
     peak = torch.cuda.max_memory_allocated() if device.type == "cuda" else 0
     del optimizer
     return times, peak
 
 
 def compare_shape(
-    shape, cases, steps, device, precision, peak_flops, compile_modes=(), checkpointing=False
+    shape, cases, steps, device, precision, peak_flops, compile_modes=(), checkpointing=False,
+    peft_forward=False,
 ) -> dict:
     import functools
 
@@ -139,20 +145,24 @@ def compare_shape(
         }
         path = prefix_path(ours, batch, "auto")[0]
         targets = int((batch["labels"][:, 1:] != -100).sum())
+        ours_tokens = computed_tokens(batch, path == "shared")
+        # (model, loss, tokens computed, head positions, train.lora_forward)
         sides = {
-            "lorapilot": (ours, auto, computed_tokens(batch, path == "shared"), targets),
+            "lorapilot": (ours, auto, ours_tokens, targets, "fused"),
             "plain_peft": (plain, plain_peft_loss, computed_tokens(batch, False),
-                           batch["input_ids"].numel()),
+                           batch["input_ids"].numel(), "peft"),
         }  # fmt: skip
+        if peft_forward:  # lorapilot's step with PEFT's own LoRA forward (train.lora_forward)
+            sides["lorapilot_peft_forward"] = (ours, auto, ours_tokens, targets, "peft")
         times: dict[str, list[float]] = {name: [] for name in sides}
         peaks: dict[str, int] = {}
         for _ in range(2):  # alternate, so a slow moment hits both
-            for name, (model, fn, _, _) in sides.items():
-                t, p = time_side(model, fn, batch, precision, steps, device)
+            for name, (model, fn, _, _, lora_forward) in sides.items():
+                t, p = time_side(model, fn, batch, precision, steps, device, lora_forward)
                 times[name] += t
                 peaks[name] = max(peaks.get(name, 0), p)
         entry: dict = {"lorapilot_path": path}
-        for name, (model, _, tokens, head_positions) in sides.items():
+        for name, (model, _, tokens, head_positions, _) in sides.items():
             step_s = statistics.median(times[name])
             flops = step_flops(model, tokens, head_positions)
             entry[name] = {
@@ -266,6 +276,11 @@ def main() -> None:
         "--checkpointing", action="store_true",
         help="every side with activation checkpointing (the capped 8B step always has it)",
     )  # fmt: skip
+    ap.add_argument(
+        "--peft-forward", action="store_true",
+        help="also time lorapilot's step with train.lora_forward: peft (PEFT's own LoRA "
+        "forward; the lorapilot side runs the fused one)",
+    )  # fmt: skip
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
@@ -300,6 +315,7 @@ def main() -> None:
             peak,
             modes,
             args.checkpointing,
+            args.peft_forward,
         )
     caps = [float(c) for c in args.cap_gib.split(",") if c]
     if caps and device.type != "cuda":

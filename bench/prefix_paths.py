@@ -121,8 +121,11 @@ def batch_for(case: dict, vocab: int, rng: random.Random):
     return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
 
-def timed_steps(model, optimizer, batch, targets, precision, steps, loss_fn) -> list[float]:
-    """Seconds of `steps` calls of `train.step.train_step` after one warm-up, synchronised."""
+def timed_steps(
+    model, optimizer, batch, targets, precision, steps, loss_fn, lora_forward="fused"
+) -> list[float]:
+    """Seconds of `steps` calls of `train.step.train_step` after one warm-up, synchronised
+    (`lora_forward`: `train.lora_forward`; "peft" for a plain PEFT reference)."""
     from lorapilot.train.step import train_step
 
     device = batch["input_ids"].device
@@ -130,7 +133,8 @@ def timed_steps(model, optimizer, batch, targets, precision, steps, loss_fn) -> 
     for i in range(steps + 1):  # the first is a warm-up
         _sync(device)
         t0 = time.perf_counter()
-        train_step(model, optimizer, None, [batch], targets, precision, 1.0, loss_fn=loss_fn)
+        train_step(model, optimizer, None, [batch], targets, precision, 1.0, loss_fn=loss_fn,
+                   lora_forward=lora_forward)  # fmt: skip
         _sync(device)
         if i:
             times.append(time.perf_counter() - t0)

@@ -25,7 +25,8 @@ examples/ticket-triage and prints one JSON object with the figures (progress on 
   --full       the GPU settings even without a GPU (slow on a CPU)
   --targets    only #36's GPU targets, in at most ~9.5 minutes (needs a GPU; no model files):
                bench/gpu_shapes.py at 135M on ticket-triage shapes and at 8B on the long
-               prompt, eager, and the 8B step under 24 and 40 GiB caps; then both shapes
+               prompt, eager (with the fused and PEFT's LoRA forward), and the 8B step
+               under 24 and 40 GiB caps; then both shapes
                again compiled and with CUDA graphs; for a short lease
   --keep       keep the work folder (its path is in the JSON as "work_dir")
   --work DIR   work folder to use (default: a new temp folder)
@@ -300,9 +301,9 @@ if [ "$TARGETS" = 1 ]; then
   SHAPES=("$PY" "$ROOT/bench/gpu_shapes.py" --json --cap-gib "")
   COMPILED=(--compile --compile-modes default,reduce-overhead)
   run_step targets_135m timeout 60 "${SHAPES[@]}" --shapes 135m --cases ticket --steps 5 \
-    || skip "bench/gpu_shapes.py 135M failed or ran past 1 min (see stderr)"
+    --peft-forward || skip "bench/gpu_shapes.py 135M failed or ran past 1 min (see stderr)"
   run_step targets_8b timeout 90 "${SHAPES[@]}" --shapes 8b --cases long --steps 3 \
-    || skip "bench/gpu_shapes.py 8B failed or ran past 1.5 min (see stderr)"
+    --peft-forward || skip "bench/gpu_shapes.py 8B failed or ran past 1.5 min (see stderr)"
   run_step targets_capped timeout 120 "$PY" "$ROOT/bench/gpu_shapes.py" --json --shapes "" \
     --cap-gib 24,40 || skip "bench/gpu_shapes.py --cap-gib failed or ran past 2 min (see stderr)"
   run_step targets_135m_compiled timeout 150 "${SHAPES[@]}" "${COMPILED[@]}" --shapes 135m \

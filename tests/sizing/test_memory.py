@@ -277,13 +277,18 @@ def test_layer_formula_for_lora_all_linear_in_bf16():
         + 2 * h
         + 4 * a  # output, log-sum-exp
         + 3 * 2 * i  # SiLU in/out, up
-        + 2 * (6 * h + i)
-        + 7 * 2 * r  # each adapter's own input copy + its rank-r output
+        + 2 * (h + h + i)  # the adapters' inputs: q/k/v's, gate/up's, down's (o's: sdpa's)
+        + 7 * 2 * r  # each adapter's rank-r output
     )
     got = layer_activation_bytes(
         TINY, micro_batch=3, seq_len=100, precision="bf16", weight_dtype_bytes=4, lora_rank=r
     )
     assert got["total"] == expected * 300
+    peft = layer_activation_bytes(  # PEFT's forward: each adapter its own cast copy
+        TINY, micro_batch=3, seq_len=100, precision="bf16", weight_dtype_bytes=4, lora_rank=r,
+        lora_forward="peft",
+    )  # fmt: skip
+    assert peft["total"] - got["total"] == 2 * (6 * h + i - (h + h + i)) * 300
     flash = layer_activation_bytes(  # grouped k and v, as they are
         TINY, micro_batch=3, seq_len=100, precision="bf16", weight_dtype_bytes=4, lora_rank=r,
         attention="flash",
@@ -293,12 +298,14 @@ def test_layer_formula_for_lora_all_linear_in_bf16():
         TINY, micro_batch=3, seq_len=100, precision="bf16", weight_dtype_bytes=4, lora_rank=r,
         lora_dropout=0.1,
     )  # fmt: skip
-    assert dropout["total"] - got["total"] == 1 * (6 * h + i) * 300  # a 1-byte mask each
+    # with dropout each adapter masks its own input (PEFT's arithmetic): + a 1-byte mask each
+    assert dropout["total"] - peft["total"] == 1 * (6 * h + i) * 300
     fewer = layer_activation_bytes(
         TINY, micro_batch=3, seq_len=100, precision="bf16", weight_dtype_bytes=4, lora_rank=r,
         adapted_modules=["model.layers.0.self_attn.q_proj", "v_proj", "lm_head"],
     )  # fmt: skip
-    assert got["adapter"] - fewer["adapter"] == 300 * 2 * (4 * h + i + 5 * r)
+    # q and v share their input: gate/up's and down's inputs and five rank-r outputs fewer
+    assert got["adapter"] - fewer["adapter"] == 300 * 2 * (h + i + 5 * r)
 
 
 def test_fp32_shares_inputs_and_16_bit_compute_halves_them():
@@ -415,7 +422,8 @@ def test_a_quantized_bases_mlp_activations_are_in_the_residual_dtype():
     shape = ModelShape(n_params=1000, n_layers=2, hidden=8, intermediate=16, n_heads=2,
                        n_kv_heads=1, vocab=100, tied_embeddings=True)  # fmt: skip
     kw = dict(micro_batch=2, seq_len=5, precision="bf16")
-    plain = layer_activation_bytes(shape, weight_dtype_bytes=4, **kw)
+    # (a 4-bit base's LoRA layers are bitsandbytes': PEFT's forward, never the fused one)
+    plain = layer_activation_bytes(shape, weight_dtype_bytes=4, lora_forward="peft", **kw)
     nf4 = layer_activation_bytes(shape, weight_dtype_bytes=4, quantized=True, **kw)
     assert plain["mlp"] == 3 * 2 * 16 * 10 and nf4["mlp"] == 3 * 4 * 16 * 10
     assert {k: v for k, v in nf4.items() if k not in ("mlp", "total")} == {

@@ -164,6 +164,7 @@ def measure(
     device,
     loss_fn: Callable | None = None,
     live: bool = False,
+    lora_forward: str = "fused",
 ) -> dict:
     """Fresh optimizer, `warmup` + `steps` train_steps on one batch, timed and peak-measured
     (with the training loop's `loss_fn`: the shared-prefix path when it is the one that
@@ -195,6 +196,7 @@ def measure(
                         precision,
                         max_grad_norm,
                         loss_fn=loss_fn,
+                        lora_forward=lora_forward,
                     )
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)
@@ -249,7 +251,8 @@ def checkpoint_seconds(model, batch: dict, tcfg, root, precision: str, loss_fn=N
 
     optimizer = make_optimizer(model, tcfg)
     train_step(model, optimizer, None, [batch], count_target_tokens(batch), precision,
-               tcfg.max_grad_norm, loss_fn=loss_fn)  # fmt: skip
+               tcfg.max_grad_norm, loss_fn=loss_fn,
+               lora_forward=tcfg.lora_forward)  # fmt: skip
     scheduler = make_scheduler(optimizer, "constant", 0, 1)
     try:
         t0 = time.perf_counter()

@@ -237,6 +237,7 @@ def layer_activation_bytes(
     lora_dropout: float = 0.0,
     dropout_mask_bytes: float = 1.0,
     quantized: bool = False,
+    lora_forward: str = "fused",
 ) -> dict[str, int]:
     """Bytes one decoder layer saves for backward, by part (and "total").
 
@@ -264,10 +265,15 @@ def layer_activation_bytes(
       quantize are fp32: on the default model in NF4 the three are fp32, 422 MiB saved by
       a forward of 8 x 100 tokens against 385 MiB of bf16 ones unquantized);
     - adapter, LoRA (matrices in fp32, so the adapter computes in p under autocast, else
-      in 4 bytes): each adapted linear keeps its own copy of its input, d_in bytes-of-
-      adapter each (shared per input only when nothing is cast: fp32 weights, no autocast,
-      no dropout), its rank-r output, and with dropout a mask of dropout_mask_bytes x d_in
-      (1 on CUDA; CPUs save a float mask of the fp32 input: pass 4). Full fine-tuning:
+      in 4 bytes): its rank-r output, and the input its first matmul keeps, d_in bytes-of-
+      adapter. Without dropout, one such tensor per distinct input (q, k and v share one,
+      gate and up one; o's is attention's output, kept already under sdpa) when nothing is
+      cast (fp32 weights, no autocast) or under `lora_forward` "fused" (train/lora_forward.py:
+      the input cast once for all its readers; not on a quantized base, whose LoRA layers
+      are bitsandbytes'); with PEFT's forward under autocast each adapted linear keeps its
+      own cast copy. With dropout each keeps its own masked input and a mask of
+      dropout_mask_bytes x d_in (1 on CUDA; CPUs save a float mask of the fp32 input: pass
+      4). Full fine-tuning:
       the two norm outputs for the norms' weight gradients and each linear's input (one
       per distinct input; one per linear when autocast casts fp32 activations).
 
@@ -296,11 +302,12 @@ def layer_activation_bytes(
     if adapter == "lora":
         ad = p if autocast else 4  # the adapter's compute bytes
         adapted = _adapted(adapted_modules)
+        fused = lora_forward == "fused" and not quantized and (autocast or weight_dtype_bytes >= 4)
         if lora_dropout > 0:
             inputs = sum((ad + dropout_mask_bytes) * widths[m] for m in adapted)
-        elif autocast or weight_dtype_bytes < 4:  # every adapter casts its own copy
+        elif (autocast or weight_dtype_bytes < 4) and not fused:  # each casts its own copy
             inputs = sum(ad * widths[m] for m in adapted)
-        else:  # nothing cast: one tensor per distinct input (o's input is sdpa's output)
+        else:  # one tensor per distinct input (o's input is sdpa's output)
             groups = [("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"), ("down_proj",)]
             if attention == "eager":
                 groups.append(("o_proj",))
@@ -426,6 +433,7 @@ def estimate_step_memory(
     lora_rank: int = 16,
     lora_dropout: float = 0.0,
     dropout_mask_bytes: float = 1.0,
+    lora_forward: str = "fused",
     workspace_fraction: float = DEFAULT_WORKSPACE_FRACTION,
     quantized_bytes_per_param: float | None = None,
     dequantize_bytes: int = 2,
@@ -482,6 +490,7 @@ def estimate_step_memory(
         lora_dropout=lora_dropout,
         dropout_mask_bytes=dropout_mask_bytes,
         quantized=quantized_bytes_per_param is not None,
+        lora_forward=lora_forward,
     )["total"]
     # one token's keys and values in one layer, in the compute dtype: as the rows' attention
     # keeps them (repeated to every head but under flash), and as the prefix pass captured them

@@ -123,6 +123,7 @@ def estimate_row(
         lora_rank=spec.adapter.r,
         lora_dropout=spec.adapter.dropout,
         dropout_mask_bytes=4 if on_cpu else 1,  # CPUs keep a float mask (see memory.py)
+        lora_forward=spec.train.lora_forward,
         workspace_fraction=workspace,
         **quantized_memory(spec.model.quantization),
         shared_prefix_tokens=shared_prefix,

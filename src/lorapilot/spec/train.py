@@ -114,9 +114,19 @@ class TrainSpec(_Strict):
         "shows in the steps' padding_efficiency). null: to the longest example; 64 under "
         "compile_mode: reduce-overhead on a GPU.",
     )
+    lora_forward: Literal["fused", "peft"] = Field(
+        "fused",
+        description="How a training step runs each plain LoRA linear. fused: PEFT's "
+        "arithmetic without its input casts (the input cast to the compute dtype once for "
+        "the base and every adapter that reads it, not copied per adapter; the scaled add in "
+        "one kernel): less activation memory and fewer kernels, the same losses and "
+        "gradients (bit for bit in fp32, and in bf16 when alpha/r is a power of two). peft: "
+        "PEFT's own forward. Validation, evaluation and exports always run PEFT's.",
+    )
 
     _omitted_at: ClassVar[dict[str, tuple]] = {
         "shared_prefix": ("auto",),  # same gradients
+        "lora_forward": ("fused",),
         "compile": ("off",),  # the default: specs from before it keep their hash
         "compile_mode": ("default",),
         "pad_to_multiple_of": (None,),

@@ -358,6 +358,7 @@ def _measure_config(pr: _Probe, name: str, mb: int, ckpt: bool, search: bool = F
         device=pr.device,
         loss_fn=loss_fn,
         live=pr.on_cpu,
+        lora_forward=tcfg.lora_forward,
     )
     del batch
     row = {

@@ -143,6 +143,7 @@ def run_train(
                 precision=spec.train.precision,
                 max_grad_norm=spec.train.max_grad_norm,
                 loss_fn=train_ex.loss_fn(spec.train)[0],  # the path the training steps take
+                lora_forward=spec.train.lora_forward,
             )
             run.update(update_audit=audit)
             if not audit["ok"]:

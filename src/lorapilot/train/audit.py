@@ -143,6 +143,7 @@ def run_update_audit(
     *,
     precision: str = "fp32",
     max_grad_norm: float | None = None,
+    lora_forward: str = "fused",
 ) -> dict:
     """Take `steps` real optimizer steps, audit, then restore every parameter exactly.
 
@@ -210,6 +211,7 @@ def run_update_audit(
                     precision,
                     max_grad_norm,
                     loss_fn=loss_fn,
+                    lora_forward=lora_forward,
                 )
                 losses.append(out["loss"])
             result = update_audit(

@@ -38,6 +38,7 @@ import torch
 
 from lorapilot.base.precision import autocast
 from lorapilot.train.batches import batch_width
+from lorapilot.train.lora_forward import fused
 from lorapilot.train.loss import _decoder_and_head
 from lorapilot.train.step import short_sequence_attention
 
@@ -70,6 +71,7 @@ def compile_decoder(
     precision: str,
     log: Callable[[str], None],
     mode: str = "default",
+    lora_forward: str = "fused",
 ) -> dict[str, Any]:
     """Compile `model`'s decoder in place and try it on `batch`; the run record's entry:
     {requested, mode, compiled, cudagraphs, seconds (the trial, compile included), graphs,
@@ -89,7 +91,8 @@ def compile_decoder(
     t0 = time.perf_counter()
     graphs, breaks = _dynamo_counts()
     try:
-        replay_error = _trial(model, loss_fn, batch, precision, device, 3 if cudagraphs else 1)
+        with fused(model, lora_forward == "fused"):  # the forward the steps run (guards)
+            replay_error = _trial(model, loss_fn, batch, precision, device, 3 if cudagraphs else 1)
     except Exception as e:  # any compiler failure: train eagerly, say why
         uncompile(model)
         why = f"torch.compile failed: {type(e).__name__}: {_first_line_of(str(e))}"

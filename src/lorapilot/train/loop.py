@@ -55,7 +55,7 @@ from lorapilot.records.environment import cpu_has_fast_bf16
 from lorapilot.records.progress import Phase
 from lorapilot.records.registry import StoppedByLimit
 from lorapilot.spec import TrainSpec
-from lorapilot.train import fsdp
+from lorapilot.train import fsdp, lora_forward
 from lorapilot.train.batches import MicroBatchStream
 from lorapilot.train.checkpoint import (
     Log,
@@ -103,6 +103,8 @@ class TrainResult:
     # train.compile: on: {requested, mode, compiled, seconds | reason} (train/compiled.py)
     compile: dict | None = None
     pad_to_multiple_of: int = 1  # micro-batch widths padded to a multiple of this (tokens)
+    # train.lora_forward: {mode, fused_layers, lora_layers} (train/lora_forward.py)
+    lora_forward: dict | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -210,7 +212,9 @@ def _setup(model, data: TrainingSet, cfg: TrainSpec, out_dir: Path, log: Log) ->
         log("train.compile: training eagerly: not with FSDP")
     elif cfg.compile == "on":  # before DDP wraps it; tried on the first micro-batch
         first = data.collate(list(range(min(cfg.micro_batch, len(data)))))
-        compiled = compile_decoder(model, rank_loss, first, cfg.precision, log, cfg.compile_mode)
+        compiled = compile_decoder(
+            model, rank_loss, first, cfg.precision, log, cfg.compile_mode, cfg.lora_forward
+        )
     # FSDP: shard before the optimizer is built, the parameters become DTensors (train.fsdp).
     sharded = fsdp.shard(LossModule(model, rank_loss), device, world) if use_fsdp else None
     optimizer = make_optimizer(model, cfg)
@@ -463,6 +467,7 @@ def train(
                 lp.acc,
                 loss_fn=lp.loss_fn,
                 scaler=lp.scaler,
+                lora_forward=cfg.lora_forward,
             )
             step += 1
             dt = time.perf_counter() - t0
@@ -554,4 +559,5 @@ def train(
         unit=data.unit,
         compile=lp.compiled,
         pad_to_multiple_of=lp.pad_multiple,
+        lora_forward=lora_forward.describe(model, cfg.lora_forward),
     )

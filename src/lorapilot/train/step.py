@@ -19,6 +19,7 @@ from lorapilot.base.precision import autocast
 from lorapilot.errors import UsageError
 from lorapilot.spec import TrainSpec
 from lorapilot.train.batches import Batch, batch_units, batch_width
+from lorapilot.train.lora_forward import fused
 from lorapilot.train.loss import causal_lm_loss_sum
 
 EAGER_ATTENTION_MAX_WIDTH = 256  # CPU: eager attention is faster up to about this width
@@ -68,13 +69,15 @@ def train_step(
     *,
     loss_fn: Callable | None = None,
     scaler=None,
+    lora_forward: str = "fused",
 ) -> dict:
     """One optimizer step over `micro_batches` (gradient accumulation).
 
     `total_target_tokens` counts the target tokens of the whole step across all
     micro-batches (and all ranks). `loss_fn(model, batch) -> (loss_sum, n_targets)`
-    defaults to `causal_lm_loss_sum`. Returns {loss (mean per target token), grad_norm,
-    lr (used by this step), tokens, padded_tokens, target_tokens}.
+    defaults to `causal_lm_loss_sum`. `lora_forward` is `train.lora_forward` (fused: the LoRA
+    linears run `lora_forward.fused`'s forward during the step). Returns {loss (mean per
+    target token), grad_norm, lr (used by this step), tokens, padded_tokens, target_tokens}.
     """
     loss_fn = loss_fn or causal_lm_loss_sum
     params = [p for group in optimizer.param_groups for p in group["params"]]
@@ -92,7 +95,7 @@ def train_step(
     tokens = padded = 0
     width = max(batch_width(mb) for mb in micro_batches)
     # CPU and short sequences: eager attention, ~20% faster steps (see the function).
-    with short_sequence_attention(model, device.type, width):
+    with short_sequence_attention(model, device.type, width), fused(model, lora_forward == "fused"):
         for i, mb in enumerate(micro_batches):
             real, room = batch_units(mb)  # counted on the host, before the copy
             tokens, padded = tokens + real, padded + room

@@ -1,0 +1,148 @@
+"""The LoRA linear's forward as a training step runs it: PEFT's arithmetic, fewer kernels.
+
+PEFT's `lora.Linear.forward` casts the layer's input to the LoRA matrices' dtype (fp32)
+before the adapter, and under bf16/fp16 autocast the adapter's first matmul casts it back:
+with the frozen base held in the compute dtype (`model.dtype: auto`) every adapted linear
+makes two full-size copies of its input, keeps the second for backward (7 per decoder
+layer where the base keeps none), and backward casts the input gradient down and up
+again. It then scales the adapter's output and adds it to the base's in two more kernels.
+On a GPU a pilot's step is bound by kernel launches (bench/README.md, "On a GPU"), and the
+copies are activation memory.
+
+`fused(model)` gives each plain LoRA linear (one active adapter, no DoRA or other variant,
+no LoRA bias, not merged) a forward with the same arithmetic and none of these: the input
+goes to the adapter in the dtype it has (autocast casts it only where PEFT's path would
+have ended with a cast too), so with no dropout the adapter keeps the very tensor the
+layer was given; the scaled add is one `add(alpha=scaling)`. In fp32, and in bf16 when the
+scaling is a power of two (the default alpha/r = 2), the results are PEFT's bit for bit
+(tests/train/test_lora_forward.py); otherwise they differ by one bf16 rounding of the
+product. Dropout masks the input in its own dtype rather than in fp32.
+
+Only the gradient steps run it (the loop's steps, the compile trial, the probe, the update
+audit): validation, evaluation, `verify` and exports run PEFT's own forward, so an
+adapter's recorded metrics are those of the runtime that reloads it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import types
+import weakref
+from collections.abc import Iterator
+
+import torch
+import torch.nn.functional as F
+
+_BOUND = "_lorapilot_fused_forward"  # the module's bound fused forward, made once
+
+
+def _plain_lora_linears(model) -> list[torch.nn.Module]:
+    """PEFT LoRA linears whose forward `_forward` reproduces (see the module docstring)."""
+    try:
+        from peft.tuners.lora.layer import Linear
+    except ImportError:  # no peft: nothing LoRA to fuse
+        return []
+    out = []
+    for m in model.modules():
+        if type(m) is not Linear or m.merged or m.disable_adapters:
+            continue
+        active = [a for a in m.active_adapters if a in m.lora_A]
+        if len(active) != 1 or active[0] in m.lora_variant:
+            continue
+        a = active[0]
+        if getattr(m.lora_B[a], "bias", None) is not None or not isinstance(
+            m.base_layer, torch.nn.Linear
+        ):
+            continue
+        out.append(m)
+    return out
+
+
+class _SharedCast(torch.autograd.Function):
+    """`copy` (x cast to the compute dtype, made once for every consumer of x) handed to one
+    consumer. Backward casts that consumer's gradient up to x's dtype on its own, as
+    autocast's cast per consumer does, so x's gradient is summed in x's dtype as before."""
+
+    @staticmethod
+    def forward(ctx, x, copy):
+        ctx.dtype = x.dtype
+        return copy.view_as(copy)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.to(ctx.dtype), None
+
+
+class _Casts:
+    """The last input cast for the adapters, by identity: q, k and v (gate and up) take the
+    same tensor one after the other; any other input drops it, so the cache keeps no copy
+    alive past its layer (autograd keeps what backward needs)."""
+
+    def __init__(self) -> None:
+        self.x: weakref.ref | None = None
+        self.copy: torch.Tensor | None = None
+
+    def of(self, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
+        if x.dtype == dtype:
+            self.x = self.copy = None
+            return None
+        if self.x is None or self.x() is not x or self.copy.dtype != dtype:
+            self.x, self.copy = weakref.ref(x), x.detach().to(dtype)
+        return self.copy
+
+
+def describe(model, mode: str) -> dict:
+    """The run record's entry: `train.lora_forward`, and how many LoRA linears ran fused."""
+    try:
+        from peft.tuners.lora import LoraLayer
+    except ImportError:
+        LoraLayer = ()  # noqa: N806
+    lora = sum(isinstance(m, LoraLayer) for m in model.modules()) if LoraLayer else 0
+    fused_layers = len(_plain_lora_linears(model)) if mode == "fused" else 0
+    return {"mode": mode, "fused_layers": fused_layers, "lora_layers": lora}
+
+
+def _forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+    name = self.active_adapters[0]
+    weight_a = self.lora_A[name].weight
+    casting = torch.is_autocast_enabled(x.device.type)
+    # adapter_names and the like, or an input autocast will not bring to the adapter's
+    # dtype (a 16-bit base trained in fp32): PEFT's own path
+    if args or kwargs or (x.dtype != weight_a.dtype and not casting):
+        return type(self).forward(self, x, *args, **kwargs)
+    dropout = self.lora_dropout[name]
+    if isinstance(dropout, torch.nn.Dropout) and dropout.p > 0 and dropout.training:
+        # as PEFT: the mask drawn on the input in the adapter's dtype (same draws, same
+        # rounding), autocast then casts the masked input for the matmul
+        result = self.base_layer(x)
+        h = F.linear(dropout(x.to(weight_a.dtype)), weight_a)
+    else:
+        copy = None
+        if casting and not torch.compiler.is_compiling():  # compiled: inductor shares casts
+            copy = self._lorapilot_casts.of(x, torch.get_autocast_dtype(x.device.type))
+        if copy is None:  # nothing to cast (or compiled): the adapter keeps x itself
+            result = self.base_layer(x)
+            h = F.linear(x, weight_a)
+        else:  # autocast would cast x for each linear: once, for all of them
+            result = self.base_layer(_SharedCast.apply(x, copy))
+            h = F.linear(_SharedCast.apply(x, copy), weight_a)
+    return torch.add(result, F.linear(h, self.lora_B[name].weight), alpha=self.scaling[name])
+
+
+@contextlib.contextmanager
+def fused(model, on: bool = True) -> Iterator[int]:
+    """Within: the plain LoRA linears of `model` run the fused forward. Yields how many."""
+    layers = _plain_lora_linears(model) if on else []
+    casts = _Casts()
+    for m in layers:
+        m.__dict__["_lorapilot_casts"] = casts
+        bound = m.__dict__.get(_BOUND)
+        if bound is None:  # one bound method per module: torch.compile's guards see one
+            bound = m.__dict__[_BOUND] = types.MethodType(_forward, m)
+        m.__dict__["forward"] = bound
+    try:
+        yield len(layers)
+    finally:
+        for m in layers:
+            m.__dict__.pop("forward", None)
+            m.__dict__.pop("_lorapilot_casts", None)
