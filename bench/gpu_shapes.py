@@ -119,7 +119,14 @@ def time_side(
 
 
 def compare_shape(
-    shape, cases, steps, device, precision, peak_flops, compile_modes=(), checkpointing=False,
+    shape,
+    cases,
+    steps,
+    device,
+    precision,
+    peak_flops,
+    compile_modes=(),
+    checkpointing=False,
     peft_forward=False,
 ) -> dict:
     import functools

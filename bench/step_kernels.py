@@ -8,10 +8,13 @@ One `train.step.train_step` of lorapilot's plain loss (`causal_lm_loss_sum`: the
 `shared_prefix: auto` takes on a GPU at 135M) on a random Llama of the shape
 (`bench/prefix_paths.py`), base held in bf16, bf16 autocast. Counted: the profiler's aten
 operations and inductor kernels with no such operation beneath them, views, allocations and
-host-side scalars left out: each would be one launch on a GPU. Gradient clipping and the
+host-side scalars (copies and fills of 0-d tensors) left out: each would be one launch on a
+GPU. Gradient clipping and the
 optimizer are counted apart: on a CPU they run per tensor (420 LoRA tensors at 135M), on a
-GPU as a few foreach launches. The compiled side compiles with inductor (C++ kernels, made
-to show in the profiler with TORCHINDUCTOR_CPP_ENABLE_KERNEL_PROFILE): minutes on 2 cores.
+GPU as a few foreach launches. `eager` runs the LoRA linears as training does
+(`train.lora_forward: fused`), `eager_peft_forward` with PEFT's own forward. The compiled
+side compiles with inductor (C++ kernels, made to show in the profiler with
+TORCHINDUCTOR_CPP_ENABLE_KERNEL_PROFILE): minutes on 2 cores.
 """
 
 from __future__ import annotations
@@ -43,9 +46,15 @@ NOT_LAUNCHES = {
 }  # fmt: skip
 
 
-def _is_kernel(name: str) -> bool:
+def _is_kernel(event) -> bool:
+    name = event.name
     inductor = "fused" in name or name.startswith("cpp_")
-    return inductor or (name.startswith("aten::") and name not in NOT_LAUNCHES)
+    # a copy or fill of a 0-d tensor is a host scalar made for an op (e.g. `grad * alpha`):
+    # on a GPU the scalar goes to the kernel as an argument, no launch
+    scalar = name in ("aten::copy_", "aten::fill_") and all(
+        not shape for shape in event.input_shapes if isinstance(shape, list)
+    )
+    return inductor or (name.startswith("aten::") and name not in NOT_LAUNCHES and not scalar)
 
 
 def count_step(step) -> dict:
@@ -57,12 +66,12 @@ def count_step(step) -> dict:
     t0 = time.perf_counter()
     step()
     seconds = time.perf_counter() - t0
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
         step()
     events = prof.events()
     above_a_kernel = set()
     for e in events:
-        if _is_kernel(e.name):
+        if _is_kernel(e):
             p = e.cpu_parent
             while p is not None:
                 above_a_kernel.add(id(p))
@@ -70,7 +79,7 @@ def count_step(step) -> dict:
     by_name: collections.Counter = collections.Counter()
     apart = 0  # clipping and the optimizer
     for e in events:
-        if not _is_kernel(e.name) or id(e) in above_a_kernel:
+        if not _is_kernel(e) or id(e) in above_a_kernel:
             continue
         p, per_tensor = e.cpu_parent, False
         while p is not None:
@@ -119,13 +128,15 @@ def main() -> None:
     optimizer = make_optimizer(model, TrainSpec())
     targets = count_target_tokens(batch)
 
-    def step():
+    def step(lora_forward="fused"):
         train_step(model, optimizer, None, [batch], targets, "bf16", 1.0,
-                   loss_fn=causal_lm_loss_sum)  # fmt: skip
+                   loss_fn=causal_lm_loss_sum, lora_forward=lora_forward)  # fmt: skip
 
     out: dict = {"shape": args.shape, "case": args.case, "threads": torch.get_num_threads(),
-                 "eager": count_step(step)}  # fmt: skip
+                 "eager": count_step(step),
+                 "eager_peft_forward": count_step(lambda: step("peft"))}  # fmt: skip
     print(f"eager: {out['eager']}", file=sys.stderr, flush=True)
+    print(f"eager, PEFT's LoRA forward: {out['eager_peft_forward']}", file=sys.stderr, flush=True)
     if not args.no_compile:
         record = compiled.compile_decoder(
             model, causal_lm_loss_sum, batch, "bf16", lambda m: print(m, file=sys.stderr)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_loop import TASK, TICKETS, lora_model
+from test_loop import TASK, TICKETS
 
 from lorapilot.base.adapter import build_adapter, set_checkpointing
 from lorapilot.base.models import load_model, resolve_base
@@ -129,15 +129,11 @@ def _copies_and_saved_bytes(model, batch, mode):
             with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
                 loss, _ = causal_lm_loss_sum(model, batch)
         loss.backward()
-    copies = sum(
-        e.name == "aten::copy_" and len(e.input_shapes[0]) == 3 for e in prof.events()
-    )
+    copies = sum(e.name == "aten::copy_" and len(e.input_shapes[0]) == 3 for e in prof.events())
     return copies, sum(storages.values())
 
 
-def test_the_fused_forward_casts_less_and_saves_what_the_memory_model_says(
-    tiny_model_dir, batch
-):
+def test_the_fused_forward_casts_less_and_saves_what_the_memory_model_says(tiny_model_dir, batch):
     model = adapted(tiny_model_dir, held=True)
     copies0, saved0 = _copies_and_saved_bytes(model, batch, "peft")
     copies1, saved1 = _copies_and_saved_bytes(model, batch, "fused")

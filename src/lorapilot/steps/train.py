@@ -240,6 +240,7 @@ def run_train(
         "steps": result.steps,
         "resumed_from": result.resumed_from,
         "prefix": result.prefix,
+        "lora_forward": result.lora_forward,
         "metrics": ev.metrics,
         "eval_protocol": protocol["eval_protocol"],
         "data_version": prepared.version,
