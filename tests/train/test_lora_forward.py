@@ -100,6 +100,11 @@ def test_only_plain_lora_linears_are_fused_and_the_forward_is_peft_s_after(tiny_
         assert n == len(linears) == 14
         assert all("forward" in m.__dict__ for m in linears)
     assert not any("forward" in m.__dict__ for m in linears)  # validation, eval: PEFT's
+    with fused(model):
+        with fused(model) as inner:  # nested: the outer region stays fused
+            assert inner == 14
+        assert all("forward" in m.__dict__ for m in linears)
+    assert not any("forward" in m.__dict__ for m in linears)
     assert describe(model, "fused") == {"mode": "fused", "fused_layers": 14, "lora_layers": 14}
     assert describe(model, "peft")["fused_layers"] == 0
 
@@ -110,6 +115,18 @@ def test_only_plain_lora_linears_are_fused_and_the_forward_is_peft_s_after(tiny_
     with fused(dora) as n:
         assert n == 0  # DoRA's forward is not LoRA's: PEFT's own
     assert describe(dora, "fused") == {"mode": "fused", "fused_layers": 0, "lora_layers": 2}
+    base, _ = load_model(resolve_base(str(tiny_model_dir)))
+    biased = get_peft_model(base, LoraConfig(r=4, target_modules=["q_proj"], lora_bias=True))
+    assert describe(biased, "fused")["fused_layers"] == 0  # a bias on B: PEFT's own
+    q = model.base_model.model.model.layers[0].self_attn.q_proj
+    torch.nn.init.normal_(q.lora_B["default"].weight)
+    x = torch.randn(2, 3, q.in_features)
+    with fused(model):
+        model.base_model.disable_adapter_layers()  # disabled within the region: no adapter
+        assert describe(model, "fused")["fused_layers"] == 0
+        assert torch.equal(q(x), q.base_layer(x))
+        model.base_model.enable_adapter_layers()
+        assert not torch.equal(q(x), q.base_layer(x))
 
 
 def _copies_and_saved_bytes(model, batch, mode):
