@@ -10,13 +10,17 @@ On a GPU a pilot's step is bound by kernel launches (bench/README.md, "On a GPU"
 copies are activation memory.
 
 `fused(model)` gives each plain LoRA linear (one active adapter, no DoRA or other variant,
-no LoRA bias, not merged) a forward with the same arithmetic and none of these: the input
-goes to the adapter in the dtype it has (autocast casts it only where PEFT's path would
-have ended with a cast too), so with no dropout the adapter keeps the very tensor the
-layer was given; the scaled add is one `add(alpha=scaling)`. In fp32, and in bf16 when the
-scaling is a power of two (the default alpha/r = 2), the results are PEFT's bit for bit
-(tests/train/test_lora_forward.py); otherwise they differ by one bf16 rounding of the
-product. Dropout masks the input in its own dtype rather than in fp32.
+no LoRA bias, not merged; a 4-bit base's LoRA layers are bitsandbytes' and keep PEFT's) a
+forward with the same arithmetic and none of these: an input autocast would cast is cast
+once, for the base and every adapter that reads it (q, k and v share one copy, gate and up
+one), and handed to each reader through a view whose backward casts that reader's gradient
+up on its own, so the input's gradient is summed in its own dtype as before; an input
+already in the compute dtype (o's, down's) is used as it is; the scaled add is one
+`add(alpha=scaling)`. Without dropout an adapter keeps that shared tensor for backward.
+With dropout each adapter masks its own input in the LoRA matrices' dtype, as PEFT does
+(the same draws and rounding). In fp32, and in bf16 when the scaling is a power of two
+(the default alpha/r = 2), losses and gradients are PEFT's bit for bit
+(tests/train/test_lora_forward.py); otherwise they differ by one rounding of the product.
 
 Only the gradient steps run it (the loop's steps, the compile trial, the probe, the update
 audit): validation, evaluation, `verify` and exports run PEFT's own forward, so an
@@ -66,18 +70,27 @@ def _plain_lora_linears(model) -> list[torch.nn.Module]:
 
 
 class _SharedCast(torch.autograd.Function):
-    """`copy` (x cast to the compute dtype, made once for every consumer of x) handed to one
-    consumer. Backward casts that consumer's gradient up to x's dtype on its own, as
-    autocast's cast per consumer does, so x's gradient is summed in x's dtype as before."""
+    """`copy` (x cast to the compute dtype, made once) as `n` views, one per reader of x.
+    Backward casts each reader's gradient up to x's dtype and sums them there, the last
+    reader's first, as autocast's cast per reader and autograd's sum at x do: x's gradient
+    is summed in its own dtype as before (a shared 16-bit tensor would sum its readers'
+    gradients in 16 bits). One Python call for a group of readers: a call per reader made
+    the step's host time 4-13% longer than PEFT's (bench/host_overhead.py)."""
 
     @staticmethod
-    def forward(ctx, x, copy):
+    def forward(ctx, x, copy, n):
         ctx.dtype = x.dtype
-        return copy.view_as(copy)
+        ctx.set_materialize_grads(False)
+        return tuple(copy.view_as(copy) for _ in range(n))
 
     @staticmethod
-    def backward(ctx, grad):
-        return grad.to(ctx.dtype), None
+    def backward(ctx, *grads):
+        total = None
+        for g in reversed(grads):
+            if g is not None:
+                g = g.to(ctx.dtype)
+                total = g if total is None else total + g
+        return total, None, None
 
 
 class _Casts:
@@ -85,17 +98,24 @@ class _Casts:
     same tensor one after the other; any other input drops it, so the cache keeps no copy
     alive past its layer (autograd keeps what backward needs)."""
 
+    GROUP = 6  # views made at once: q, k and v's base and adapter (gate and up use 4)
+
     def __init__(self) -> None:
         self.x: weakref.ref | None = None
         self.copy: torch.Tensor | None = None
+        self.views: list[torch.Tensor] = []
 
-    def of(self, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
+    def view_of(self, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
+        """A view of x cast to `dtype` for one reader (None: x is in `dtype` already)."""
         if x.dtype == dtype:
             self.x = self.copy = None
+            self.views = []
             return None
         if self.x is None or self.x() is not x or self.copy.dtype != dtype:
-            self.x, self.copy = weakref.ref(x), x.detach().to(dtype)
-        return self.copy
+            self.x, self.copy, self.views = weakref.ref(x), x.detach().to(dtype), []
+        if not self.views:
+            self.views = list(_SharedCast.apply(x, self.copy, self.GROUP))
+        return self.views.pop(0)
 
 
 def describe(model, mode: str) -> dict:
@@ -131,15 +151,16 @@ def _forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         result = self.base_layer(x)
         h = F.linear(dropout(x.to(weight_a.dtype)), weight_a)
     else:
-        copy = None
+        base_in = None
         if casting and not torch.compiler.is_compiling():  # compiled: inductor shares casts
-            copy = self._lorapilot_casts.of(x, torch.get_autocast_dtype(x.device.type))
-        if copy is None:  # nothing to cast (or compiled): the adapter keeps x itself
+            dtype = torch.get_autocast_dtype(x.device.type)
+            base_in = self._lorapilot_casts.view_of(x, dtype)
+        if base_in is None:  # nothing to cast (or compiled): the adapter keeps x itself
             result = self.base_layer(x)
             h = F.linear(x, weight_a)
         else:  # autocast would cast x for each linear: once, for all of them
-            result = self.base_layer(_SharedCast.apply(x, copy))
-            h = F.linear(_SharedCast.apply(x, copy), weight_a)
+            result = self.base_layer(base_in)
+            h = F.linear(self._lorapilot_casts.view_of(x, dtype), weight_a)
     return torch.add(result, F.linear(h, self.lora_B[name].weight), alpha=self.scaling[name])
 
 
