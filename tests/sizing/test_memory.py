@@ -422,8 +422,7 @@ def test_a_quantized_bases_mlp_activations_are_in_the_residual_dtype():
     shape = ModelShape(n_params=1000, n_layers=2, hidden=8, intermediate=16, n_heads=2,
                        n_kv_heads=1, vocab=100, tied_embeddings=True)  # fmt: skip
     kw = dict(micro_batch=2, seq_len=5, precision="bf16")
-    # (a 4-bit base's LoRA layers are bitsandbytes': PEFT's forward, never the fused one)
-    plain = layer_activation_bytes(shape, weight_dtype_bytes=4, lora_forward="peft", **kw)
+    plain = layer_activation_bytes(shape, weight_dtype_bytes=4, **kw)
     nf4 = layer_activation_bytes(shape, weight_dtype_bytes=4, quantized=True, **kw)
     assert plain["mlp"] == 3 * 2 * 16 * 10 and nf4["mlp"] == 3 * 4 * 16 * 10
     assert {k: v for k, v in nf4.items() if k not in ("mlp", "total")} == {

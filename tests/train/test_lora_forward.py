@@ -73,6 +73,39 @@ def test_the_fused_forward_computes_peft_s_loss_and_gradients_bit_for_bit(
     assert [k for k in g0 if not torch.equal(g0[k], g1[k])] == []
 
 
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_a_4_bit_base_s_lora_layers_run_fused_with_peft_s_results(tiny_model_dir, batch, dropout):
+    """QLoRA (NF4, bf16 compute): bitsandbytes' LoRA layers, the base reading the fp32
+    input itself (it answers in its input's dtype), the adapters sharing one cast."""
+    from lorapilot.spec import QuantizationSpec
+
+    q = QuantizationSpec(bits=4, compute_dtype="bf16")
+    model, _ = load_model(resolve_base(str(tiny_model_dir)), "float32", False, q)
+    model, _ = build_adapter(model, AdapterSpec(r=8, alpha=16, dropout=dropout), seed=0)
+    model.train()
+    n0, loss0, g0 = loss_and_grads(model, batch, mode="peft", precision="bf16")
+    n1, loss1, g1 = loss_and_grads(model, batch, mode="fused", precision="bf16")
+    assert (n0, n1) == (0, 14)
+    assert torch.equal(loss0, loss1)
+    assert len(g0) == 28 and [k for k in g0 if not torch.equal(g0[k], g1[k])] == []
+    if dropout == 0:  # the adapters' kept inputs as the memory model counts them
+        (_, saved0), (_, saved1) = (_copies_and_saved_bytes(model, batch, m) for m in SIDES)
+        assert saved0 - saved1 == 2 * _model_saving(model, batch, quantized=True) > 0
+
+
+SIDES = ("peft", "fused")
+
+
+def _model_saving(model, batch, quantized=False) -> int:
+    """The memory model's kept adapter bytes of one layer, PEFT's forward less the fused."""
+    shape = ModelShape.from_config(model.get_base_model().config.to_dict())
+    rows, width = batch["input_ids"].shape
+    kw = dict(micro_batch=rows, seq_len=width, precision="bf16", weight_dtype_bytes=4,
+              lora_rank=8, quantized=quantized)  # fmt: skip
+    peft, fused_ = (layer_activation_bytes(shape, **kw, lora_forward=m)["adapter"] for m in SIDES)
+    return peft - fused_
+
+
 def test_checkpointing_and_the_shared_prefix_path_are_unchanged_too(tiny_model_dir, batch):
     model = adapted(tiny_model_dir, held=True)
     set_checkpointing(model, True)
@@ -162,10 +195,4 @@ def test_the_fused_forward_casts_less_and_saves_what_the_memory_model_says(tiny_
     assert copies0 - copies1 == layers * ((14 - 2) + 4)
     # kept for backward: PEFT's adapters keep a cast copy of their input each (7 a layer);
     # fused, one per distinct input, as the memory model counts under `lora_forward`
-    cfg = model.get_base_model().config
-    shape = ModelShape.from_config(cfg.to_dict())
-    rows, width = batch["input_ids"].shape
-    kw = dict(micro_batch=rows, seq_len=width, precision="bf16", weight_dtype_bytes=4, lora_rank=8)
-    model_peft = layer_activation_bytes(shape, **kw, lora_forward="peft")["adapter"]
-    model_fused = layer_activation_bytes(shape, **kw, lora_forward="fused")["adapter"]
-    assert saved0 - saved1 == layers * (model_peft - model_fused) > 0
+    assert saved0 - saved1 == layers * _model_saving(model, batch) > 0

@@ -269,11 +269,10 @@ def layer_activation_bytes(
       adapter. Without dropout, one such tensor per distinct input (q, k and v share one,
       gate and up one; o's is attention's output, kept already under sdpa) when nothing is
       cast (fp32 weights, no autocast) or under `lora_forward` "fused" (train/lora_forward.py:
-      the input cast once for all its readers; not on a quantized base, whose LoRA layers
-      are bitsandbytes'); with PEFT's forward under autocast each adapted linear keeps its
-      own cast copy. With dropout each keeps its own masked input and a mask of
-      dropout_mask_bytes x d_in (1 on CUDA; CPUs save a float mask of the fp32 input: pass
-      4). Full fine-tuning:
+      the input cast once for all its readers, 4-bit bases included); with PEFT's forward
+      under autocast each adapted linear keeps its own cast copy. With dropout each keeps
+      its own masked input and a mask of dropout_mask_bytes x d_in (1 on CUDA; CPUs save a
+      float mask of the fp32 input: pass 4). Full fine-tuning:
       the two norm outputs for the norms' weight gradients and each linear's input (one
       per distinct input; one per linear when autocast casts fp32 activations).
 
@@ -302,7 +301,7 @@ def layer_activation_bytes(
     if adapter == "lora":
         ad = p if autocast else 4  # the adapter's compute bytes
         adapted = _adapted(adapted_modules)
-        fused = lora_forward == "fused" and not quantized and (autocast or weight_dtype_bytes >= 4)
+        fused = lora_forward == "fused" and (autocast or weight_dtype_bytes >= 4)
         if lora_dropout > 0:
             inputs = sum((ad + dropout_mask_bytes) * widths[m] for m in adapted)
         elif (autocast or weight_dtype_bytes < 4) and not fused:  # each casts its own copy

@@ -10,13 +10,14 @@ On a GPU a pilot's step is bound by kernel launches (bench/README.md, "On a GPU"
 copies are activation memory.
 
 `fused(model)` gives each plain LoRA linear (one active adapter, no DoRA or other variant,
-no LoRA bias, not merged; a 4-bit base's LoRA layers are bitsandbytes' and keep PEFT's) a
-forward with the same arithmetic and none of these: an input autocast would cast is cast
+no LoRA bias, not merged; PEFT's linear or its 4-bit bitsandbytes one) a forward with the
+same arithmetic and none of these: an input autocast would cast is cast
 once, for the base and every adapter that reads it (q, k and v share one copy, gate and up
 one), and handed to each reader through a view whose backward casts that reader's gradient
 up on its own, so the input's gradient is summed in its own dtype as before; an input
 already in the compute dtype (o's, down's) is used as it is; the scaled add is one
-`add(alpha=scaling)`. Without dropout an adapter keeps that shared tensor for backward.
+`add(alpha=scaling)`. A 4-bit base reads the input itself (bitsandbytes answers in its
+input's dtype: fp32 from the fp32 residual stream), only its adapters share the cast. Without dropout an adapter keeps that shared tensor for backward.
 With dropout each adapter masks its own input in the LoRA matrices' dtype, as PEFT does
 (the same draws and rounding). In fp32, and in bf16 when the scaling is a power of two
 (the default alpha/r = 2), losses and gradients are PEFT's bit for bit
@@ -45,19 +46,36 @@ _BOUND = "_lorapilot_fused_forward"  # the module's bound fused forward, made on
 _LORA_LINEARS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _plain_lora_linears(model) -> list[torch.nn.Module]:
-    """PEFT LoRA linears whose forward `_forward` reproduces (see the module docstring)."""
+def _lora_linear_kinds() -> dict[type, bool]:
+    """PEFT's LoRA linear classes `_forward` reproduces -> whether their base may read the
+    shared 16-bit cast of the input: a plain linear computes the same from it; a 4-bit
+    bitsandbytes linear hands its output back in its input's dtype (fp32 from the fp32
+    residual stream), so it reads the input itself."""
     try:
         from peft.tuners.lora.layer import Linear
     except ImportError:  # no peft: nothing LoRA to fuse
-        return []
+        return {}
+    kinds = {Linear: True}
+    try:
+        from peft.tuners.lora.bnb import Linear4bit
+
+        kinds[Linear4bit] = False
+    except ImportError:  # no bitsandbytes
+        pass
+    return kinds
+
+
+def _plain_lora_linears(model) -> list[torch.nn.Module]:
+    """PEFT LoRA linears whose forward `_forward` reproduces (see the module docstring)."""
     linears = _LORA_LINEARS.get(model)
     if linears is None:
-        linears = _LORA_LINEARS[model] = [
-            m
-            for m in model.modules()
-            if type(m) is Linear and isinstance(m.base_layer, torch.nn.Linear)
-        ]
+        kinds = _lora_linear_kinds()
+        linears = _LORA_LINEARS[model] = []
+        for m in model.modules():
+            reads_cast = kinds.get(type(m))
+            if reads_cast is not None and isinstance(m.base_layer, torch.nn.Linear):
+                m.__dict__["_lorapilot_base_reads_cast"] = reads_cast
+                linears.append(m)
     out = []
     for m in linears:
         if m.merged or m.disable_adapters:
@@ -145,11 +163,14 @@ def _forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
     ):
         return type(self).forward(self, x, *args, **kwargs)
     dropout = self.lora_dropout[name]
+    reads_cast = self._lorapilot_base_reads_cast
     if isinstance(dropout, torch.nn.Dropout) and dropout.p > 0 and dropout.training:
-        # as PEFT: the mask drawn on the input in the adapter's dtype (same draws, same
-        # rounding), autocast then casts the masked input for the matmul
+        # as PEFT: the mask drawn on the input in the adapter's dtype, autocast then casts
+        # the masked input for the matmul. PEFT's 4-bit layer casts only where CUDA's
+        # autocast is off (its `torch.is_autocast_enabled()` asks about CUDA): the same here
         result = self.base_layer(x)
-        h = F.linear(dropout(x.to(weight_a.dtype)), weight_a)
+        up = reads_cast or not torch.is_autocast_enabled()
+        h = F.linear(dropout(x.to(weight_a.dtype) if up else x), weight_a)
     else:
         base_in = None
         if casting and not torch.compiler.is_compiling():  # compiled: inductor shares casts
@@ -159,8 +180,9 @@ def _forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
             result = self.base_layer(x)
             h = F.linear(x, weight_a)
         else:  # autocast would cast x for each linear: once, for all of them
-            result = self.base_layer(base_in)
-            h = F.linear(self._lorapilot_casts.view_of(x, dtype), weight_a)
+            result = self.base_layer(base_in if reads_cast else x)
+            h = F.linear(self._lorapilot_casts.view_of(x, dtype) if reads_cast else base_in,
+                         weight_a)  # fmt: skip
     return torch.add(result, F.linear(h, self.lora_B[name].weight), alpha=self.scaling[name])
 
 
