@@ -11,17 +11,18 @@ copies are activation memory.
 
 `fused(model)` gives each plain LoRA linear (one active adapter, no DoRA or other variant,
 no LoRA bias, not merged; PEFT's linear or its 4-bit bitsandbytes one) a forward with the
-same arithmetic and none of these: an input autocast would cast is cast
-once, for the base and every adapter that reads it (q, k and v share one copy, gate and up
-one), and handed to each reader through a view whose backward casts that reader's gradient
-up on its own, so the input's gradient is summed in its own dtype as before; an input
-already in the compute dtype (o's, down's) is used as it is; the scaled add is one
-`add(alpha=scaling)`. A 4-bit base reads the input itself (bitsandbytes answers in its
-input's dtype: fp32 from the fp32 residual stream), only its adapters share the cast. Without dropout an adapter keeps that shared tensor for backward.
-With dropout each adapter masks its own input in the LoRA matrices' dtype, as PEFT does
-(the same draws and rounding). In fp32, and in bf16 when the scaling is a power of two
-(the default alpha/r = 2), losses and gradients are PEFT's bit for bit
-(tests/train/test_lora_forward.py); otherwise they differ by one rounding of the product.
+same arithmetic and none of these: an input autocast would cast is cast once, for the base
+and every adapter that reads it (q, k and v share one copy, gate and up one), and handed
+to each reader through a view whose backward casts that reader's gradient up on its own,
+so the input's gradient is summed in its own dtype as before; an input already in the
+compute dtype (o's, down's) is used as it is; the scaled add is one `add(alpha=scaling)`.
+A 4-bit base reads the input itself (bitsandbytes answers in its input's dtype: fp32 from
+the fp32 residual stream); only its adapters share the cast. Without dropout an adapter
+keeps that shared tensor for backward. With dropout each adapter masks its own input in
+the LoRA matrices' dtype, as PEFT does (the same draws and rounding). In fp32, and in bf16
+when the scaling is a power of two (the default alpha/r = 2), losses and gradients are
+PEFT's bit for bit (tests/train/test_lora_forward.py); otherwise they differ by one
+rounding of the product.
 
 Only the gradient steps run it (the loop's steps, the compile trial, the probe, the update
 audit): validation, evaluation, `verify` and exports run PEFT's own forward, so an
