@@ -35,7 +35,7 @@ def batch(tiny_model_dir):
 def loss_and_grads(model, batch, *, mode, precision, loss_fn=causal_lm_loss_sum, seed=0):
     model.zero_grad(set_to_none=True)
     torch.manual_seed(seed)  # dropout's draws
-    with fused(model, mode == "fused") as n, autocast("cpu", precision):
+    with fused(model, mode) as n, autocast("cpu", precision):
         loss, _ = loss_fn(model, batch)
     loss.backward()
     grads = {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
@@ -175,7 +175,7 @@ def _copies_and_saved_bytes(model, batch, mode):
 
     model.zero_grad(set_to_none=True)
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
-        with fused(model, mode == "fused"), autocast("cpu", "bf16"):
+        with fused(model, mode), autocast("cpu", "bf16"):
             with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
                 loss, _ = causal_lm_loss_sum(model, batch)
         loss.backward()

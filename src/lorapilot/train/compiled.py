@@ -91,7 +91,7 @@ def compile_decoder(
     t0 = time.perf_counter()
     graphs, breaks = _dynamo_counts()
     try:
-        with fused(model, lora_forward == "fused"):  # the forward the steps run (guards)
+        with fused(model, lora_forward):  # the forward the steps run (guards)
             replay_error = _trial(model, loss_fn, batch, precision, device, 3 if cudagraphs else 1)
     except Exception as e:  # any compiler failure: train eagerly, say why
         uncompile(model)

@@ -188,9 +188,10 @@ def _forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
 
 
 @contextlib.contextmanager
-def fused(model, on: bool = True) -> Iterator[int]:
-    """Within: the plain LoRA linears of `model` run the fused forward. Yields how many."""
-    layers = _plain_lora_linears(model) if on else []
+def fused(model, mode: str = "fused") -> Iterator[int]:
+    """Within, when `mode` (`train.lora_forward`) is "fused": the plain LoRA linears of
+    `model` run the fused forward ("peft": PEFT's own, nothing changed). Yields how many."""
+    layers = _plain_lora_linears(model) if mode == "fused" else []
     # nested (a step inside a fused region): the outer context installed them and removes them
     mine = [m for m in layers if "_lorapilot_casts" not in m.__dict__]
     casts = _Casts()

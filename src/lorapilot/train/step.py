@@ -95,7 +95,7 @@ def train_step(
     tokens = padded = 0
     width = max(batch_width(mb) for mb in micro_batches)
     # CPU and short sequences: eager attention, ~20% faster steps (see the function).
-    with short_sequence_attention(model, device.type, width), fused(model, lora_forward == "fused"):
+    with short_sequence_attention(model, device.type, width), fused(model, lora_forward):
         for i, mb in enumerate(micro_batches):
             real, room = batch_units(mb)  # counted on the host, before the copy
             tokens, padded = tokens + real, padded + room
