@@ -292,6 +292,8 @@ def test_train_writes_the_expected_files_and_learns(tiny_model_dir, examples, tm
     assert result.checkpoint == str(out / "checkpoints" / "step-6")
     assert result.tokens == sum(r["tokens"] for r in steps)
     assert 0 < result.padding_efficiency <= 1 and result.train_tokens_per_s > 0
+    assert result.optimizer == {"name": "adamw", "implementation": "fused"}
+    assert state["optimizer"]["param_groups"][0]["fused"] is True  # and it resumes fused
     # the final adapter reloads onto a fresh base with the trained weights
     from peft import PeftModel
 

@@ -241,6 +241,7 @@ def run_train(
         "resumed_from": result.resumed_from,
         "prefix": result.prefix,
         "lora_forward": result.lora_forward,
+        "optimizer": result.optimizer,
         "metrics": ev.metrics,
         "eval_protocol": protocol["eval_protocol"],
         "data_version": prepared.version,

@@ -71,7 +71,13 @@ from lorapilot.train.distributed import accelerator_for, check_distributed
 from lorapilot.train.examples import TrainingSet, as_training_set, padded_to
 from lorapilot.train.loss import LossModule, call_module, prefix_decision
 from lorapilot.train.meter import PeakMemory
-from lorapilot.train.step import make_optimizer, make_scheduler, train_step, validation_loss
+from lorapilot.train.step import (
+    make_optimizer,
+    make_scheduler,
+    optimizer_record,
+    train_step,
+    validation_loss,
+)
 
 
 @dataclasses.dataclass
@@ -105,6 +111,7 @@ class TrainResult:
     pad_to_multiple_of: int = 1  # micro-batch widths padded to a multiple of this (tokens)
     # train.lora_forward: {mode, fused_layers, lora_layers} (train/lora_forward.py)
     lora_forward: dict | None = None
+    optimizer: dict | None = None  # {name, implementation: fused | foreach | for-loop}
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -560,4 +567,5 @@ def train(
         compile=lp.compiled,
         pad_to_multiple_of=lp.pad_multiple,
         lora_forward=lora_forward.describe(model, cfg.lora_forward),
+        optimizer=optimizer_record(lp.optimizer),
     )
