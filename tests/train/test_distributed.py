@@ -311,6 +311,8 @@ def test_fsdp_matches_single_process_writes_its_files_and_resumes(pilot):
         "gloo",
     )
     assert out["distributed"] == dist and rec["result"]["train"]["world_size"] == 2
+    # AdamW's fused kernel steps FSDP's sharded tensors (torch's default loops over them)
+    assert out["optimizer"] == {"name": "adamw", "implementation": "fused"}
     assert (run_dir / "metrics.json").is_file()  # rank 0 evaluated the reloaded adapter
     # each rank trains through its rows' shared prefix once, inside the module FSDP shards
     assert rec["result"]["train"]["prefix"]["path"] == "shared", rec["result"]["train"]["prefix"]

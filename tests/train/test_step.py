@@ -3,6 +3,8 @@ the same update as AdamW's loop up to rounding, and the record says which ran.""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -74,3 +76,22 @@ def test_nothing_trainable_is_a_usage_error():
     model = small_model().requires_grad_(False)
     with pytest.raises(UsageError, match="nothing is trainable"):
         make_optimizer(model, TrainSpec())
+
+
+def test_a_checkpoint_of_torchs_default_adamw_resumes_with_it_bit_for_bit():
+    """Checkpoints written before the fused default hold `fused: None` in their param
+    groups: loaded into `make_optimizer`'s optimizer they go on with torch's default."""
+    cfg = TrainSpec(lr=1e-2, weight_decay=0.1)
+    old_model, new_model = small_model(), small_model()
+    old = make_optimizer(old_model, cfg)
+    for group in old.param_groups:
+        group["fused"] = None  # as an older lorapilot built it
+    step_with(old_model, old, steps=2)
+    new_model.load_state_dict(old_model.state_dict())
+    new = make_optimizer(new_model, cfg)
+    new.load_state_dict(copy.deepcopy(old.state_dict()))  # as read from a checkpoint
+    assert optimizer_record(new)["implementation"] == "for-loop"
+    step_with(old_model, old, steps=2)
+    step_with(new_model, new, steps=2)
+    for a, b in zip(old_model.parameters(), new_model.parameters(), strict=True):
+        assert torch.equal(a, b)
