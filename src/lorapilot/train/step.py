@@ -162,10 +162,8 @@ def make_optimizer(model, cfg: TrainSpec) -> torch.optim.Optimizer:
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}]
     if no_decay:
         groups.append({"params": no_decay, "weight_decay": 0.0})
-    fused = adamw_implementation(trainable) == "fused"
-    return torch.optim.AdamW(
-        groups, lr=cfg.lr, weight_decay=cfg.weight_decay, fused=True if fused else None
-    )
+    fused = adamw_implementation(trainable) == "fused" or None  # None: torch's default
+    return torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.weight_decay, fused=fused)
 
 
 def adamw_implementation(params) -> str:
