@@ -87,10 +87,10 @@ emit() {
   set +e
   local py="${PY:-python3}"
   command -v "$py" >/dev/null 2>&1 || py=python3
-  "$py" - "$OUT" "$rc" "$CURRENT" "$QUICK" "$WORK" "$KEEP" "$(( $(date +%s) - T0 ))" <<'PYEOF'
+  "$py" - "$OUT" "$rc" "$CURRENT" "$QUICK" "$WORK" "$KEEP" "$(( $(date +%s) - T0 ))" "$ROOT" <<'PYEOF'
 import json, pathlib, sys
 
-out, rc, current, quick, work, keep, wall = sys.argv[1:8]
+out, rc, current, quick, work, keep, wall, root = sys.argv[1:9]
 out = pathlib.Path(out)
 
 def load(name):
@@ -195,6 +195,14 @@ for name in ("targets_135m", "targets_8b", "targets_capped", "targets_135m_compi
              "targets_8b_compiled", "targets_optimizer"):  # --targets
     if load(name) is not None:
         res[name] = load(name)
+try:  # which side met which of #36's targets (bench/gpu_targets.py)
+    sys.path.insert(0, str(pathlib.Path(root) / "bench"))
+    from gpu_targets import summarize
+    summary = summarize(res)
+    if summary:
+        res["targets_summary"] = summary
+except Exception as e:  # the figures still come back
+    res["targets_summary_error"] = f"{type(e).__name__}: {e}"
 
 if int(rc) != 0:
     res["failed_step"] = current or None
