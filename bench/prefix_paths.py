@@ -24,7 +24,7 @@ scoring (`evaluate.predict.score_labels`, every label, batch 32, the model cast 
 dtype as `evaluate.runner.cast_for_eval` does) of `--eval-prompts` prompts with and without
 the prefix cache. `ratio` = unshared time / shared time (above 1: sharing is faster);
 `auto_s` times `train.shared_prefix: auto` (the loss as the loop takes it) and `auto_path`
-says which path it took on that batch.
+says which path it took on that batch. `--eval-prompts 0` times training only.
 `--checkpointing` also times training with activation checkpointing on (`adapter.set_checkpointing`,
 as the loop sets it), under `train_checkpointing`. `--rows N` sets the rows of every case's
 micro-batch (default 8, the pilots' `micro_batch`).
@@ -261,7 +261,7 @@ def main() -> None:
                 print(f"{shape} {case} train, checkpointing {res}", file=sys.stderr, flush=True)
             set_checkpointing(model, False)
         model = cast_for_eval(model, precision).eval()
-        for case in args.cases.split(","):
+        for case in args.cases.split(",") if args.eval_prompts > 0 else ():  # 0: training only
             entry["score"][case] = time_scoring(
                 model, CASES[case], vocab, args.eval_prompts, precision, random.Random(2)
             )
