@@ -256,7 +256,7 @@ def test_truncation_is_never_silent(tmp_path, default_model_dir):
     assert tr["fits_at"] > 80 and sum(tr["per_split"].values()) == tr["n_truncated"]
     first_id = tr["examples"][0].split(" ", 1)[0]
     assert f"cuts the input of {tr['n_truncated']} example(s)" in bad["error"]
-    assert first_id in bad["error"] and f"max_length of {tr['fits_at']} fits" in bad["error"]
+    assert first_id in bad["error"] and f"max_length of {tr['fits_at']} (the longest" in bad["error"]
     assert "data.truncation: allow" in bad["error"]
     rec = json.loads((pilot / "runs" / bad["run_id"] / "run.json").read_text())
     assert rec["status"] == "failed"
@@ -276,7 +276,14 @@ def test_truncation_is_never_silent(tmp_path, default_model_dir):
     assert auto["n_truncated"] == 0 and auto["max_length_setting"] == "auto"
     assert auto["max_length"] == 8192 and "model's context" in auto["max_length_source"]
     assert auto["longest_tokens"] == max(v["max"] for v in whole["lengths"].values())
-    assert auto["longest_tokens"] == tr["fits_at"]  # what the failure said would fit
+    assert auto["fits_at"] == tr["fits_at"]  # the same examples and answers: the same length
+    assert tr["fits_at"] == tr["longest_prompt_tokens"] + tr["answer_room_tokens"]
+    # what the failure said would fit does fit, and one token less cuts an input
+    fits = run_json("data", str(pilot), "--set", f"data.max_length={tr['fits_at']}")
+    assert fits["truncation"]["n_truncated"] == 0
+    spec["data"]["max_length"] = tr["fits_at"] - 1
+    (pilot / "pilot.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    assert run_json("data", str(pilot), expect=1)["truncation"]["n_truncated"] >= 1
 
 
 def test_a_val_test_pair_alone_is_never_offered_drop_from_train(monkeypatch):

@@ -8,6 +8,7 @@ compared with the answer written in the data.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from typing import Any
 
 from lorapilot.data.format import Encoded, PromptFormatter
@@ -46,19 +47,25 @@ def truncation_report(
     splits: dict[str, list[Record]],
     max_length: int,
     policy: str,
+    *,
+    answer_room: int,
+    uncut_prompt_tokens: Callable[[Record], int],
     shown: int = 20,
 ) -> dict[str, Any]:
     """The inputs `max_length` cut, counted per split and per category, with their ids and
-    the length that would fit every example whole (`fits_at`: the longest example's tokens,
-    the cut ones counted uncut)."""
+    the length that would fit every example whole. Every prompt is cut to leave room for the
+    *longest* answer (the evaluation prompt must not depend on the example's own answer), so
+    that length is the longest uncut prompt plus that room (`fits_at`), not the longest
+    example (`longest_tokens`, the cut ones counted uncut)."""
     per_split: dict[str, int] = {}
     per_category: dict[str, dict[str, int]] = {}
     ids: list[str] = []
-    longest = 0
+    longest = longest_prompt = 0
     for split, encs in encoded.items():
         for rec, enc in zip(splits.get(split, []), encs, strict=True):
-            whole = enc.n_tokens + enc.n_text_tokens_cut
-            longest = max(longest, whole)
+            longest = max(longest, enc.n_tokens + enc.n_text_tokens_cut)
+            prompt = uncut_prompt_tokens(rec) if enc.truncated else enc.prompt_len
+            longest_prompt = max(longest_prompt, prompt)
             if not enc.truncated:
                 continue
             per_split[split] = per_split.get(split, 0) + 1
@@ -74,7 +81,9 @@ def truncation_report(
         "per_category": per_category,
         "examples": ids[:shown],
         "longest_tokens": longest,
-        "fits_at": longest,
+        "longest_prompt_tokens": longest_prompt,
+        "answer_room_tokens": answer_room,
+        "fits_at": longest_prompt + answer_room,
     }
 
 

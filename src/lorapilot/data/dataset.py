@@ -36,6 +36,7 @@ class PreparedData:
     target_excluded: list[dict] = field(default_factory=list)
     version: str = ""
     answer_budget: int = 0
+    answer_room: int = 0  # the longest answer's completion tokens, even where it cannot fit
 
     def counts(self) -> dict[str, dict[str, int]]:
         return category_counts(self.splits)
@@ -237,7 +238,7 @@ def prepare_data(pilot: Pilot, tokenizer: Any, *, enforce_leakage: bool = True) 
     answers = [answer_text(spec.task, r.label, r.target) for recs in splits.values() for r in recs]
     if spec.task.kind == "classification":
         answers += list(spec.task.labels or [])
-    budget = fmt.answer_budget_for(answers) if answers else 0
+    budget = room = fmt.answer_budget_for(answers) if answers else 0
     target_excluded: list[dict] = []
     if fmt.max_length - budget < len(fmt._ids(fmt.prompt_text(""))):
         msg = (
@@ -268,6 +269,7 @@ def prepare_data(pilot: Pilot, tokenizer: Any, *, enforce_leakage: bool = True) 
         leak_dropped=leak_dropped,
         target_excluded=target_excluded,
         answer_budget=budget,
+        answer_room=room,
     )
     prepared.version = data_version(pilot, splits, template_hash(tokenizer, spec.task))
     if enforce_leakage:

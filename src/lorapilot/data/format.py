@@ -240,6 +240,10 @@ class PromptFormatter:
         prompt = self.prompt_text(text)
         return max(len(self.completion_ids(prompt, self.full_text(text, a), a)[0]) for a in answers)
 
+    def uncut_prompt_tokens(self, text: str) -> int:
+        """The prompt's tokens with the whole input text (what no cut would give)."""
+        return len(self._ids(self.prompt_text(text)))
+
     def fit_text(self, text: str, answer_budget: int) -> tuple[str, int]:
         """Cut the input text (never the template or the answer) so that the prompt plus
         `answer_budget` tokens fit in max_length. Depends only on the text, not on the example's

@@ -84,7 +84,14 @@ def data_report(pilot: Pilot, prepared: PreparedData, tokenizer: Any) -> dict[st
         "duplicates": shared["duplicates"],
         "lengths": length_stats(encoded, fmt.max_length),
         "truncation": {
-            **truncation_report(encoded, prepared.splits, fmt.max_length, spec.data.truncation),
+            **truncation_report(
+                encoded,
+                prepared.splits,
+                fmt.max_length,
+                spec.data.truncation,
+                answer_room=prepared.answer_room,
+                uncut_prompt_tokens=lambda rec: fmt.uncut_prompt_tokens(rec.text),
+            ),
             "max_length_setting": spec.data.max_length,
             "max_length_source": (
                 "auto: the model's context (config.json's max_position_embeddings); no input is "
@@ -161,8 +168,10 @@ def truncation_failure(tr: dict[str, Any]) -> str | None:
     shown = "; ".join(tr["examples"][:10])
     return (
         f"data.max_length={tr['max_length_setting']} ({tr['max_length']} tokens) cuts the input "
-        f"of {n} example(s) ({where}): {shown}. A max_length of {tr['fits_at']} fits every "
-        "example whole: raise data.max_length (or leave it auto, the model's context), or set "
+        f"of {n} example(s) ({where}): {shown}. Every prompt leaves room for the longest answer "
+        f"({tr['answer_room_tokens']} tokens), so a max_length of {tr['fits_at']} (the longest "
+        f"prompt, {tr['longest_prompt_tokens']} tokens, plus that room) fits every example "
+        "whole: raise data.max_length (or leave it auto, the model's context), or set "
         "data.truncation: allow to train and evaluate on the cut inputs (counted per split and "
         "category in the data report)"
     )
