@@ -740,7 +740,7 @@ def init(
     as_json: JsonFlag = False,
     task: Annotated[
         str,
-        typer.Option("--task", help="classification, extraction or image_classification."),
+        typer.Option("--task", help="classification, extraction, format or image_classification."),
     ] = "classification",
     directory: Annotated[Path, typer.Option("--dir", help="Where to create the folder.")] = Path(
         "."

@@ -88,6 +88,9 @@ def test_regex_only_format_target_is_a_string():
     assert validate_target("ABC-12", task) == []
     assert "does not match task.regex" in validate_target("abc", task)[0]
     assert validate_target({"a": 1}, task) == ["target must be a string, got object"]
+    marked = TaskSpec(kind="format", regex=r"(?s).*\n#### (?P<answer>[0-9]*)")
+    assert validate_target("1+1\n#### 2", marked) == []
+    assert "its `answer` group is empty" in validate_target("1+1\n#### ", marked)[0]
 
 
 def test_category_of():

@@ -14,7 +14,7 @@ from lorapilot.decision.rule import (
     protocol_differences,
 )
 from lorapilot.evaluate.metrics import paired_bootstrap
-from lorapilot.spec import GuardSpec, SuccessSpec, TaskSpec, variant_label
+from lorapilot.spec import EvalNormalize, GuardSpec, SuccessSpec, TaskSpec, variant_label
 
 SUCCESS = SuccessSpec(metric="macro_f1", min_gain=0.10)
 GUARDS = [GuardSpec(metric="per_category.f1", max_drop=0.05)]
@@ -465,3 +465,14 @@ def test_bootstrap_metrics_resamples_every_guard_metric_once_with_the_candidates
     acc = many["accuracy"]  # cand: billing 10 + shipping 10 right of 30
     assert acc["value"] == pytest.approx(2 / 3)
     assert acc["value_low"] < 2 / 3 < acc["value_high"] and acc["value_high"] <= 1
+
+
+def test_format_answer_match_bootstraps_from_the_rows():
+    task = TaskSpec(kind="format", regex=r"(?s).*\n#### (?P<answer>-?[0-9][0-9,]*(\.[0-9]+)?)")
+    gold = "2+2 = 4\n#### 4"
+    base = [{"id": str(i), "gold": gold, "raw_output": "I think 4"} for i in range(30)]
+    cand = [{"id": str(i), "gold": gold, "raw_output": "2+2 = 4\n#### 4"} for i in range(30)]
+    cand[0]["raw_output"] = "2+2 = 5\n#### 5"
+    norm = EvalNormalize()
+    b = bootstrap_for("format", "answer_match", base, cand, None, task=task, norm=norm, n_boot=200)
+    assert b["delta"] == pytest.approx(29 / 30) and b["ci_low"] > 0.8

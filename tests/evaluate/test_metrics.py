@@ -268,6 +268,36 @@ def test_format_regex():
     assert m["exact_match"] == pytest.approx(2 / 3)
 
 
+GSM_REGEX = r"(?s).*\n#### (?P<answer>-?[0-9][0-9,]*(\.[0-9]+)?)"
+
+
+def test_format_regex_answer_group_compares_the_marked_part():
+    """A worked solution is scored on its final answer, not on the whole text: the group
+    `answer` of a valid output against the target's (GSM8K's `#### 72`)."""
+    task = TaskSpec(kind="format", regex=GSM_REGEX)
+    assert task.answer_group
+    gold = ["48/2 = 24\n48+24 = 72\n#### 72"] * 4
+    outputs = [
+        "Half of 48 is 24.\nSo 72 in all.\n#### 72",  # other working, same answer
+        "48+24 = 72\n#### 70",  # valid, wrong answer
+        "The answer is 72",  # right number, format not followed: no answer
+        "48/2 = 24\n48+24 = 72\n#### 72",  # the target itself
+    ]
+    m = format_metrics(outputs, task, gold, NORM)
+    assert m["valid"] == [True, True, False, True]
+    assert m["parsed"] == ["72", "70", None, "72"]
+    assert m["correct"] == [True, False, False, True]
+    assert m["answer_match"] == pytest.approx(2 / 4)
+    assert m["exact_match"] == pytest.approx(1 / 4)
+    assert m["format_valid_rate"] == pytest.approx(3 / 4)
+    # without targets: validity only, no answer_match
+    bare = format_metrics(outputs, task)
+    assert "answer_match" not in bare and bare["correct"] == bare["valid"]
+    # a regex without the group: no answer_match, correct is the exact match
+    plain = format_metrics(outputs, TaskSpec(kind="format", regex=r"(?s).*\n#### -?[0-9]+"), gold)
+    assert "answer_match" not in plain and plain["correct"] == [False, False, False, True]
+
+
 def test_format_json_schema():
     schema = {
         "type": "object",

@@ -122,3 +122,28 @@ def test_the_spec_checks_nested_metric_names(tmp_path):
         (tmp_path / "pilot.yaml").write_text(yaml.safe_dump({**spec, **bad}))
         with pytest.raises(UsageError, match=where.replace(".", r"\.")):
             load_spec_file(tmp_path / "pilot.yaml")
+
+
+def test_answer_match_needs_the_regex_answer_group(tmp_path):
+    """`answer_match` is a regex format task's metric only where task.regex marks the answer;
+    named without the group it is exit 2 naming the key and how to mark it."""
+    from lorapilot.evaluate.structured import format_metrics
+
+    spec = {
+        "name": "gsm",
+        "hypothesis": "h",
+        "task": {"kind": "format", "regex": r"(?s).*\n#### (?P<answer>-?[0-9.,]+)"},
+        "data": {"file": "d.jsonl", "fields": {"text": "question", "target": "answer"}},
+        "success": {"metric": "answer_match", "min_gain": 0.1},
+        "guards": [{"metric": "format_valid_rate", "max_drop": 0.05}],
+    }
+    (tmp_path / "pilot.yaml").write_text(yaml.safe_dump(spec))
+    loaded, _ = load_spec_file(tmp_path / "pilot.yaml")
+    m = format_metrics(["1\n#### 2"], loaded.task, ["3\n#### 2"], EvalNormalize())
+    assert m["answer_match"] == 1.0 and m["exact_match"] == 0.0
+    spec["task"]["regex"] = r"(?s).*\n#### -?[0-9.,]+"
+    (tmp_path / "pilot.yaml").write_text(yaml.safe_dump(spec))
+    proc = run_cli("check", str(tmp_path))
+    text = " ".join(proc.stderr.split())
+    assert proc.returncode == 2 and "Traceback" not in text
+    assert "success.metric: answer_match compares" in text and "(?P<answer>" in text

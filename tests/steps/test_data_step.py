@@ -256,7 +256,8 @@ def test_truncation_is_never_silent(tmp_path, default_model_dir):
     assert tr["fits_at"] > 80 and sum(tr["per_split"].values()) == tr["n_truncated"]
     first_id = tr["examples"][0].split(" ", 1)[0]
     assert f"cuts the input of {tr['n_truncated']} example(s)" in bad["error"]
-    assert first_id in bad["error"] and f"max_length of {tr['fits_at']} (the longest" in bad["error"]
+    assert first_id in bad["error"]
+    assert f"max_length of {tr['fits_at']} (the longest" in bad["error"]
     assert "data.truncation: allow" in bad["error"]
     rec = json.loads((pilot / "runs" / bad["run_id"] / "run.json").read_text())
     assert rec["status"] == "failed"

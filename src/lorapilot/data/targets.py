@@ -109,8 +109,12 @@ def target_validator(task: TaskSpec) -> Callable[[Any], list[str]]:
         def check_text(obj: Any) -> list[str]:
             if not isinstance(obj, str):
                 return [f"target must be a string, got {json_type(obj)}"]
-            if not pattern.fullmatch(obj):
+            match = pattern.fullmatch(obj)
+            if not match:
                 return [_short(f"target {obj!r} does not match task.regex")]
+            if task.answer_group and not (match.group("answer") or "").strip():
+                why = f"target {obj!r} matches task.regex but its `answer` group is empty"
+                return [_short(why)]
             return []
 
         return check_text

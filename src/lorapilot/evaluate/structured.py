@@ -75,12 +75,23 @@ class Scorer:
         """One example -> (its counts, the parsed answer, the parse error)."""
         if self.text_target:
             out = output.strip()
+            match = self.pattern.fullmatch(out)
             c: Totals = {
                 "n": 1,
-                "valid": bool(self.pattern.fullmatch(out)),
+                "valid": bool(match),
                 "exact": gold is not None and values_equal(out, gold, self.norm),
             }
-            return c, None, None
+            if not self.task.answer_group:
+                return c, None, None
+            # the marked part of a valid output against the same part of the target
+            answer = match.group("answer") if match else None
+            gold_match = self.pattern.fullmatch(gold.strip()) if isinstance(gold, str) else None
+            c["answer"] = (
+                answer is not None
+                and gold_match is not None
+                and values_equal(answer, gold_match.group("answer"), self.norm)
+            )
+            return c, answer, None
         obj, error = parse_first_json(output)
         if not isinstance(obj, dict):
             obj = None
@@ -148,6 +159,8 @@ class Scorer:
             out: dict[str, Any] = {"n": n, "format_valid_rate": _div(totals.get("valid", 0), n)}
             if "exact" in totals:
                 out["exact_match"] = _div(totals["exact"], n)
+            if self.task.answer_group and "exact" in totals:
+                out["answer_match"] = _div(totals.get("answer", 0), n)
             return out
         per_field: dict[str, dict] = {}
         ftp = fgold = fpred = 0.0
@@ -332,7 +345,9 @@ def format_metrics(
     """How often outputs follow the required format, plus content scores when targets exist.
 
     A regex-only task: the stripped output must fullmatch task.regex; with string targets,
-    exact_match compares normalised strings. Otherwise the first JSON object in the output
+    exact_match compares normalised strings, and where the regex names a group `answer`,
+    answer_match compares that group of a valid output with the target's (`parsed` holds
+    the output's group; `correct` is that match). Otherwise the first JSON object in the output
     must satisfy the target schema (task.json_schema, else task.fields), and with object
     targets the extraction_metrics keys are added. `correct` per example is the exact match
     when targets are given, else format validity: what a paired bootstrap should compare.
@@ -344,16 +359,19 @@ def format_metrics(
     if is_text_target(task):
         scorer = Scorer(task, norm)
         total: Totals = {}
-        flags = []
+        flags, answers = [], []
         for i, o in enumerate(outputs):
-            c, _, _ = scorer.counts(targets[i] if targets is not None else None, o)
+            c, answer, _ = scorer.counts(targets[i] if targets is not None else None, o)
             if targets is None:
                 c.pop("exact")
+                c.pop("answer", None)
             add(total, c)
             flags.append(c)
+            answers.append(answer)
         valid = [bool(c["valid"]) for c in flags]
-        out = {**scorer.metrics(total), "valid": valid}
-        correct = valid if targets is None else [bool(c["exact"]) for c in flags]
+        out = {**scorer.metrics(total), "valid": valid, "parsed": answers}
+        key = "answer" if task.answer_group else "exact"
+        correct = valid if targets is None else [bool(c[key]) for c in flags]
         return {**out, "correct": correct}
 
     check = target_validator(task)

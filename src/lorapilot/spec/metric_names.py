@@ -34,8 +34,10 @@ TOP_LEVEL = {
     "classification": ("accuracy", "macro_f1", "invalid_rate"),
     "image_classification": ("accuracy", "macro_f1", "invalid_rate"),
     "extraction": _EXTRACTION,
-    "format": ("format_valid_rate", *_EXTRACTION),
+    "format": ("format_valid_rate", "answer_match", *_EXTRACTION),
 }
+ANSWER_GROUP = ("answer_match",)
+"""A regex format task's metric only where task.regex names a group `answer`."""
 PER_GROUP = {
     "classification": {"per_category": PER_CATEGORY_CLASSIFICATION},
     "image_classification": {"per_category": PER_CATEGORY_CLASSIFICATION},

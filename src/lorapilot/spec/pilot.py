@@ -142,7 +142,7 @@ class PilotSpec(_Strict):
     @model_validator(mode="after")
     def _metrics_exist(self) -> PilotSpec:
         """The success metric and every guard name a metric this task kind produces."""
-        from lorapilot.spec.metric_names import problem
+        from lorapilot.spec.metric_names import ANSWER_GROUP, problem
 
         fields = [f.name for f in self.task.fields or []]
         fields += [p for f in self.task.fields or [] for p in f.leaf_paths(f.name) if p != f.name]
@@ -157,6 +157,13 @@ class PilotSpec(_Strict):
             )
             if why:
                 raise ValueError(f"{key}: {why}")
+            if name in ANSWER_GROUP and not self.task.answer_group:
+                raise ValueError(
+                    f"{key}: {name} compares the part of the output that task.regex marks "
+                    "with a named group `answer`, e.g. '(?s).*\\n#### (?P<answer>-?[0-9.,]+)', "
+                    "and the regex has none (a regex-only format task: no task.json_schema or "
+                    "task.fields)"
+                )
         return self
 
     @model_validator(mode="after")

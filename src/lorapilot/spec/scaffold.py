@@ -177,6 +177,56 @@ def _shape_images(folder: Path, rng: random.Random) -> int:
             tmp.replace(path)  # atomic, as every write here
             n += 1
     return n
+FORMAT_YAML = """\
+# {name}: a lorapilot pilot. Edit, then: lorapilot check {name} && lorapilot run {name}
+name: {name}
+hypothesis: >-
+  A LoRA adapter on the base model answers in the required format (the working on one
+  line, then a last line '#### <number>') far more often than the base model prompted
+  zero-shot, without answering worse.
+task:
+  kind: format
+  # The whole output must match; the group named `answer` is compared with the same group
+  # of the target (answer_match), so the working may differ from the target's.
+  regex: '(?s).*\\n#### (?P<answer>-?[0-9]+)'
+  system: "Solve the problem. Show the calculation, then end with a line '#### <answer>'."
+  template: "{{text}}"
+model:
+  base: smollm2-135m-instruct
+data:
+  source: "Example problems written by lorapilot init (replace with your data)"
+  permission: "Synthetic example data; free to use"
+  file: data/examples.jsonl
+  fields: {{text: text, target: target, id: id}}
+  split: {{seed: 0, val: 0.2, test: 0.2}}
+  max_length: 160
+adapter: {{method: lora, r: 8, alpha: 16, dropout: 0.0, target_modules: all-linear}}
+train: {{seed: 0, epochs: 3, lr: 0.0005, micro_batch: 8, precision: auto}}
+eval: {{mode: generate, batch_size: 16}}
+success: {{metric: format_valid_rate, min_gain: 0.2}}
+guards:
+  - {{metric: answer_match, max_drop: 0.05}}
+limits: {{memory_gb: 8, time_hours: 1, usd_per_hour: 0, rental_days: 3}}
+"""
+
+
+def _format_rows(rng: random.Random) -> list[dict]:
+    items = ["apples", "tickets", "boxes", "books", "chairs", "lamps"]
+    rows = []
+    for _ in range(48):
+        a, b, item = rng.randint(2, 90), rng.randint(2, 90), rng.choice(items)
+        if rng.random() < 0.5:
+            text = (
+                f"A shop sold {a} {item} in the morning and {b} in the afternoon. "
+                f"How many {item} did it sell?"
+            )
+            target = f"{a} + {b} = {a + b}\n#### {a + b}"
+        else:
+            a, b = max(a, b), min(a, b)
+            text = f"A store had {a} {item} and sold {b}. How many {item} are left?"
+            target = f"{a} - {b} = {a - b}\n#### {a - b}"
+        rows.append({"text": text, "target": target})
+    return rows
 
 
 def _extraction_rows(rng: random.Random) -> list[dict]:
@@ -202,7 +252,12 @@ def _extraction_rows(rng: random.Random) -> list[dict]:
     return rows
 
 
-TASKS = ("classification", "extraction", "image_classification")
+TASKS = ("classification", "extraction", "format", "image_classification")
+_TEXT = {  # the spec and the rows of each text task
+    "classification": (CLASSIFICATION_YAML, _classification_rows),
+    "extraction": (EXTRACTION_YAML, _extraction_rows),
+    "format": (FORMAT_YAML, _format_rows),
+}
 
 
 def init_pilot(name: str, task: str, parent: Path) -> dict:
@@ -220,16 +275,15 @@ def init_pilot(name: str, task: str, parent: Path) -> dict:
         load_spec_file(folder / "pilot.yaml")  # what we scaffold must validate
         return {"pilot": str(folder), "spec": str(folder / "pilot.yaml"), "n_examples": n,
                 "task": task}  # fmt: skip
-    rows = _classification_rows(rng) if task == "classification" else _extraction_rows(rng)
+    yaml_template, make_rows = _TEXT[task]
+    rows = make_rows(rng)
     rng.shuffle(rows)
     seen, data = set(), []
     for i, r in enumerate(rows):
         if r["text"] not in seen:
             seen.add(r["text"])
             data.append({"id": f"ex{i:03d}", **r})
-    yaml_text = (CLASSIFICATION_YAML if task == "classification" else EXTRACTION_YAML).format(
-        name=name
-    )
+    yaml_text = yaml_template.format(name=name)
     atomic_write_text(
         folder / "data" / "examples.jsonl", "".join(json.dumps(r) + "\n" for r in data)
     )

@@ -216,7 +216,12 @@ class TaskSpec(_Strict):
     json_schema: dict[str, Any] | None = Field(
         None, description="JSON schema the output must satisfy (extraction/format)."
     )
-    regex: str | None = Field(None, description="Regex the whole output must match (format).")
+    regex: str | None = Field(
+        None,
+        description="Regex the whole output must match (format). A named group `answer` "
+        "(`(?P<answer>...)`) marks the part compared with the same group of the target: "
+        "`answer_match` (e.g. a worked solution's final number).",
+    )
     system: str | None = Field(
         None, description="System prompt; `{labels}` and `{fields}` are substituted."
     )
@@ -284,6 +289,17 @@ class TaskSpec(_Strict):
         return self
 
     _omitted_at: ClassVar[dict[str, tuple]] = {"grounded": (False,), "image": (None,)}
+
+    @property
+    def answer_group(self) -> bool:
+        """A regex-only format task whose regex marks the answer: `(?P<answer>...)`."""
+        return (
+            self.kind == "format"
+            and bool(self.regex)
+            and not self.json_schema
+            and not self.fields
+            and "answer" in re.compile(self.regex).groupindex
+        )
 
     @property
     def labelled(self) -> bool:
