@@ -366,28 +366,26 @@ def _counts(c: dict | None) -> str:
     return ", ".join(f"{k} {v}" for k, v in (c or {}).items())
 
 
+# The metrics a terminal line shows, where the task has them (every one is in --json).
+EVALUATION_METRICS = (
+    "accuracy", "macro_f1", "json_valid_rate", "schema_valid_rate", "required_fields_rate",
+    "field_f1", "leaf_f1", "exact_match", "format_valid_rate", "answer_match",
+    "ungrounded_value_rate",
+)  # fmt: skip
+MAIN_METRICS = (
+    "accuracy", "macro_f1", "json_valid_rate", "field_f1", "leaf_f1", "format_valid_rate",
+    "answer_match",
+)  # fmt: skip
+DELTA_METRICS = ("macro_f1", "field_f1", "leaf_f1", "format_valid_rate", "answer_match")
+
+
 def evaluation(r: dict) -> None:
     m = r["metrics"]
     stdout.print(
         f"[green]{r['split']}[/] n={r['n']}  run {r['run_id']}  protocol {r['eval_protocol']}  "
         f"({r['examples_per_s']:.1f} ex/s)"
     )
-    headline = [
-        k
-        for k in (
-            "accuracy",
-            "macro_f1",
-            "json_valid_rate",
-            "schema_valid_rate",
-            "required_fields_rate",
-            "field_f1",
-            "leaf_f1",
-            "exact_match",
-            "format_valid_rate",
-            "ungrounded_value_rate",
-        )
-        if k in m
-    ]
+    headline = [k for k in EVALUATION_METRICS if k in m]
     stdout.print("  " + "  ".join(f"{k}={m[k]:.3f}" for k in headline))
     group, per = per_group(m)
     if per:
@@ -429,7 +427,7 @@ def train(r: dict) -> None:
         "  "
         + "  ".join(
             f"{k}={m[k]:.3f}"
-            for k in ("accuracy", "macro_f1", "json_valid_rate", "field_f1", "leaf_f1")
+            for k in MAIN_METRICS
             if k in m
         )
     )
@@ -594,11 +592,11 @@ def compare(r: dict) -> None:
         m = row.get("metrics") or {}
         main = " ".join(
             f"{k}={m[k]:.3f}"
-            for k in ("accuracy", "macro_f1", "field_f1", "leaf_f1", "json_valid_rate")
+            for k in MAIN_METRICS
             if isinstance(m.get(k), (int, float))
         )
         d = (row.get("deltas") or {}).get("overall", {})
-        delta = " ".join(f"{k}{d[k]:+.3f}" for k in ("macro_f1", "field_f1", "leaf_f1") if k in d)
+        delta = " ".join(f"{k}{d[k]:+.3f}" for k in DELTA_METRICS if k in d)
         fl = row.get("flips") or {}
         fb = f"{len(fl.get('fixed', []))}/{len(fl.get('broken', []))}" if fl else ""
         note = row.get("not_comparable_reason") or row.get("reason") or ""
