@@ -46,7 +46,7 @@ def main() -> None:
     order = sorted(range(len(val)), key=lambda i: -widths[i])[: spec.eval.batch_size]
     chosen = [val[i] for i in order]
     evaluate_records(model, tok, fmt, spec, chosen[:2], protocol, progress=False)
-    with live_tensor_peak() as seen:
+    with live_tensor_peak(model) as seen:  # a window per decoding step: bounded memory
         evaluate_records(model, tok, fmt, spec, chosen, protocol, progress=False)
 
     shape = ModelShape.from_config(model.config.to_dict())

@@ -542,7 +542,9 @@ def _measured(
         # On a CPU, also the bytes its tensors held at once (the RSS increase depends on what
         # the heap kept from the training steps before it): what the model is held to.
         chosen = [val[i] for i in order]
-        with live_tensor_peak() if pr.on_cpu else contextlib.nullcontext({}) as seen:
+        # a profiling window per model call (one decoding step): a long generation of a
+        # wide batch must not keep millions of profiler events (24 GiB on GSM8K)
+        with live_tensor_peak(model) if pr.on_cpu else contextlib.nullcontext({}) as seen:
             wide = evaluate_records(model, tok, fmt, spec, chosen, protocol, progress=False)
         eval_peak = max(ev.peak_memory_bytes or 0, wide.peak_memory_bytes or 0) or None
         eval_est = _eval_estimate(pr, model, fmt, protocol, [widths[i] for i in order],
