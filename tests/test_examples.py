@@ -341,3 +341,50 @@ def test_fashion_example_data_is_balanced_clean_and_without_shortcuts(image_mode
     assert report["warnings"] == []
     t = report["transforms"]  # size from the spec, the statistics from the model's processor
     assert (t["size"], t["mean"], t["source"]) == (112, [0.485, 0.456, 0.406], "model")
+
+
+# --------------------------------------------------------------------------- gsm8k-format
+
+GSM_DIR = EXAMPLES / "gsm8k-format"
+
+
+def test_gsm8k_build_script_is_a_seeded_subset(tmp_path: Path) -> None:
+    """build.py on a small source shaped like GSM8K's train.jsonl: the same rows every time."""
+    src = tmp_path / "train.jsonl"
+    src.write_text("".join(json.dumps({"question": f"q{i}", "answer": f"{i}\n#### {i}"}) + "\n"
+                           for i in range(40)))  # fmt: skip
+    outs = []
+    for run in ("a", "b"):
+        out = tmp_path / run / "gsm8k.jsonl"
+        subprocess.run(
+            [sys.executable, str(GSM_DIR / "build.py"), "--source", str(src), "--n", "10",
+             "--out", str(out)],
+            check=True, capture_output=True, timeout=120,
+        )  # fmt: skip
+        outs.append(out.read_bytes())
+    rows = [json.loads(line) for line in outs[0].decode().splitlines()]
+    assert outs[0] == outs[1] and len(rows) == 10
+    assert [r["id"] for r in rows] == [f"gsm-{i}" for i in range(10)]
+    assert len({r["question"] for r in rows}) == 10 and rows[0]["question"] != "q0"  # shuffled
+
+
+def test_gsm8k_example_targets_follow_the_format_and_fit(default_model_dir) -> None:
+    from lorapilot.base.models import load_tokenizer
+    from lorapilot.data.dataset import prepare_data
+    from lorapilot.data.summary import data_report
+    from lorapilot.spec import load_pilot
+
+    pilot = load_pilot(GSM_DIR)
+    task = pilot.spec.task
+    assert task.answer_group
+    rows = [json.loads(line) for line in (GSM_DIR / "data" / "gsm8k.jsonl").open()]
+    assert len(rows) == 900 and len({r["id"] for r in rows}) == 900
+    for r in rows:  # the answer group is GSM8K's final answer
+        final = r["answer"].split("#### ")[-1]
+        assert re.fullmatch(task.regex, r["answer"]).group("answer") == final
+    _, tok = load_tokenizer(pilot, weights=False)
+    prepared = prepare_data(pilot, tok)
+    report = data_report(pilot, prepared, tok)
+    assert report["splits"] == {"train": 720, "val": 90, "test": 90}
+    assert report["truncation"]["n_truncated"] == 0 and report["mask_audit"]["ok"]
+    assert report["truncation"]["fits_at"] <= pilot.spec.data.max_length
