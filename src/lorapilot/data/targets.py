@@ -32,7 +32,7 @@ _MAX_MESSAGE = 200
 
 def is_text_target(task: TaskSpec) -> bool:
     """A format task with only a regex: the target is the output string itself, not an object."""
-    return task.kind == "format" and not task.json_schema and not task.fields and bool(task.regex)
+    return task.text_target
 
 
 def target_schema(task: TaskSpec) -> dict:

@@ -177,6 +177,8 @@ def _shape_images(folder: Path, rng: random.Random) -> int:
             tmp.replace(path)  # atomic, as every write here
             n += 1
     return n
+
+
 FORMAT_YAML = """\
 # {name}: a lorapilot pilot. Edit, then: lorapilot check {name} && lorapilot run {name}
 name: {name}

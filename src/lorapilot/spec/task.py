@@ -291,15 +291,16 @@ class TaskSpec(_Strict):
     _omitted_at: ClassVar[dict[str, tuple]] = {"grounded": (False,), "image": (None,)}
 
     @property
+    def text_target(self) -> bool:
+        """A format task with only a regex: the target is the output string itself."""
+        return (
+            self.kind == "format" and not self.json_schema and not self.fields and bool(self.regex)
+        )
+
+    @property
     def answer_group(self) -> bool:
         """A regex-only format task whose regex marks the answer: `(?P<answer>...)`."""
-        return (
-            self.kind == "format"
-            and bool(self.regex)
-            and not self.json_schema
-            and not self.fields
-            and "answer" in re.compile(self.regex).groupindex
-        )
+        return self.text_target and "answer" in re.compile(self.regex or "").groupindex
 
     @property
     def labelled(self) -> bool:
