@@ -151,23 +151,22 @@ def live_tensor_peak(step_module=None):
             count["peak"] = max(count["peak"], count["live"])
         count["windows"] += 1
 
-    windowed = step_module is not None
-    with warnings.catch_warnings():  # "won't be using warmup": none is wanted
-        warnings.simplefilter("ignore")
-        prof = profile(
-            activities=[ProfilerActivity.CPU],
-            profile_memory=True,
-            # every step records and hands its window over (no waiting, no warm-up steps)
-            schedule=schedule(wait=0, warmup=0, active=1) if windowed else None,
-            on_trace_ready=fold if windowed else None,
-        )
     def quietly(action) -> None:  # kineto's start/stop lines; the warm-up and cycle warnings
         with _stderr_muted(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             action()
 
+    with warnings.catch_warnings():  # "won't be using warmup": none is wanted
+        warnings.simplefilter("ignore")
+        # every step records and hands its window to `fold`, and so does the stop
+        prof = profile(
+            activities=[ProfilerActivity.CPU],
+            profile_memory=True,
+            schedule=schedule(wait=0, warmup=0, active=1),
+            on_trace_ready=fold,
+        )
     hook = None
-    if windowed:
+    if step_module is not None:
         hook = step_module.register_forward_hook(lambda *_: quietly(prof.step))
     quietly(prof.start)
     try:
@@ -176,6 +175,4 @@ def live_tensor_peak(step_module=None):
         if hook is not None:
             hook.remove()
         quietly(prof.stop)
-    if not windowed:
-        fold(prof)
     out["peak_bytes"], out["windows"] = count["peak"], count["windows"]
