@@ -275,9 +275,20 @@ def data(r: dict) -> None:
             f"{ma['eval_prompt_is_train_prefix']}"
         )
     if r["skipped"]:
-        stdout.print(f"  [yellow]skipped {len(r['skipped'])} record(s):[/]")
-        for s in r["skipped"][:20]:
-            stdout.print(esc(f"    {s['file']}:{s['line']}: {s['problem']}"))
+        stdout.print(f"  [yellow]skipped {len(r['skipped'])} invalid record(s) (data.on_error):[/]")
+        for g in r.get("skipped_summary") or []:
+            vals = ", ".join(f"{v} {n}" for v, n in g["values"].items())
+            more = g["n_values"] - len(g["values"])
+            vals += f" and {more} more" if more > 0 else ""
+            stdout.print(esc(f"    {g['count']} x {g['problem']} (first {g['first']}; {vals})"))
+    groups = r.get("groups")
+    if groups:
+        per = ", ".join(f"{s} {n}" for s, n in groups["per_split"].items())
+        big = ", ".join(f"{g['group']!r} {g['n']}" for g in groups["largest"][:3])
+        stdout.print(
+            f"  groups of {groups['column']}: {groups['n_groups']} (per split: {per}); largest "
+            f"{big}; {len(groups['shared'])} in more than one split"
+        )
     for w in r.get("warnings", []):
         stdout.print(f"  [yellow]warning:[/] {esc(w)}")
 
@@ -423,14 +434,7 @@ def train(r: dict) -> None:
     )
     stdout.print(f"  val loss {r['initial_val_loss']:.4f} -> {r['final_val_loss']:.4f}")
     m = r["metrics"]
-    stdout.print(
-        "  "
-        + "  ".join(
-            f"{k}={m[k]:.3f}"
-            for k in MAIN_METRICS
-            if k in m
-        )
-    )
+    stdout.print("  " + "  ".join(f"{k}={m[k]:.3f}" for k in MAIN_METRICS if k in m))
     stdout.print(f"  adapter: {esc(r['adapter_path'])}")
 
 
@@ -591,9 +595,7 @@ def compare(r: dict) -> None:
     for row in r["runs"]:
         m = row.get("metrics") or {}
         main = " ".join(
-            f"{k}={m[k]:.3f}"
-            for k in MAIN_METRICS
-            if isinstance(m.get(k), (int, float))
+            f"{k}={m[k]:.3f}" for k in MAIN_METRICS if isinstance(m.get(k), (int, float))
         )
         d = (row.get("deltas") or {}).get("overall", {})
         delta = " ".join(f"{k}{d[k]:+.3f}" for k in DELTA_METRICS if k in d)

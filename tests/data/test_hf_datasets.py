@@ -205,7 +205,9 @@ def test_field_mapping_class_labels_and_policies_match_files(tmp_path):
     assert [(s.file, s.line) for s in skipped] == [("ds", 4)]
     assert skipped[0].problem.startswith("label 'zzz' is not one of the task labels")
     with pytest.raises(
-        UsageError, match=r"^ds:row 4: label 'zzz' is not one of the task labels \(a, b\)$"
+        UsageError,
+        match=r"^ds:row 4: label 'zzz' is not one of the task labels \(a, b\); to leave such "
+        r"examples out, counted per label, set data.unlisted_labels: drop$",
     ):
         load_records(path, CLF, data.model_copy(update={"on_error": "fail"}), display_path="ds")
     with pytest.raises(

@@ -36,6 +36,25 @@ def test_jsonl_layout_reads_image_paths_and_labels(tmp_path):
     assert records[0].source == "data/images.jsonl:1" and records[0].image.format == "PNG"
 
 
+def test_a_folder_outside_the_labels_is_refused_or_left_out_counted(tmp_path):
+    folder = image_pilot(tmp_path, per_label=3)
+    (folder / "data/images/not-sure").mkdir()
+    noise(7).save(folder / "data/images/not-sure/x.png")
+    with pytest.raises(UsageError, match="folder 'not-sure' is not one of the task labels"):
+        load_all(load_pilot(folder))
+    records, skipped = load_all(load_pilot(folder, sets=["data.unlisted_labels=drop"]))
+    assert len(records) == 3 * len(LABELS)
+    assert [(s.file, s.label) for s in skipped] == [("data/images/not-sure/x.png", "not-sure")]
+
+
+def test_a_group_split_needs_a_column_an_image_folder_lacks(tmp_path):
+    from lorapilot.data.dataset import prepare_image_data
+
+    pilot = load_pilot(image_pilot(tmp_path, per_label=3), sets=["data.split.group=owner"])
+    with pytest.raises(UsageError, match="data.split.group: 'owner' is a column, and an image"):
+        prepare_image_data(pilot, {})
+
+
 def _pilot_with(tmp_path: Path, on_error: str, bad: dict[str, bytes | None]) -> object:
     folder = image_pilot(tmp_path, per_label=2)
     for rel, content in bad.items():
@@ -99,8 +118,20 @@ def test_paths_out_of_the_pilot_folder_are_refused(tmp_path):
     outside = tmp_path / "secret.png"
     noise(1).save(outside)
     os.symlink(outside, inside / "link.png")
-    with pytest.raises(BadRow, match="is a symlink out of the pilot folder"):
+    with pytest.raises(
+        BadRow, match="leads out of the pilot folder through the symlink 'link.png'"
+    ):
         resolve_image(inside, "link.png")
+    # a linked folder is named as the way out, not the file inside it
+    (tmp_path / "photos").mkdir()
+    noise(2).save(tmp_path / "photos" / "a.png")
+    os.symlink(tmp_path / "photos", inside / "images")
+    with pytest.raises(
+        BadRow,
+        match=r"image 'images/a\.png' leads out of the pilot folder through the symlink "
+        r"'images' \(to .*photos\); .* copy the images into it",
+    ):
+        resolve_image(inside, "images/a.png")
     with pytest.raises(BadRow, match="points outside the pilot folder"):
         resolve_image(inside, "../secret.png")
     with pytest.raises(BadRow, match="must be relative"):

@@ -440,3 +440,82 @@ def test_random_bytes_never_crash(tmp_path, content, fmt, task):
             load_records(path, task, spec(policy, file=f"r.{fmt}"))
         except UsageError:
             pass
+
+
+# --------------------------------------------------------------------------- spec columns
+
+
+def test_parquet_reads_the_category_and_group_columns(tmp_path):
+    """A columnar reader loads the columns data.category and data.split.group name (it read
+    only text/label/target/id, so every row lacked its category)."""
+    path = tmp_path / "d.parquet"
+    pq.write_table(
+        pa.table(
+            {
+                "id": ["a", "b"],
+                "text": ["one", "two"],
+                "doc": ["note", "mail"],
+                "who": [7, 9],
+                "target": [{"vendor": "A", "total": 1.0}, {"vendor": "B", "total": 2.0}],
+            }
+        ),
+        path,
+    )
+    data = spec(file="d.parquet", category="doc", split={"group": "who"})
+    records, skipped = load_records(path, EXT, data, display_path="d.parquet")
+    assert skipped == []
+    assert [(r.category, r.group) for r in records] == [("note", "7"), ("mail", "9")]
+
+
+def test_group_column_missing_from_the_header_or_a_row(tmp_path):
+    data = spec(file="d.csv", split={"group": "who"})
+    with pytest.raises(
+        UsageError, match=r"^d\.csv:1: no column 'who' \(columns: id, text, label\)"
+    ):
+        load_records(write(tmp_path, b"id,text,label\na,x,bug\n", "d.csv"), CLF, data,
+                     display_path="d.csv")  # fmt: skip
+    content = jline(id="a", text="x", label="bug", who="u1") + jline(id="b", text="y", label="bug")
+    data = spec("skip", split={"group": "who"})
+    records, skipped = load_records(write(tmp_path, content), CLF, data, display_path="data.jsonl")
+    assert [r.group for r in records] == ["u1"]
+    assert skipped == [Skipped("data.jsonl", 2, "missing field 'who' (data.split.group)")]
+
+
+def test_unlisted_labels_drop_leaves_them_out_counted_whatever_on_error_says(tmp_path):
+    content = (
+        jline(id="a", text="x", label="bug")
+        + jline(id="b", text="y", label="Not sure")
+        + jline(id="c", text="z", label="billing")
+    )
+    with pytest.raises(UsageError, match="set data.unlisted_labels: drop"):
+        load_records(write(tmp_path, content), CLF, spec())
+    records, skipped = load_records(
+        write(tmp_path, content), CLF, spec(unlisted_labels="drop"), display_path="data.jsonl"
+    )
+    assert [r.id for r in records] == ["a", "c"]
+    assert skipped == [
+        Skipped("data.jsonl", 2, "label 'Not sure' is not in task.labels", label="Not sure")
+    ]
+    # an invalid row is still invalid: data.on_error: fail stops on it
+    broken = content + jline(id="d", text="", label="bug")
+    with pytest.raises(UsageError, match=r"data.jsonl:4: field 'text' is empty"):
+        load_records(write(tmp_path, broken), CLF, spec(unlisted_labels="drop"))
+
+
+def test_skipped_summary_groups_rows_by_problem_with_their_values():
+    from lorapilot.data.rows import skipped_summary
+
+    rows = [Skipped("d.csv", i, f"label {lab!r} is not one of the task labels (a, b)")
+            for i, lab in enumerate(["x", "y", "x", "it's"], 2)]  # fmt: skip
+    rows.append(Skipped("d.csv", 9, "image 'img/1.jpg': no such file"))
+    assert skipped_summary(rows, values=2) == [
+        {
+            "problem": "label … is not one of the task labels (a, b)",
+            "count": 4,
+            "first": "d.csv:2",
+            "values": {"'x'": 2, '"it\'s"': 1},
+            "n_values": 3,
+        },
+        {"problem": "image …: no such file", "count": 1, "first": "d.csv:9",
+         "values": {"'img/1.jpg'": 1}, "n_values": 1},
+    ]  # fmt: skip

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from lorapilot.data.rows import Record
-from lorapilot.data.split import category_counts, split_records, split_sizes
+from lorapilot.data.split import category_counts, split_groups, split_records, split_sizes
 
 
 def make(counts: dict[str, int]) -> list[Record]:
@@ -108,3 +108,52 @@ def test_sample_keeps_label_proportions_and_is_seeded():
     # largest remainder: 7 of (60, 30, 10) -> 4.2, 2.1, 0.7 -> 4, 2, 1
     assert category_counts({"t": sample_records(records, 7, "x")})["t"] == {"a": 4, "b": 2, "c": 1}
     assert sample_size(3, 0.1) == 1 and sample_size(0, 0.5) == 0 and sample_size(10, 1.0) == 10
+
+
+def grouped(sizes: list[tuple[str, dict[str, int]]]) -> list[Record]:
+    """Records of named groups, each with its own count per category."""
+    out = []
+    for g, counts in sizes:
+        for cat, n in counts.items():
+            out += [
+                Record(id=f"{g}-{cat}-{i}", text="x", label=cat, target=None,
+                       source=f"f:{g}{cat}{i}", split=None, category=cat, group=g)
+                for i in range(n)
+            ]  # fmt: skip
+    return out
+
+
+def test_group_split_keeps_each_group_whole_and_near_the_stratified_sizes():
+    rng = random.Random(3)
+    groups = [(f"g{i}", {"a": rng.randint(0, 6), "b": rng.randint(0, 3)}) for i in range(120)]
+    groups.append(("big", {"a": 80, "b": 30}))  # larger than the val or test share: train
+    records = grouped(groups)
+    splits = split_groups(records, seed=0, val=0.15, test=0.15)
+    where: dict[str, set[str]] = {}
+    for name, recs in splits.items():
+        for r in recs:
+            assert r.split == name
+            where.setdefault(r.group, set()).add(name)
+    assert all(len(s) == 1 for s in where.values())
+    assert where["big"] == {"train"}
+    assert sorted(r.id for recs in splits.values() for r in recs) == sorted(r.id for r in records)
+    # every category within one small group (at most 9 examples) of the stratified split's
+    # sizes, and the split sizes within 5 examples of them
+    plain = category_counts(split_records(records, 0, 0.15, 0.15))
+    got = category_counts(splits)
+    for name in ("val", "test"):
+        assert abs(sum(got[name].values()) - sum(plain[name].values())) <= 5, (got, plain)
+        for cat in ("a", "b"):
+            assert abs(got[name][cat] - plain[name][cat]) <= 9, (name, cat, got, plain)
+
+
+def test_group_split_is_deterministic_and_seeded():
+    records = grouped([(f"g{i}", {"a": 1 + i % 4, "b": i % 3}) for i in range(60)])
+    one = ids(split_groups(records, 0, 0.2, 0.2))
+    assert one == ids(split_groups(list(reversed(records)), 0, 0.2, 0.2))
+    assert one != ids(split_groups(records, 1, 0.2, 0.2))
+
+
+def test_group_split_without_groups_is_refused():
+    with pytest.raises(ValueError, match="has no group"):
+        split_groups(make({"a": 5}), 0, 0.2, 0.2)

@@ -525,3 +525,22 @@ def test_the_results_say_how_labels_were_scored(state):
     s["eval"] = {"mode": "score", "label_scoring": "sum"}
     results = md_section(render_markdown(s), "Results: baseline vs adapted")
     assert "sum of each label's token log-probabilities" in results
+
+
+def test_the_data_section_groups_skipped_rows_and_counts_labels_left_out(state):
+    s = copy.deepcopy(state)
+    d = s["data"]
+    d["skipped_summary"] = [
+        {"problem": "image …: no such file", "count": 4208, "first": "c.csv:3",
+         "values": {"'images/a.jpg'": 1}, "n_values": 4208},
+    ]  # fmt: skip
+    d["unlisted_labels"] = {"policy": "drop", "dropped": 348, "per_label": {"Not sure": 228,
+                            "Polo": 120}, "rows": []}  # fmt: skip
+    d["groups"] = {"column": "sender_id", "n_groups": 328, "per_split": {}, "largest": [],
+                   "shared": [{"group": "7", "splits": {"train": 2, "val": 1}}]}  # fmt: skip
+    html = section(render_html(s), "data")
+    assert "4,208" in html and "image …: no such file" in html and "c.csv:3" in html
+    assert "left out: label not in task.labels" in html and "Not sure" in html and "228" in html
+    assert "groups (sender_id)" in html and "328" in html
+    md = render_markdown(s)
+    assert "Polo" in md_section(md, "Data")

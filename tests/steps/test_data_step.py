@@ -301,3 +301,103 @@ def test_a_val_test_pair_alone_is_never_offered_drop_from_train(monkeypatch):
         dataset.check_leakage(pilot, None)
     assert "val:v1 ~ test:t9" in str(e.value) and "never the test row" in str(e.value)
     assert "drop_from_train" not in str(e.value)
+
+
+def _ticket_pilot(tmp_path: Path, rows: list[dict], **data) -> Path:
+    spec = yaml.safe_load((EXAMPLES / "ticket-triage" / "pilot.yaml").read_text())
+    spec["data"] = {**spec["data"], "file": "data/t.jsonl", **data}
+    pilot = tmp_path / "tickets"
+    (pilot / "data").mkdir(parents=True)
+    (pilot / "pilot.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    (pilot / "data" / "t.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return pilot
+
+
+def _tickets(n: int) -> list[dict]:
+    lines = (EXAMPLES / "ticket-triage" / "data" / "tickets.jsonl").read_text().splitlines()
+    return [json.loads(x) for x in lines[:n]]
+
+
+def test_no_example_left_is_exit_2_saying_what_was_set_aside(tmp_path, default_model_dir):
+    """Every row skipped used to complete as 'data ok' with 0/0/0 examples."""
+    rows = [dict(r, label=f"old-{r['label']}") for r in _tickets(60)]
+    pilot = _ticket_pilot(tmp_path, rows, on_error="skip")
+    out = run_json("data", str(pilot), expect=2)
+    assert "no train and no val examples left (train 0, val 0, test 0)" in out["error"]
+    assert "60 record(s) were set aside" in out["error"]
+    assert (
+        "is not one of the task labels" in out["error"] and "data.unlisted_labels" in out["error"]
+    )
+    proc = run_cli("data", str(pilot))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+
+
+def test_unlisted_labels_drop_counts_them_per_label(tmp_path, default_model_dir):
+    rows = _tickets(200)
+    for r in rows[::10]:
+        r["label"] = "Not sure"
+    rows[5]["label"] = "spam"
+    pilot = _ticket_pilot(tmp_path, rows, unlisted_labels="drop")
+    out = run_json("data", str(pilot))
+    assert out["n_examples"] == 179 and out["skipped"] == [] and out["skipped_summary"] == []
+    assert out["unlisted_labels"]["per_label"] == {"Not sure": 20, "spam": 1}
+    assert [r["line"] for r in out["unlisted_labels"]["rows"]][:3] == [1, 6, 11]
+    assert any("21 example(s) left out" in w and "'Not sure' 20" in w for w in out["warnings"])
+    human = run_cli("data", str(pilot))
+    assert "left out for labels not in task.labels" in human.stdout
+    # the default refuses, naming the row and the way to drop them
+    spec = yaml.safe_load((pilot / "pilot.yaml").read_text())
+    del spec["data"]["unlisted_labels"]
+    (pilot / "pilot.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    err = run_json("data", str(pilot), expect=2)["error"]
+    assert err.startswith("data/t.jsonl:1: label 'Not sure'") and "unlisted_labels: drop" in err
+
+
+def test_skipped_rows_are_summarised_by_problem(tmp_path, default_model_dir):
+    rows = _tickets(120)
+    for r in rows[:30]:
+        r["text"] = ""
+    for r in rows[30:33]:
+        r["label"] = 7
+    out = run_json("data", str(_ticket_pilot(tmp_path, rows, on_error="skip")))
+    assert [(g["problem"], g["count"], g["first"]) for g in out["skipped_summary"]] == [
+        ("field … is empty", 30, "data/t.jsonl:1"),
+        ("field … must be a string, got number", 3, "data/t.jsonl:31"),
+    ]
+    human = run_cli("data", str(_ticket_pilot(tmp_path / "h", rows, on_error="skip")))
+    assert "30 x field … is empty (first data/t.jsonl:1; 'text' 30)" in human.stdout
+
+
+def test_split_group_keeps_each_group_in_one_split(tmp_path, default_model_dir):
+    rows = _tickets(300)
+    for i, r in enumerate(rows):
+        r["customer"] = f"c{i % 37}"
+    pilot = _ticket_pilot(tmp_path, rows, split={"seed": 0, "val": 0.15, "test": 0.15,
+                                                 "group": "customer"})  # fmt: skip
+    out = run_json("data", str(pilot))
+    g = out["groups"]
+    assert g["column"] == "customer" and g["n_groups"] == 37 and g["shared"] == []
+    assert sum(g["per_split"].values()) == 37 and min(g["per_split"].values()) > 0
+    assert abs(out["splits"]["val"] - 45) <= 10 and abs(out["splits"]["test"] - 45) <= 10
+    plain = run_json("data", str(_ticket_pilot(tmp_path / "p", rows)))
+    assert plain["version"] != out["version"] and "groups" not in plain
+    human = run_cli("data", str(pilot))
+    assert "groups of customer: 37" in human.stdout
+
+
+def test_split_group_across_given_files_is_warned(tmp_path, default_model_dir):
+    rows = _tickets(240)
+    for i, r in enumerate(rows):
+        r["customer"] = f"c{i % 50}"
+    spec = yaml.safe_load((EXAMPLES / "ticket-triage" / "pilot.yaml").read_text())
+    spec["data"] = {k: v for k, v in spec["data"].items() if k not in ("file", "split")}
+    spec["data"]["files"] = {"train": "train.jsonl", "val": "val.jsonl"}
+    spec["data"]["split"] = {"group": "customer"}
+    pilot = tmp_path / "given"
+    pilot.mkdir()
+    (pilot / "pilot.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    for name, part in (("train", rows[:200]), ("val", rows[200:])):
+        (pilot / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in part))
+    out = run_json("data", str(pilot))
+    assert len(out["groups"]["shared"]) == 40
+    assert any("40 group(s) of 'customer'" in w for w in out["warnings"])

@@ -16,10 +16,16 @@ from lorapilot.data.clean import clean_records
 from lorapilot.data.dedup import DupItem, DupReport, find_duplicates
 from lorapilot.data.format import Encoded, PromptFormatter, answer_text, template_hash
 from lorapilot.data.load import load_records
-from lorapilot.data.rows import Record, Skipped
+from lorapilot.data.rows import Record, Skipped, skipped_summary
 from lorapilot.data.source import file_sources
-from lorapilot.data.split import SPLITS, category_counts, sample_records, split_records
-from lorapilot.errors import CheckFailed
+from lorapilot.data.split import (
+    SPLITS,
+    category_counts,
+    sample_records,
+    split_groups,
+    split_records,
+)
+from lorapilot.errors import CheckFailed, UsageError
 from lorapilot.fsutil import sha256_file, sha256_json
 from lorapilot.spec import Pilot
 
@@ -100,19 +106,67 @@ def source_hashes(pilot: Pilot, datasets_only: bool = False) -> dict[str, str]:
 
 def _split(pilot: Pilot, records: list[Record]) -> dict[str, list[Record]]:
     data = pilot.spec.data
+    split = split_groups if data.split.group else split_records
+    if data.split.group and any(r.group is None for r in records):
+        raise UsageError(
+            f"data.split.group: {data.split.group!r} is a column, and an image folder has "
+            "none; list the images in a JSONL or CSV file with that column (data.file), or "
+            "remove data.split.group"
+        )
     # Records carry a split when their source was pre-split (data.files, a DatasetDict, or
     # the train/validation splits of data.hf_dataset); otherwise lorapilot splits them.
     if not data.files and not any(r.split for r in records):
-        return split_records(records, data.split.seed, data.split.val, data.split.test)
+        return split(records, data.split.seed, data.split.val, data.split.test)
     out: dict[str, list[Record]] = {s: [] for s in SPLITS}
     for r in records:
         out[r.split or "train"].append(r)
     if data.files is not None and data.files.val is None and not out["val"]:
         # train + (official) test files: validation comes out of train, stratified and
         # seeded like a whole-file split; the given test split stays as it is
-        carved = split_records(out["train"], data.split.seed, data.split.val, 0.0)
+        carved = split(out["train"], data.split.seed, data.split.val, 0.0)
         out["train"], out["val"] = carved["train"], carved["val"]
     return out
+
+
+def require_examples(splits: dict[str, list[Record]], skipped: list[Skipped]) -> None:
+    """No training or no validation example left is bad input (exit 2), said with what was
+    set aside on the way: a pilot on nothing must not pass as a pilot."""
+    empty = [s for s in ("train", "val") if not splits.get(s)]
+    if not empty:
+        return
+    sizes = ", ".join(f"{s} {len(splits.get(s) or [])}" for s in SPLITS)
+    why = ""
+    if skipped:
+        top = "; ".join(f"{g['count']} x {g['problem']}" for g in skipped_summary(skipped)[:3])
+        why = f"; {len(skipped)} record(s) were set aside: {top}"
+    raise UsageError(
+        f"data: no {' and no '.join(empty)} examples left ({sizes}){why}. Fix the data or "
+        "the spec (task.labels, data.fields, data.on_error, data.unlisted_labels, data.split, "
+        "data.sample) so that both splits keep examples"
+    )
+
+
+def group_report(pilot: Pilot, splits: dict[str, list[Record]]) -> dict[str, Any] | None:
+    """data.split.group's outcome: groups per split, the largest ones, and groups found in
+    more than one split (only pre-split sources can have them: they leak, as duplicates do)."""
+    column = pilot.spec.data.split.group
+    if not column:
+        return None
+    where: dict[str, dict[str, int]] = {}
+    for s, recs in splits.items():
+        for r in recs:
+            if r.group is not None:
+                where.setdefault(r.group, {}).setdefault(s, 0)
+                where[r.group][s] += 1
+    shared = sorted(g for g, at in where.items() if len(at) > 1)
+    largest = sorted(where, key=lambda g: (-sum(where[g].values()), g))[:5]
+    return {
+        "column": column,
+        "n_groups": len(where),
+        "per_split": {s: sum(1 for at in where.values() if s in at) for s in SPLITS},
+        "largest": [{"group": g, "n": sum(where[g].values()), "splits": where[g]} for g in largest],
+        "shared": [{"group": g, "splits": where[g]} for g in shared],
+    }
 
 
 def data_version(pilot: Pilot, splits: dict[str, list[Record]], tmpl_hash: str) -> str:
@@ -137,7 +191,9 @@ def data_version(pilot: Pilot, splits: dict[str, list[Record]], tmpl_hash: str) 
     return "dv-" + sha256_json(payload)[:16]
 
 
-def _split_and_sample(pilot: Pilot, records: list[Record]) -> dict[str, list[Record]]:
+def _split_and_sample(
+    pilot: Pilot, records: list[Record], skipped: list[Skipped]
+) -> dict[str, list[Record]]:
     data = pilot.spec.data
     splits = _split(pilot, records)
     if data.sample is not None:
@@ -145,6 +201,7 @@ def _split_and_sample(pilot: Pilot, records: list[Record]) -> dict[str, list[Rec
             if size is not None and splits.get(name):
                 seed = f"{data.split.seed}:sample:{name}"
                 splits[name] = sample_records(splits[name], size, seed)
+    require_examples(splits, skipped)
     return splits
 
 
@@ -176,7 +233,7 @@ def prepare_image_data(
 
     data = pilot.spec.data
     records, skipped = load_all(pilot)
-    splits = _split_and_sample(pilot, records)
+    splits = _split_and_sample(pilot, records, skipped)
     items = [
         ImageItem(r.id, s, r.image.pixel_hash, r.image.phash, r.image.thumb)
         for s, recs in splits.items()
@@ -229,7 +286,7 @@ def prepare_data(pilot: Pilot, tokenizer: Any, *, enforce_leakage: bool = True) 
     data = spec.data
     records, skipped = load_all(pilot)
     records, dropped = clean_records(records, data.cleaning, data.max_chars)
-    splits = _split_and_sample(pilot, records)
+    splits = _split_and_sample(pilot, records, skipped)
     items = [DupItem(r.id, s, r.text) for s, recs in splits.items() for r in recs]
     dups = find_duplicates(items, threshold=data.near_dup_threshold, seed=data.split.seed)
     leak_dropped = _drop_leaks_from_train(pilot, splits, dups)

@@ -25,6 +25,7 @@ from lorapilot.data.rows import (
     collect_rows,
     jsonable,
     needed_columns,
+    read_columns,
 )
 from lorapilot.errors import UsageError
 from lorapilot.fsutil import sha256_file, sha256_json
@@ -243,9 +244,7 @@ def _rows(
                 f"{table.shown}: no column {col!r} (columns: {', '.join(names)}); "
                 "set data.fields to map your column names"
             )
-    fm = data.fields
-    first = fm.image if task.modality == "image" else fm.text
-    wanted = list(dict.fromkeys(c for c in (first, fm.label, fm.target, fm.id) if c and c in names))
+    wanted = read_columns(data, task, names)
     image_cols = [c for c, f in ds.features.items() if c in wanted and type(f).__name__ == "Image"]
     if image_cols and pilot_dir is None:
         raise UsageError(f"{table.shown}: an Image column is read only inside a pilot folder")

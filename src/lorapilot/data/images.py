@@ -73,8 +73,21 @@ def resolve_image(pilot_dir: Path, rel: str) -> Path:
     root = pilot_dir.resolve()
     full = (root / p).resolve()
     if not full.is_relative_to(root):
-        how = "is a symlink out of" if (root / p).is_symlink() else "points outside"
-        raise BadRow(f"image {rel!r} {how} the pilot folder")
+        link = next(
+            (q for q in [*reversed((root / p).parents), root / p]
+             if q.is_relative_to(root) and q != root and q.is_symlink()),
+            None,
+        )  # fmt: skip
+        how = (
+            f"leads out of the pilot folder through the symlink "
+            f"{link.relative_to(root).as_posix()!r} (to {os.readlink(link)})"
+            if link is not None
+            else "points outside the pilot folder"
+        )
+        raise BadRow(
+            f"image {rel!r} {how}; a pilot folder holds its data so that it can be copied "
+            "whole to the machine that trains: copy the images into it"
+        )
     if not full.exists():
         raise BadRow(f"image {rel!r}: no such file")
     if not full.is_file():
@@ -238,6 +251,7 @@ def folder_records(
     is a bad row."""
     labels = set(task.labels or [])
     rows: list[tuple[str, str | None, str | None]] = []  # (relative path, label, problem)
+    unlisted: list[Skipped] = []  # under data.unlisted_labels: drop
     for dirpath, dirnames, filenames in os.walk(path):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
         here = Path(dirpath).relative_to(path)
@@ -255,9 +269,18 @@ def folder_records(
                     )
                 )
             elif parts[0] not in labels:
+                if data.unlisted_labels == "drop":
+                    unlisted.append(Skipped(shown, 0, f"folder {parts[0]!r} is not in task.labels",
+                                            label=parts[0]))  # fmt: skip
+                    continue
                 allowed = ", ".join(task.labels or [])
                 rows.append(
-                    (shown, None, f"folder {parts[0]!r} is not one of the task labels ({allowed})")
+                    (
+                        shown,
+                        None,
+                        f"folder {parts[0]!r} is not one of the task labels ({allowed}); to "
+                        "leave its images out, counted, set data.unlisted_labels: drop",
+                    )
                 )
             elif Path(name).suffix.lower() not in IMAGE_EXTENSIONS:
                 rows.append(
@@ -269,10 +292,10 @@ def folder_records(
                 )
             else:
                 rows.append((shown, parts[0], None))
-    if not rows:
+    if not rows and not unlisted:
         raise UsageError(f"{rel}: no image files in the folder (expected {rel}/<label>/*.png)")
     records: list[Record] = []
-    skipped: list[Skipped] = []
+    skipped: list[Skipped] = unlisted
     for i, (shown, label, problem) in enumerate(rows, 1):
         if problem is not None:
             if data.on_error == "fail":

@@ -25,6 +25,7 @@ from lorapilot.data.rows import (
     jsonable,
     needed_columns,
     no_constant,
+    read_columns,
 )
 from lorapilot.data.targets import json_type
 from lorapilot.errors import UsageError
@@ -273,12 +274,11 @@ def _parquet_rows(
                     f"{shown}: no column {col!r} (columns: {', '.join(names)}); "
                     "set data.fields to map your column names"
                 )
-        fm = data.fields
-        wanted = [c for c in (fm.text, fm.label, fm.target, fm.id) if c and c in names]
+        wanted = read_columns(data, task, names)
         row = 0
         try:
             # Batches, not the whole table: memory stays flat however many rows there are.
-            for batch in pf.iter_batches(batch_size=1024, columns=list(dict.fromkeys(wanted))):
+            for batch in pf.iter_batches(batch_size=1024, columns=wanted):
                 for values in batch.to_pylist():
                     row += 1
                     yield row, {k: jsonable(v) for k, v in values.items()}

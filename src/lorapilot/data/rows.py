@@ -64,19 +64,55 @@ class Record:
     split: str | None  # set when the record comes from a pre-split file (or after splitting)
     category: str  # stratum for splitting and per-category metrics
     image: ImageMeta | None = None  # image tasks: the decoded file's properties and hashes
+    group: str | None = None  # data.split.group's value: the group's examples share a split
 
 
 @dataclass
 class Skipped:
-    """A record set aside under `on_error: skip`; `line` is the row number for Parquet."""
+    """A record set aside: invalid under `on_error: skip`, or (`label` set) left out on
+    purpose under `unlisted_labels: drop`; `line` is the row number for Parquet."""
 
     file: str
     line: int
     problem: str
+    label: str | None = None  # an unlisted label the row was dropped for
+
+
+# A quoted value inside a problem (`_show`'s repr, or a path in quotes): what varies by row.
+_QUOTED = re.compile(r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"")
+
+
+def skipped_summary(skipped: Iterable[Skipped], values: int = 5) -> list[dict[str, Any]]:
+    """Rows set aside, grouped by their problem with the quoted values taken out
+    (`label '…' is not one of ...`), commonest first: each group's count, first row and
+    commonest values. Thousands of rows set aside read as a few causes, not a list."""
+    groups: dict[str, dict[str, Any]] = {}
+    for sk in skipped:
+        pattern = _QUOTED.sub("…", sk.problem)
+        g = groups.setdefault(
+            pattern, {"problem": pattern, "count": 0, "first": f"{sk.file}:{sk.line}", "v": {}}
+        )
+        g["count"] += 1
+        for v in _QUOTED.findall(sk.problem)[:1]:
+            g["v"][v] = g["v"].get(v, 0) + 1
+    out = []
+    for g in sorted(groups.values(), key=lambda g: (-g["count"], g["problem"])):
+        common = sorted(g.pop("v").items(), key=lambda kv: (-kv[1], kv[0]))
+        out.append({**g, "values": dict(common[:values]), "n_values": len(common)})
+    return out
 
 
 class BadRow(Exception):
     """A problem with one record: reported with its line, never escapes this module."""
+
+
+class UnlistedLabel(BadRow):
+    """A label outside task.labels under `data.unlisted_labels: drop`: the row is left out
+    and counted, whatever data.on_error says (the spec asked for it)."""
+
+    def __init__(self, problem: str, label: str):
+        super().__init__(problem)
+        self.label = label
 
 
 def collect_rows(
@@ -98,6 +134,8 @@ def collect_rows(
             if isinstance(row, BadRow):
                 raise row
             records.append(builder.build(row, line))
+        except UnlistedLabel as e:
+            skipped.append(Skipped(shown, line, str(e), label=e.label))
         except (BadRow, RecursionError) as e:
             problem = str(e) if isinstance(e, BadRow) else "JSON nested too deeply"
             where = f"row {line}" if row_numbers else str(line)
@@ -133,6 +171,8 @@ class RecordBuilder:
             None if task.labelled else target_validator(task)
         )
         self.labels = set(task.labels or [])
+        self.drop_unlisted = data.unlisted_labels == "drop"
+        self.group_by = data.split.group
         self.seen: dict[str, str] = {}
 
     def build(self, row: dict, line: int) -> Record:
@@ -167,6 +207,7 @@ class RecordBuilder:
         except ValueError as e:
             raise BadRow(str(e)) from None
         rid = self._id(row, line)
+        group = self._group(row) if self.group_by else None
         source = f"{self.shown}:row {line}" if self.row_numbers else f"{self.shown}:{line}"
         first = self.seen.get(rid)
         if first is not None:
@@ -180,7 +221,26 @@ class RecordBuilder:
             source=source,
             split=self.split,
             category=category,
+            group=group,
         )
+
+    def _group(self, row: dict) -> str:
+        """data.split.group's value: a string or an integer (CSV cells are strings)."""
+        name = self.group_by
+        assert name is not None
+        value = row.get(name, _MISSING)
+        if value is _MISSING or value is None:
+            raise BadRow(f"missing field {name!r} (data.split.group)")
+        if isinstance(value, int) and not isinstance(value, bool):
+            return str(value)
+        if not isinstance(value, str):
+            raise BadRow(
+                f"field {name!r} (data.split.group) must be a string or an integer, "
+                f"got {json_type(value)}"
+            )
+        if not value.strip():
+            raise BadRow(f"field {name!r} (data.split.group) is empty")
+        return value
 
     def _label(self, label: Any) -> str:
         name = self.fields.label
@@ -189,8 +249,13 @@ class RecordBuilder:
         if not isinstance(label, str):
             raise BadRow(f"field {name!r} must be a string, got {json_type(label)}")
         if label not in self.labels:
+            if self.drop_unlisted:
+                raise UnlistedLabel(f"label {_show(label)} is not in task.labels", label)
             allowed = ", ".join(self.task.labels or [])
-            raise BadRow(f"label {_show(label)} is not one of the task labels ({allowed})")
+            raise BadRow(
+                f"label {_show(label)} is not one of the task labels ({allowed}); to leave "
+                "such examples out, counted per label, set data.unlisted_labels: drop"
+            )
         return label
 
     def _target(self, target: Any) -> Any:
@@ -259,10 +324,22 @@ def json_message(e: ValueError) -> str:
 
 
 def needed_columns(data: DataSpec, task: TaskSpec) -> list[str]:
+    """The columns every row must have: the input, the label or target, and the columns
+    data.split.group and data.category (when it is not a target path) name."""
     fm = data.fields
+    extra = [data.split.group] if data.split.group else []
+    if not task.labelled and data.category and not data.category.startswith("target."):
+        extra.append(data.category)
     if task.modality == "image":
-        return [fm.image, fm.label]
-    return [fm.text, fm.label if task.labelled else fm.target]
+        return list(dict.fromkeys([fm.image, fm.label, *extra]))
+    return list(dict.fromkeys([fm.text, fm.label if task.labelled else fm.target, *extra]))
+
+
+def read_columns(data: DataSpec, task: TaskSpec, names: list[str]) -> list[str]:
+    """The columns a columnar reader (Parquet, an HF dataset) loads: the needed ones and the
+    id, those of `names` only."""
+    wanted = [*needed_columns(data, task), data.fields.id]
+    return [c for c in dict.fromkeys(wanted) if c and c in names]
 
 
 def jsonable(value: Any) -> Any:

@@ -73,6 +73,54 @@ def split_records(
     return out
 
 
+def split_groups(
+    records: Iterable[Record], seed: int, val: float, test: float
+) -> dict[str, list[Record]]:
+    """Records -> {"train", "val", "test"} with every group (`Record.group`) whole in one
+    split, as close to the per-category sizes of `split_records` as whole groups allow.
+
+    Each category's target sizes are `split_sizes`'; groups are placed largest first (ties
+    in a seeded order) where they bring the per-category counts closest to the targets
+    (total absolute deviation; train wins ties), so a group larger than a split's share
+    ends in train. Deterministic as `split_records`: ids, groups and the seed decide.
+    """
+    if not (0 <= val < 1 and 0 <= test < 1 and val + test < 1):
+        raise ValueError(f"val={val} and test={test} must be fractions that leave some train")
+    by_group: dict[str, list[Record]] = defaultdict(list)
+    per_category: dict[str, int] = defaultdict(int)
+    for record in records:
+        if record.group is None:
+            raise ValueError(f"record {record.id!r} has no group")
+        by_group[record.group].append(record)
+        per_category[record.category] += 1
+    target: dict[str, dict[str, int]] = {name: {} for name in SPLITS}
+    for category, n in per_category.items():
+        for name, size in zip(SPLITS, split_sizes(n, val, test), strict=True):
+            target[name][category] = size
+    have: dict[str, dict[str, int]] = {name: defaultdict(int) for name in SPLITS}
+    order = sorted(by_group)
+    random.Random(f"{seed}:groups").shuffle(order)
+    order.sort(key=lambda g: -len(by_group[g]))  # stable: the shuffle orders equal sizes
+    out: dict[str, list[Record]] = {name: [] for name in SPLITS}
+    for g in order:
+        members = by_group[g]
+        counts: dict[str, int] = defaultdict(int)
+        for r in members:
+            counts[r.category] += 1
+
+        def change(name: str, counts: dict[str, int] = counts) -> int:
+            t, h = target[name], have[name]
+            return sum(abs(h[c] + k - t[c]) - abs(h[c] - t[c]) for c, k in counts.items())
+
+        best = min(SPLITS, key=lambda name: (change(name), SPLITS.index(name)))
+        for c, k in counts.items():
+            have[best][c] += k
+        out[best].extend(dataclasses.replace(r, split=best) for r in members)
+    for name in SPLITS:
+        out[name].sort(key=lambda r: (r.id, r.source))
+    return out
+
+
 def category_counts(splits: dict[str, list[Record]]) -> dict[str, dict[str, int]]:
     """{split: {category: count}}, every category listed in every split (0 when absent),
     so a category missing from val or test is visible rather than silently absent."""

@@ -12,12 +12,17 @@ from lorapilot.data.dataset import (
     describe_leaks,
     encode_records,
     formatter_for,
+    group_report,
     remaining_leaks,
 )
+from lorapilot.data.rows import Skipped, skipped_summary
 from lorapilot.data.targets import grounded_in, grounded_strings
 from lorapilot.errors import UsageError
 from lorapilot.evaluate.leaves import root_spec
 from lorapilot.spec import Pilot
+
+# What the shared report says about rows set aside and groups, in the order it is written.
+SET_ASIDE = ("skipped", "skipped_summary", "dropped_by_cleaning", "unlisted_labels", "groups")
 
 
 def shared_report(
@@ -34,6 +39,24 @@ def shared_report(
             per_category.setdefault(cat, {s: 0 for s in counts})[split] = n
     leaks = remaining_leaks(pilot, prepared)
     warnings = _label_support_warnings(pilot, counts.get("train", {})) + (data_warnings or [])
+    invalid = [s for s in prepared.skipped if s.label is None]
+    unlisted = len(prepared.skipped) - len(invalid)
+    if unlisted:
+        per = unlisted_report(prepared.skipped)["per_label"]
+        warnings.append(
+            f"{unlisted} example(s) left out for labels not in task.labels "
+            "(data.unlisted_labels: drop): "
+            + ", ".join(f"{label!r} {n}" for label, n in list(per.items())[:10])
+            + (f" and {len(per) - 10} more label(s)" if len(per) > 10 else "")
+        )
+    groups = group_report(pilot, prepared.splits)
+    if groups and groups["shared"]:
+        shown = ", ".join(repr(g["group"]) for g in groups["shared"][:10])
+        warnings.append(
+            f"{len(groups['shared'])} group(s) of {groups['column']!r} (data.split.group) are "
+            f"in more than one of the given splits: {shown}; their examples share an origin "
+            "across splits (split one file with data.file to keep each group whole)"
+        )
     if leaks and spec.data.leakage == "warn":
         warnings.append(
             f"{len(leaks)} duplicate pair(s) across splits kept (data.leakage: warn): "
@@ -52,9 +75,26 @@ def shared_report(
         "splits": {s: len(v) for s, v in prepared.splits.items()},
         "per_category": per_category,
         "duplicates": dups,
-        "skipped": [dataclasses.asdict(s) for s in prepared.skipped],
+        "skipped": [dataclasses.asdict(s) for s in invalid],
+        "skipped_summary": skipped_summary(invalid),
         "dropped_by_cleaning": prepared.dropped,
+        **({"unlisted_labels": unlisted_report(prepared.skipped)} if unlisted else {}),
+        **({"groups": groups} if groups is not None else {}),
         "warnings": warnings,
+    }
+
+
+def unlisted_report(skipped: list[Skipped]) -> dict[str, Any]:
+    """The rows `data.unlisted_labels: drop` left out: how many per label, and which."""
+    rows = [s for s in skipped if s.label is not None]
+    per_label: dict[str, int] = {}
+    for s in rows:
+        per_label[s.label] = per_label.get(s.label, 0) + 1  # type: ignore[index]
+    return {
+        "policy": "drop",
+        "dropped": len(rows),
+        "per_label": dict(sorted(per_label.items(), key=lambda kv: (-kv[1], kv[0]))),
+        "rows": [{"file": s.file, "line": s.line, "label": s.label} for s in rows],
     }
 
 
@@ -100,8 +140,7 @@ def data_report(pilot: Pilot, prepared: PreparedData, tokenizer: Any) -> dict[st
                 else "data.max_length"
             ),
         },
-        "skipped": shared["skipped"],
-        "dropped_by_cleaning": shared["dropped_by_cleaning"],
+        **{k: shared[k] for k in SET_ASIDE if k in shared},
         "target_excluded": prepared.target_excluded,
         "answer_budget_tokens": prepared.answer_budget,
         "mask_audit": mask_audit(fmt, prepared.splits, encoded, prepared.answer_budget),
@@ -129,7 +168,7 @@ def gold_grounding(prepared: PreparedData, root: Any = None, shown: int = 5) -> 
 def _label_support_warnings(pilot: Pilot, train_counts: dict[str, int]) -> list[str]:
     """Labels the adapter cannot learn (no training example) or will hardly learn (fewer than
     eval.min_support): a train split with all its rows in one label passes every other check."""
-    labels = pilot.spec.task.labels if pilot.spec.task.kind == "classification" else None
+    labels = pilot.spec.task.labels if pilot.spec.task.labelled else None
     if not labels:
         return []
     out = []

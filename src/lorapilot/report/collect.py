@@ -476,6 +476,18 @@ def limitations(
         )
     if data and data.get("skipped"):
         out.append(f"{len(data['skipped'])} invalid record(s) were skipped by the data policy")
+    unlisted = (data or {}).get("unlisted_labels")
+    if isinstance(unlisted, dict) and unlisted.get("dropped"):
+        out.append(
+            f"{unlisted['dropped']} example(s) with labels outside task.labels were left out "
+            "(data.unlisted_labels: drop); the decision covers the pilot's labels only"
+        )
+    shared = ((data or {}).get("groups") or {}).get("shared")
+    if shared and isinstance(shared, list):
+        out.append(
+            f"{len(shared)} group(s) of data.split.group are in more than one given split: "
+            "their examples share an origin across splits"
+        )
     kept = (data or {}).get("duplicates", {}).get("cross_split") or []
     if kept and isinstance(kept, list):  # under data.leakage: warn (or records before it)
         out.append(

@@ -35,6 +35,15 @@ class SplitSpec(_Strict):
     seed: int = Field(0, description="Seed of the stratified split.")
     val: float = Field(0.15, gt=0, lt=1, description="Fraction for validation.")
     test: float = Field(0.15, ge=0, lt=1, description="Fraction reserved for the final test.")
+    group: str | None = Field(
+        None,
+        description="Column whose value keeps examples together: every example of a group (a "
+        "customer, a patient, a photographer, a source document) goes to the same split, so no "
+        "validation or test example shares its origin with a training one. Pre-split files: "
+        "groups found in two splits are reported.",
+    )
+
+    _omitted_at: ClassVar[dict[str, tuple]] = {"group": (None,)}
 
     @model_validator(mode="after")
     def _sum(self) -> SplitSpec:
@@ -181,6 +190,12 @@ class DataSpec(_Strict):
         "left", description="Which end of the *input text* is cut when too long."
     )
     on_error: Literal["fail", "skip"] = Field("fail", description="Policy for invalid records.")
+    unlisted_labels: Literal["fail", "drop"] = Field(
+        "fail",
+        description="Classification: an example whose label is not in task.labels: fail "
+        "(exit 2 naming it) or drop (left out on purpose, counted per label in the data report; "
+        "e.g. a public set's 'Not sure' or rare classes outside the pilot's labels).",
+    )
     on_truncated_target: Literal["fail", "exclude"] = Field(
         "exclude", description="A target that would be cut is never cut silently."
     )
@@ -225,4 +240,5 @@ class DataSpec(_Strict):
     _omitted_at: ClassVar[dict[str, tuple]] = {
         **{k: (None,) for k in ("hf_dataset", "sample", "category")},
         "near_dup_bits": (10,),
+        "unlisted_labels": ("fail",),
     }

@@ -83,16 +83,47 @@ def _data(s: dict) -> list:
             )
         )
     skipped = d.get("skipped") or []
+    unlisted = d.get("unlisted_labels") if isinstance(d.get("unlisted_labels"), dict) else {}
+    groups = d.get("groups") if isinstance(d.get("groups"), dict) else None
     out.append(
         KV(
             [
                 ("invalid records skipped", len(skipped)),
                 ("dropped by cleaning", len(d.get("dropped_by_cleaning") or [])),
                 ("excluded: target too long", len(d.get("target_excluded") or [])),
+                *(
+                    [("left out: label not in task.labels", unlisted.get("dropped"))]
+                    if unlisted
+                    else []
+                ),
+                *(
+                    [
+                        (f"groups ({groups.get('column')})", groups.get("n_groups")),
+                        ("groups in more than one split", len(groups.get("shared") or [])),
+                    ]
+                    if groups
+                    else []
+                ),
             ]
         )
     )
-    if skipped:
+    summary = [g for g in d.get("skipped_summary") or [] if isinstance(g, dict)]
+    if summary:  # grouped by problem: thousands of rows read as a few causes
+        out.append(
+            Table(
+                ["records", "problem", "first", "commonest values"],
+                [
+                    [
+                        fmt(g.get("count")),
+                        g.get("problem"),
+                        g.get("first"),
+                        ", ".join(f"{v} {n}" for v, n in (g.get("values") or {}).items()),
+                    ]
+                    for g in summary[:MAX_LISTED]
+                ],
+            )
+        )
+    elif skipped:  # a record written before the summary existed
         out.append(
             Table(
                 ["file", "line", "problem"],
@@ -101,6 +132,14 @@ def _data(s: dict) -> list:
                     for x in skipped[:MAX_LISTED]
                     if isinstance(x, dict)
                 ],
+            )
+        )
+    per_label = unlisted.get("per_label") if isinstance(unlisted.get("per_label"), dict) else {}
+    if per_label:
+        out.append(
+            Table(
+                ["label left out (data.unlisted_labels: drop)", "examples"],
+                [[label, fmt(n)] for label, n in list(per_label.items())[:MAX_LISTED]],
             )
         )
     mask = d.get("mask_audit")
