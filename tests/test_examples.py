@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import csv
 import datetime as dt
+import io
 import json
 import re
 import subprocess
@@ -389,3 +391,64 @@ def test_gsm8k_example_targets_follow_the_format_and_fit(default_model_dir) -> N
     assert report["splits"] == {"train": 720, "val": 90, "test": 90}
     assert report["truncation"]["n_truncated"] == 0 and report["mask_audit"]["ok"]
     assert report["truncation"]["fits_at"] <= pilot.spec.data.max_length
+
+
+# --------------------------------------------------------------------------- clothing-photos
+
+CLOTHING_DIR = EXAMPLES / "clothing-photos"
+
+
+def test_clothing_build_script_is_a_seeded_subset_with_paths_and_groups(tmp_path: Path) -> None:
+    """build.py on a small source shaped like clothing-dataset (images.csv + images/<id>.jpg,
+    one row without its file): the same rows every time, photos made 128 px on the short side."""
+    from PIL import Image
+
+    src = tmp_path / "src"
+    (src / "images").mkdir(parents=True)
+    lines = ["image,sender_id,label,kids"]
+    for i in range(30):
+        lines.append(f"id{i:02d},{i % 4},{'Hat' if i % 3 else 'Not sure'},False")
+        if i != 7:  # id07 has no file, as 5 rows of the real set
+            Image.new("RGB", (300 + i, 400), (i, 2 * i, 3 * i)).save(
+                src / "images" / f"id{i:02d}.jpg"
+            )
+    (src / "images.csv").write_text("\n".join(lines) + "\n")
+    outs = []
+    for run in ("a", "b"):
+        out = tmp_path / run / "data"
+        subprocess.run(
+            [sys.executable, str(CLOTHING_DIR / "build.py"), "--source", str(src), "--n", "12",
+             "--out", str(out)],
+            check=True, capture_output=True, timeout=120,
+        )  # fmt: skip
+        outs.append((out / "clothing.csv").read_text())
+    assert outs[0] == outs[1]
+    rows = list(csv.DictReader(io.StringIO(outs[0])))
+    assert len(rows) == 12 and "id07" not in {r["id"] for r in rows}
+    assert [r["id"] for r in rows] != [f"id{i:02d}" for i in range(12)]  # drawn, not the first
+    for r in rows:
+        assert r["image"] == f"data/images/{r['id']}.jpg"
+        with Image.open(tmp_path / "a" / r["image"]) as img:
+            assert min(img.size) == 128
+
+
+def test_clothing_example_leaves_out_unlisted_labels_and_keeps_contributors_whole(
+    image_model_dir,
+) -> None:
+    from lorapilot.modality import modality_of
+    from lorapilot.spec import load_pilot
+
+    pilot = load_pilot(CLOTHING_DIR)
+    labels = set(pilot.spec.task.labels)
+    rows = list(csv.DictReader((CLOTHING_DIR / "data" / "clothing.csv").open()))
+    assert len(rows) == 400
+    unlisted = [r for r in rows if r["label"] not in labels]
+    modality = modality_of(pilot)
+    report = modality.data_report(modality.prepare())
+    assert report["skipped"] == [] and report["n_examples"] == 400 - len(unlisted)
+    assert report["unlisted_labels"]["dropped"] == len(unlisted) > 0
+    assert "Not sure" in report["unlisted_labels"]["per_label"]
+    groups = report["groups"]
+    assert groups["column"] == "sender_id" and groups["shared"] == []
+    assert groups["n_groups"] == len({r["sender_id"] for r in rows if r["label"] in labels})
+    assert all(report["splits"][s] > 0 for s in ("train", "val", "test"))

@@ -125,3 +125,66 @@ def test_an_exported_processor_config_resolves_to_the_same_pipeline(image):
     assert config["lorapilot_transforms"] == pipe.to_dict()
     for key in ("size", "resize", "crop", "mode", "mean", "std", "resample"):
         assert getattr(again, key) == getattr(pipe, key), key
+
+
+# --------------------------------------------------------------------------- pixels as served
+
+
+def _plain(size: int = 8) -> object:
+    return resolve_pipeline(
+        ImageSpec(size=size, resize="stretch", crop="none", normalize="none"), None
+    )
+
+
+def test_transparency_is_composited_on_white_as_transformers_does():
+    from transformers.image_transforms import convert_to_rgb
+
+    rgba = np.zeros((8, 8, 4), np.uint8)  # transparent black, one opaque red pixel
+    rgba[2, 3] = (255, 0, 0, 255)
+    rgba[5, 5] = (0, 0, 255, 128)  # half transparent blue
+    img = Image.fromarray(rgba, "RGBA")
+    seen = _plain()(img)
+    expected = np.asarray(convert_to_rgb(img, return_numpy=True), np.float32) / 255.0
+    assert np.allclose(seen, expected.transpose(2, 0, 1), atol=1e-6)
+    assert seen[:, 0, 0].tolist() == [1.0, 1.0, 1.0]  # white, not the stored black
+    pal = img.convert("P")  # a palette image with a transparent colour entry
+    pal.info["transparency"] = pal.getpixel((0, 0))
+    assert _plain()(pal)[:, 0, 0].tolist() == [1.0, 1.0, 1.0]
+
+
+def test_exif_orientation_turns_the_image_upright_like_a_viewer(tmp_path):
+    import io
+
+    from lorapilot.data.images import open_image
+
+    arr = np.random.default_rng(0).integers(0, 255, (12, 20, 3), np.uint8)
+    upright_img = Image.fromarray(arr)  # 20 wide, 12 high as a viewer shows it
+    stored = upright_img.transpose(Image.Transpose.ROTATE_90)  # stored turned: 12 x 20
+    exif = Image.Exif()
+    exif[0x0112] = 6  # "rotate 90 CW to view"
+    buf = io.BytesIO()
+    stored.save(buf, format="PNG", exif=exif)
+    tagged = Image.open(io.BytesIO(buf.getvalue()))
+    pipe = resolve_pipeline(ImageSpec(size=12, resize="shorter_side", normalize="none"), None)
+    assert np.array_equal(pipe(tagged), pipe(upright_img))
+    assert not np.array_equal(pipe(stored), pipe(upright_img))
+    (tmp_path / "t.png").write_bytes(buf.getvalue())
+    _, meta = open_image(tmp_path / "t.png", "t.png", 10**6)  # sizes as seen, tag recorded
+    assert (meta.width, meta.height, meta.orientation) == (20, 12, 6)
+
+
+def test_sixteen_bit_images_are_scaled_not_clipped(tmp_path):
+    from lorapilot.data.images import open_image, pixel_hash
+
+    ramp = (np.arange(64, dtype=np.uint16).reshape(8, 8) * 1000).astype(np.uint16)
+    img = Image.fromarray(ramp)
+    assert img.mode == "I;16"
+    seen = resolve_pipeline(ImageSpec(size=8, resize="stretch", crop="none", normalize="none",
+                                      mode="L"), None)(img)  # fmt: skip
+    assert np.allclose(seen[0] * 255, np.rint(ramp / 257.0), atol=0.5)
+    assert len(np.unique(seen)) == 64  # Pillow's convert leaves one grey and 63 whites
+    other = Image.fromarray((ramp // 2 + 600).astype(np.uint16))  # clips to the same whites
+    assert pixel_hash(img) != pixel_hash(other)
+    img.save(tmp_path / "a.png")
+    _, meta = open_image(tmp_path / "a.png", "a.png", 10**6)
+    assert meta.mode == "I;16" and len(set(meta.thumb)) > 2

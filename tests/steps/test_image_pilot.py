@@ -115,3 +115,24 @@ def test_settings_not_built_for_images_are_refused_by_key(tmp_path):
         proc = run_cli("train", str(pilot), "--set", setting)
         assert proc.returncode == 2 and "Traceback" not in proc.stderr
         assert f"{key}: " in proc.stderr and "not available for image pilots yet" in proc.stderr
+
+
+def test_images_the_model_sees_otherwise_are_counted_and_named(tmp_path):
+    """Transparency composited on white and an EXIF-turned photo: counted in `pixels`, each
+    named in a warning; an opaque alpha band (the RGBA class above) is not counted."""
+    pilot = image_pilot(tmp_path / "p")
+    cat = pilot / "data/images/cat"
+    rgba = Image.open(cat / "cat-00.png").convert("RGBA")
+    rgba.putpixel((0, 0), (0, 0, 0, 0))
+    rgba.save(cat / "cat-00.png")
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    Image.open(cat / "cat-01.png").save(cat / "cat-01.png", exif=exif)
+    Image.open(cat / "cat-02.png").convert("RGBA").save(cat / "cat-02.png")  # opaque
+    d = run_json("data", str(pilot))
+    px = d["pixels"]
+    assert px["transparent"] == {"n": 1, "examples": ["data/images/cat/cat-00.png"]}
+    assert px["turned_upright"] == {"n": 1, "examples": ["data/images/cat/cat-01.png"]}
+    assert px["scaled_16_bit"]["n"] == 0
+    assert any("composited onto white" in w and "cat-00.png" in w for w in d["warnings"])
+    assert any("EXIF orientation" in w and "cat-01.png" in w for w in d["warnings"])

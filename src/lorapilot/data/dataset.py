@@ -259,6 +259,8 @@ def image_data_version(
 ) -> str:
     """Hash of each split's records (id, path, label, image bytes' sha256), the split and
     sample parameters, the duplicate rule and the transform pipeline."""
+    from lorapilot.data.images import PIXEL_RULES, pixel_rules_apply
+
     data = pilot.spec.data
     payload = {
         "records": {
@@ -273,6 +275,10 @@ def image_data_version(
         "near_dup_bits": data.near_dup_bits,
         "pipeline": pipeline,
     }
+    if any(
+        r.image is not None and pixel_rules_apply(r.image) for recs in splits.values() for r in recs
+    ):  # only where they change what the model sees, so other versions stay what they were
+        payload["pixel_rules"] = PIXEL_RULES
     return "dv-" + sha256_json(payload)[:16]
 
 

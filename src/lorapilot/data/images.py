@@ -36,6 +36,72 @@ def _pil() -> Any:
     return Image
 
 
+# Pillow's modes of more than 8 bits a channel that it converts by clipping at 255.
+WIDE_MODES = ("I;16", "I;16B", "I;16L", "I;16N", "I")
+_ORIENTATION = 0x0112
+
+
+def orientation(img: Any) -> int:
+    """The EXIF Orientation tag (1 = upright, 2-8 = mirrored and/or rotated), 1 if none."""
+    try:
+        value = img.getexif().get(_ORIENTATION, 1)
+    except Exception:  # a malformed EXIF block: Pillow shows the pixels as stored
+        return 1
+    return value if isinstance(value, int) and 1 <= value <= 8 else 1
+
+
+def upright(img: Any) -> Any:
+    """The image as a viewer shows it: turned by its EXIF orientation (a phone photo is often
+    stored sideways with a tag saying so). transformers' `load_image` turns it the same way."""
+    from PIL import ImageOps
+
+    return ImageOps.exif_transpose(img) if orientation(img) != 1 else img
+
+
+def eight_bit(img: Any) -> Any:
+    """A 16-bit (or 32-bit integer) grayscale image scaled to 8 bits, value / 257 (65535 ->
+    255). Pillow's `convert` clips such values at 255, which turns most of the image white."""
+    if img.mode not in WIDE_MODES:
+        return img
+    Image = _pil()
+    scaled = np.rint(np.asarray(img, dtype=np.float64) / 257.0)
+    return Image.fromarray(np.clip(scaled, 0, 255).astype(np.uint8), mode="L")
+
+
+def has_alpha(img: Any) -> bool:
+    """Any pixel less than opaque in an alpha band, or a transparent colour (a palette or PNG
+    `tRNS` entry): an all-opaque alpha band changes nothing."""
+    if "A" in img.getbands():
+        return img.getchannel("A").getextrema()[0] < 255
+    return img.info.get("transparency") is not None
+
+
+def flat_on_white(img: Any) -> Any:
+    """Transparency composited onto white, as transformers' `convert_to_rgb` does: dropping
+    the alpha band instead would show the model whatever colour transparent pixels store
+    (often black), and the model would meet other pixels where it is served."""
+    if not has_alpha(img):
+        return img
+    Image = _pil()
+    rgba = img.convert("RGBA")
+    return Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255, 255)), rgba)
+
+
+PIXEL_RULES = "exif-upright,16bit/257,alpha-on-white"
+"""`model_pixels`' rules, in the data version of every image set they change."""
+
+
+def pixel_rules_apply(meta: ImageMeta) -> bool:
+    """Whether `model_pixels` may differ from a plain `convert` for this image: turned by its
+    EXIF tag, 16-bit, or with transparency."""
+    return meta.orientation != 1 or meta.mode in WIDE_MODES or meta.transparent
+
+
+def model_pixels(img: Any, mode: str) -> Any:
+    """What every transform starts from: upright, 8 bits, transparency on white, in `mode`."""
+    return flat_on_white(eight_bit(upright(img))).convert(mode)
+
+
 EMBEDDED_DIR = ".cache/hf-images"
 """Where the images embedded in an HF dataset's `Image` column are stored, by sha256, inside
 the pilot folder: from there every step reads, checks and hashes them as it does files."""
@@ -98,16 +164,19 @@ def resolve_image(pilot_dir: Path, rel: str) -> Path:
 def open_image(path: Path, shown: str, max_pixels: int) -> tuple[Any, ImageMeta]:
     """Decode one file -> (the PIL image, loaded, first frame; its ImageMeta)."""
     img, data = _decode(path, shown, max_pixels)
+    seen = upright(img)  # sizes and hashes as a viewer (and the model) sees the picture
     meta = ImageMeta(
-        width=img.width,
-        height=img.height,
+        width=seen.width,
+        height=seen.height,
         mode=img.mode,
         format=img.format or "?",
         bytes=len(data),
         sha256=hashlib.sha256(data).hexdigest(),
-        pixel_hash=pixel_hash(img),
-        phash=perceptual_hash(img),
-        thumb=thumbnail(img),
+        pixel_hash=pixel_hash(seen),
+        phash=perceptual_hash(seen),
+        thumb=thumbnail(seen),
+        orientation=orientation(img),
+        transparent=has_alpha(img),
     )
     return img, meta
 
@@ -160,6 +229,10 @@ def _decode(path: Path, shown: str, max_pixels: int) -> tuple[Any, bytes]:
 def pixel_hash(img: Any) -> str:
     """sha256 of the pixels as RGBA with the size: the same picture stored as PNG or BMP, in
     mode L or RGB, hashes the same; any changed pixel changes it."""
+    if img.mode in WIDE_MODES:  # every bit of a 16-bit image, not its clipped RGBA
+        h = hashlib.sha256(f"{img.mode}:{img.width}x{img.height}:".encode())
+        h.update(img.tobytes())
+        return h.hexdigest()
     rgba = img.convert("RGBA")
     h = hashlib.sha256(f"{rgba.width}x{rgba.height}:".encode())
     h.update(rgba.tobytes())
@@ -185,7 +258,7 @@ def perceptual_hash(img: Any) -> int:
     median. Resizing, re-encoding and small edits change few bits; different pictures about
     half of them."""
     Image = _pil()
-    small = img.convert("L").resize((32, 32), Image.Resampling.LANCZOS)
+    small = eight_bit(img).convert("L").resize((32, 32), Image.Resampling.LANCZOS)
     x = np.asarray(small, dtype=np.float64)
     d = _dct_matrix()
     low = (d @ x @ d.T)[:8, :8].ravel()
@@ -200,7 +273,7 @@ def thumbnail(img: Any) -> bytes:
     """The image as 16x16 grayscale bytes (bilinear): small enough to keep for every image,
     detailed enough to tell a re-encoded copy from a similar picture."""
     Image = _pil()
-    return img.convert("L").resize((THUMB, THUMB), Image.Resampling.BILINEAR).tobytes()
+    return eight_bit(img).convert("L").resize((THUMB, THUMB), Image.Resampling.BILINEAR).tobytes()
 
 
 def attach_images(

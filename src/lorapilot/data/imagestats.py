@@ -9,6 +9,7 @@ from collections import Counter
 from statistics import median
 from typing import Any
 
+from lorapilot.data.images import WIDE_MODES
 from lorapilot.data.rows import ImageMeta, Record
 
 # A category is compared with the others only with at least this many images.
@@ -144,3 +145,39 @@ def describe_shortcut(w: dict[str, Any]) -> str:
         f"{w['category_median']:g} vs {w['others_median']:g} (a shortcut the model can learn "
         "instead of the content)"
     )
+
+
+# What `model_pixels` does beyond a plain conversion, by the ImageMeta field that says so.
+_PIXEL_CHANGES = {
+    "turned_upright": "stored turned, with an EXIF orientation: turned upright as a viewer "
+    "shows them",
+    "transparent": "with transparency: composited onto white, as transformers' convert_to_rgb does",
+    "scaled_16_bit": "of more than 8 bits a channel: scaled to 8 bits (value / 257), where a "
+    "plain conversion clips at 255",
+}
+
+
+def pixel_changes(records: list[Record], shown: int = 3) -> dict[str, Any]:
+    """How many images the model sees otherwise than a plain `convert` would give, per rule,
+    with the first few ids: no image is changed silently."""
+    hits: dict[str, list[str]] = {k: [] for k in _PIXEL_CHANGES}
+    for r in records:
+        m = r.image
+        if m is None:
+            continue
+        if m.orientation != 1:
+            hits["turned_upright"].append(r.id)
+        if m.transparent:
+            hits["transparent"].append(r.id)
+        if m.mode in WIDE_MODES:
+            hits["scaled_16_bit"].append(r.id)
+    return {k: {"n": len(ids), "examples": ids[:shown]} for k, ids in hits.items()}
+
+
+def describe_pixel_changes(changes: dict[str, Any]) -> list[str]:
+    """One line per rule that changed any image: the count, what was done, the first ids."""
+    return [
+        f"{c['n']} image(s) {_PIXEL_CHANGES[k]} (e.g. {', '.join(c['examples'])})"
+        for k, c in changes.items()
+        if c["n"]
+    ]

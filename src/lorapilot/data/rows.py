@@ -38,6 +38,8 @@ class ImageMeta:
     pixel_hash: str  # of the decoded pixels (mode, size, data): equal images, any encoding
     phash: int  # 64-bit DCT perceptual hash of the grayscale image
     thumb: bytes = b""  # 16x16 grayscale pixels: near duplicates are confirmed on these
+    orientation: int = 1  # EXIF orientation; width, height and hashes are of the upright image
+    transparent: bool = False  # an alpha band or a transparent colour: composited on white
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -49,6 +51,8 @@ class ImageMeta:
             "sha256": self.sha256,
             "pixel_hash": self.pixel_hash,
             "phash": f"{self.phash:016x}",
+            **({"orientation": self.orientation} if self.orientation != 1 else {}),
+            **({"transparent": True} if self.transparent else {}),
         }
 
 

@@ -15,7 +15,13 @@ from lorapilot.base.models import image_processor_config
 from lorapilot.data.audit import sample_per_category
 from lorapilot.data.dataset import PreparedData, prepare_image_data
 from lorapilot.data.images import load_record_image
-from lorapilot.data.imagestats import describe_shortcut, image_stats, shortcut_warnings
+from lorapilot.data.imagestats import (
+    describe_pixel_changes,
+    describe_shortcut,
+    image_stats,
+    pixel_changes,
+    shortcut_warnings,
+)
 from lorapilot.data.summary import shared_report
 from lorapilot.errors import UsageError
 from lorapilot.fsutil import atomic_write_bytes
@@ -51,9 +57,12 @@ class ImageModality:
     def data_report(self, prepared: PreparedData) -> dict[str, Any]:
         records = [r for recs in prepared.splits.values() for r in recs]
         shortcuts = shortcut_warnings(records)
-        report = shared_report(self.pilot, prepared, [describe_shortcut(w) for w in shortcuts])
+        pixels = pixel_changes(records)
+        notes = [describe_shortcut(w) for w in shortcuts] + describe_pixel_changes(pixels)
+        report = shared_report(self.pilot, prepared, notes)
         return report | {
             "images": image_stats(prepared.splits),
+            "pixels": pixels,
             "shortcuts": shortcuts,
             "transforms": self.pipeline.to_dict(),
         }

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from lorapilot.data.images import eight_bit, model_pixels, upright
 from lorapilot.errors import UsageError
 from lorapilot.spec import ImageSpec
 
@@ -49,7 +50,7 @@ class ImagePipeline:
         from PIL import Image, ImageOps
 
         resample = getattr(Image.Resampling, self.resample.upper())
-        img = img.convert(self.mode)
+        img = model_pixels(img, self.mode)  # upright, 8 bits, transparency on white
         s = self.size
         w, h = img.size
         if self.resize == "stretch":
@@ -203,6 +204,7 @@ def contact_sheet(rows: list[tuple[Any, Any, str]], title: str) -> Any:
 def _fit_tile(img: Any) -> Any:
     from PIL import Image
 
+    img = eight_bit(upright(img))
     img = img.convert("RGBA") if img.mode in ("P", "LA", "RGBA") else img.convert("RGB")
     if img.mode == "RGBA":  # show transparency on grey, so an RGBA class is visible as such
         back = Image.new("RGBA", img.size, (200, 200, 200, 255))
