@@ -292,6 +292,13 @@ def test_invoice_variety(invoices: list[dict]) -> None:
 
 # --------------------------------------------------------------------------- fashion-items
 
+
+def build(example: Path, *args: object) -> None:
+    """Run an example's build.py as a user does, in a fresh interpreter."""
+    cmd = [sys.executable, str(example / "build.py"), *map(str, args)]
+    subprocess.run(cmd, check=True, capture_output=True, timeout=120)
+
+
 FASHION_DIR = EXAMPLES / "fashion-items"
 
 
@@ -315,11 +322,7 @@ def test_fashion_build_script_writes_a_seeded_subset_per_class(tmp_path: Path) -
     outs = []
     for run in ("a", "b"):
         out = tmp_path / run / "images"
-        subprocess.run(
-            [sys.executable, str(FASHION_DIR / "build.py"), "--source", str(tmp_path),
-             "--per-class", "3", "--out", str(out)],
-            check=True, capture_output=True, timeout=120,
-        )  # fmt: skip
+        build(FASHION_DIR, "--source", tmp_path, "--per-class", 3, "--out", out)
         outs.append(sorted(p.relative_to(out).as_posix() for p in out.rglob("*.png")))
     assert outs[0] == outs[1] and len(outs[0]) == 30
     assert {p.split("/")[0] for p in outs[0]} == set(
@@ -358,11 +361,7 @@ def test_gsm8k_build_script_is_a_seeded_subset(tmp_path: Path) -> None:
     outs = []
     for run in ("a", "b"):
         out = tmp_path / run / "gsm8k.jsonl"
-        subprocess.run(
-            [sys.executable, str(GSM_DIR / "build.py"), "--source", str(src), "--n", "10",
-             "--out", str(out)],
-            check=True, capture_output=True, timeout=120,
-        )  # fmt: skip
+        build(GSM_DIR, "--source", src, "--n", 10, "--out", out)
         outs.append(out.read_bytes())
     rows = [json.loads(line) for line in outs[0].decode().splitlines()]
     assert outs[0] == outs[1] and len(rows) == 10
@@ -416,11 +415,7 @@ def test_clothing_build_script_is_a_seeded_subset_with_paths_and_groups(tmp_path
     outs = []
     for run in ("a", "b"):
         out = tmp_path / run / "data"
-        subprocess.run(
-            [sys.executable, str(CLOTHING_DIR / "build.py"), "--source", str(src), "--n", "12",
-             "--out", str(out)],
-            check=True, capture_output=True, timeout=120,
-        )  # fmt: skip
+        build(CLOTHING_DIR, "--source", src, "--n", 12, "--out", out)
         outs.append((out / "clothing.csv").read_text())
     assert outs[0] == outs[1]
     rows = list(csv.DictReader(io.StringIO(outs[0])))
