@@ -10,7 +10,9 @@ RNG state) resumes them exactly.
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +24,23 @@ from lorapilot.data.rows import Record
 from lorapilot.modality.image_transforms import ImagePipeline
 from lorapilot.spec import TrainSpec
 from lorapilot.train.batches import Batch
+
+_POOL: ThreadPoolExecutor | None = None
+
+
+def decode_workers() -> int:
+    """Threads that decode a batch: the cores this process may use, shared with the other
+    ranks on the machine (torchrun's LOCAL_WORLD_SIZE), at most 8."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
+    return max(1, min(8, (cores or 1) // ranks))
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _POOL
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(decode_workers(), thread_name_prefix="lorapilot-decode")
+    return _POOL
 
 
 class ImageExamples:
@@ -49,14 +68,24 @@ class ImageExamples:
         return len(self.records)
 
     def pixels(self, indices: Sequence[int]) -> torch.Tensor:
-        """(n, channels, size, size) float32 model inputs, augmented on the training set."""
-        rng = None
-        if self.augment:
-            rng = np.random.default_rng(int(torch.randint(0, 2**62, ())))
-        arrays = [
-            self.pipeline(load_record_image(self.pilot_dir, self.records[i], self.max_pixels), rng)
-            for i in indices
-        ]
+        """(n, channels, size, size) float32 model inputs, augmented on the training set.
+
+        The batch's images are decoded and transformed on `decode_workers()` threads (Pillow
+        and numpy release the GIL): one thread decoding a batch of phone photos starves a GPU.
+        Each image's augments come from its own generator, seeded by one draw of torch's RNG
+        per batch and the image's place in it, so the result does not depend on the threads.
+        """
+        seed = int(torch.randint(0, 2**62, ())) if self.augment else None
+
+        def one(place: int, i: int) -> np.ndarray:
+            rng = np.random.default_rng([seed, place]) if seed is not None else None
+            img = load_record_image(self.pilot_dir, self.records[i], self.max_pixels)
+            return self.pipeline(img, rng)
+
+        if len(indices) <= 1 or decode_workers() <= 1:
+            arrays = [one(p, i) for p, i in enumerate(indices)]
+        else:
+            arrays = list(_pool().map(one, range(len(indices)), indices))
         return torch.from_numpy(np.stack(arrays))
 
     def collate(self, indices: Sequence[int]) -> Batch:
