@@ -138,6 +138,19 @@ def test_paths_out_of_the_pilot_folder_are_refused(tmp_path):
         resolve_image(inside, str(outside))
 
 
+def test_a_missing_image_says_where_a_file_of_that_name_is(tmp_path):
+    pilot = tmp_path / "pilot"
+    (pilot / "data/images").mkdir(parents=True)
+    noise(1).save(pilot / "data/images/a1.png")
+    with pytest.raises(BadRow, match=r"there is 'data/images/a1\.png': image paths are relative "
+                       r"to the pilot folder, not to the data file"):  # fmt: skip
+        resolve_image(pilot, "images/a1.png", Path("data"))
+    with pytest.raises(BadRow, match=r"there is 'data/images/a1\.png': write the file's whole"):
+        resolve_image(pilot, "data/images/a1", Path("data"))
+    with pytest.raises(BadRow, match=r"no such file$"):
+        resolve_image(pilot, "data/images/b2.png", Path("data"))
+
+
 def test_pixel_hash_ignores_the_encoding_and_sees_one_pixel(tmp_path):
     gray = noise(3, mode="L")
     gray.save(tmp_path / "a.png")

@@ -130,9 +130,39 @@ def embedded_image_path(pilot_dir: Path, value: Any) -> Any:
     return rel
 
 
-def resolve_image(pilot_dir: Path, rel: str) -> Path:
+def _stems(folder: Path) -> dict[str, list[str]]:
+    """File name stem -> the names with that stem in `folder` (listed once per load)."""
+    out: dict[str, list[str]] = {}
+    with os.scandir(folder) as it:
+        for e in it:
+            out.setdefault(Path(e.name).stem, []).append(e.name)
+    return out
+
+
+def _missing_hint(root: Path, p: Path, near: Path | None) -> str:
+    """Why a listed image may be missing: the path is written relative to the data file's
+    folder, or without the file's extension (a set that names images by id)."""
+    if near is not None and str(near) not in ("", ".") and (root / near / p).is_file():
+        return (
+            f" (there is {(near / p).as_posix()!r}: image paths are relative to the pilot "
+            "folder, not to the data file)"
+        )
+    folder = (root / p).parent
+    if folder.is_dir() and folder.resolve().is_relative_to(root):
+        names = _STEMS.setdefault(folder, _stems(folder)).get(p.name, [])
+        if names:
+            shown = (p.parent / sorted(names)[0]).as_posix()
+            return f" (there is {shown!r}: write the file's whole name, extension included)"
+    return ""
+
+
+_STEMS: dict[Path, dict[str, list[str]]] = {}
+
+
+def resolve_image(pilot_dir: Path, rel: str, near: Path | None = None) -> Path:
     """The file an image path names, which must stay inside the pilot folder once symlinks
-    are followed (BadRow otherwise)."""
+    are followed (BadRow otherwise). `near`: the data file's folder, to hint at a path
+    written relative to it."""
     p = Path(rel)
     if p.is_absolute():
         raise BadRow(f"image path {rel!r} must be relative to the pilot folder")
@@ -155,7 +185,7 @@ def resolve_image(pilot_dir: Path, rel: str) -> Path:
             "whole to the machine that trains: copy the images into it"
         )
     if not full.exists():
-        raise BadRow(f"image {rel!r}: no such file")
+        raise BadRow(f"image {rel!r}: no such file{_missing_hint(root, p, near)}")
     if not full.is_file():
         raise BadRow(f"image {rel!r}: not a regular file")
     return full
@@ -284,9 +314,10 @@ def attach_images(
     assert task.image is not None
     kept: list[Record] = []
     skipped: list[Skipped] = []
+    _STEMS.clear()  # folder listings for the hints, fresh for each load
     for r in records:
         try:
-            path = resolve_image(pilot_dir, r.text)
+            path = resolve_image(pilot_dir, r.text, Path(_where(r.source)[0]).parent)
             img, meta = open_image(path, r.text, task.image.max_pixels)
             img.close()
         except BadRow as e:
