@@ -16,6 +16,7 @@ from rich.markup import escape as esc
 from rich.table import Table
 
 from lorapilot.evaluate.metrics import per_group
+from lorapilot.export.ollama import agreement_of
 from lorapilot.records.progress import format_gib
 from lorapilot.records.runs_view import STATUS_COLOUR, runs_csv
 
@@ -126,8 +127,8 @@ def _serving(r: dict) -> None:
     head = "[green]served as evaluated[/]" if r.get("ok") else "[red]serving check FAILED[/]"
     shown = f"{agree:.1%}" if isinstance(agree, float) else "n/a"
     stdout.print(
-        f"{head}: llama.cpp agrees with lorapilot on {shown} of {r.get('n_examples')} "
-        f"validation examples (minimum {r.get('serving_agreement_min', 0):.0%}"
+        f"{head}: llama.cpp agrees with lorapilot {shown} {agreement_of(r)} (minimum "
+        f"{r.get('serving_agreement_min', 0):.0%}"
         f"{'' if r.get('gated', True) else ', reported, not gated'})"
     )
     for p in r.get("problems") or []:
@@ -140,7 +141,7 @@ def _serving(r: dict) -> None:
         )
         rate = c.get("examples_per_s")
         stdout.print(
-            f"  {esc(c['name'])}: {c.get('n_differing', 0)} differ; {metrics}"
+            f"  {esc(c['name'])}: {c.get('n_differing', 0)} answers differ; {metrics}"
             + (f"; {rate:.1f} ex/s in llama.cpp" if rate else "")
         )
 

@@ -35,7 +35,15 @@ def exported(tmp_path_factory, default_model_dir):
     assert proc.returncode in (0, 1), proc.stderr
     out = json.loads(proc.stdout)
     out["exit"] = proc.returncode
+    out["stderr"] = proc.stderr
     return pilot, root / "served", train, out
+
+
+def test_the_serving_check_shows_its_progress(exported):
+    """The llama.cpp process reports each prompt; the export shows the count (a plain line
+    every 30 s and at the end: a generation task's check takes minutes)."""
+    *_, out = exported
+    assert "serving check: 36/36 (100%)" in out["stderr"]
 
 
 def test_files_manifest_and_modelfile(exported):

@@ -144,3 +144,27 @@ def test_label_scores_in_llama_cpp_are_lorapilots_scoring_rule(converted, tiny_m
         assert max(scored, key=lambda j: best[j]) == int(np.argmax(every))
         for j in scored:
             assert best[j] == pytest.approx(every[j], abs=1e-4)
+
+
+def test_teacher_forced_agreement_counts_tokens_from_the_same_prefix(converted, tiny_model_dir):
+    """The serving check's per-token agreement (Runtime.forced): llama.cpp's own greedy answer
+    fed back agrees on every token (and its stop); one token changed is one disagreement at
+    that place, the tokens after it still compared from the same (changed) prefix."""
+    from lorapilot.export.serving import Runtime
+
+    c = converted
+    lora = _write_adapter(c, c["root"] / "adapter-forced.gguf")
+    rt = Runtime(c["root"] / "base.gguf", lora, n_ctx=128, threads=1)
+    prompt = c["ids"]
+    greedy = rt.generate(prompt, stop=set(), max_new=12)
+    assert len(greedy) == 12
+    assert rt.forced(prompt, greedy, ended=False, stop=set()) == [12, 12]
+    stop = {greedy[8]}  # as if the answer had ended before that token
+    ended = rt.generate(prompt, stop=stop, max_new=12)
+    assert rt.forced(prompt, ended, ended=True, stop=stop) == [len(ended) + 1, len(ended) + 1]
+    changed = list(greedy)
+    changed[4] = (changed[4] + 1) % 100
+    same, compared = rt.forced(prompt, changed, ended=False, stop=set())
+    assert compared == 12 and same <= 11
+    # the prefix up to the change is untouched: the first four agree as before
+    assert rt.forced(prompt, changed[:4], ended=False, stop=set()) == [4, 4]

@@ -31,8 +31,10 @@ from lorapilot.evaluate.runner import label_token_ids, score_predictions, stop_t
 from lorapilot.export import gguf_files as gf
 from lorapilot.export import ollama
 from lorapilot.export.folder import write_folder
+from lorapilot.export.serving import PROGRESS
 from lorapilot.fsutil import atomic_write_json, read_jsonl, sha256_file
 from lorapilot.records import registry
+from lorapilot.records.progress import Phase
 from lorapilot.spec.requirements import require_serving
 
 BASE_FILE, ADAPTER_FILE, MERGED_FILE = "base.gguf", "adapter.gguf", "merged.gguf"
@@ -150,7 +152,9 @@ def export_gguf(
         configs = _served(merge)
         files = {p.name: sha256_file(p) for p in sorted(tmp.iterdir()) if p.is_file()}
         say(f"serving check: {len(cases['records'])} validation examples in llama.cpp")
-        check = serving_check(pilot, tmp, files, configs, cases, minimum, kind in GATED_TYPES)
+        check = serving_check(
+            pilot, tmp, files, configs, cases, minimum, kind in GATED_TYPES, say=say
+        )
         matches = None
         if template is not None and cases["records"]:
             first = cases["records"][0].text
@@ -211,7 +215,11 @@ def export_gguf(
 
 
 def recheck(
-    pilot, folder: Path, min_agreement: float | None = None, reference: str | None = None
+    pilot,
+    folder: Path,
+    min_agreement: float | None = None,
+    reference: str | None = None,
+    progress: Progress | None = None,
 ) -> dict:
     """The serving check again on an exported folder: its files re-hashed against its
     manifest (a changed byte: exit 1 naming the file), its validation predictions again."""
@@ -229,7 +237,9 @@ def recheck(
     configs = _served(bool(written.get("merged_gguf")))
     minimum = pilot.spec.export.min_agreement if min_agreement is None else min_agreement
     gated = written["base_gguf"]["type"] in GATED_TYPES
-    check = serving_check(pilot, folder, written["files"], configs, cases, minimum, gated)
+    check = serving_check(
+        pilot, folder, written["files"], configs, cases, minimum, gated, say=progress
+    )
     result = {"ok": bool(check["ok"]), "out": str(folder), "train_run": train_id, **check}
     if not check["ok"]:
         raise CheckFailed(_why(check), result)
@@ -274,9 +284,15 @@ def _why(check: dict) -> str:
             "; a bf16 evaluation alone flips close predictions: --reference fp32 compares with "
             "the adapter's exact arithmetic, and --gguf-base f32 serves the exact weights"
         )
+    unit = (
+        "of its output tokens on the validation split (each predicted from the same preceding "
+        "tokens)"
+        if check.get("agreement_unit") == "tokens"
+        else "of the validation examples"
+    )
     return (
-        f"llama.cpp agrees with {against} on {check['serving_agreement']:.1%} of the "
-        f"validation examples (< {check['serving_agreement_min']:.0%}); {metrics}{hint}"
+        f"llama.cpp agrees with {against} on {check['serving_agreement']:.1%} {unit} "
+        f"(< {check['serving_agreement_min']:.0%}); {metrics}{hint}"
     )
 
 
@@ -361,7 +377,9 @@ def _merged_weights(folder: Path, adapter_w: dict, adapter_cfg: dict, config: di
 # --- the check -----------------------------------------------------------------------------
 
 
-def _fp32_predictions(pilot, tok, fmt, adapter_dir: Path, protocol: dict, records):
+def _fp32_predictions(
+    pilot, tok, fmt, adapter_dir: Path, protocol: dict, records, say: Progress | None = None
+):
     """lorapilot's predictions of the adapter in fp32: its exact arithmetic, free of the
     bf16 rounding a recorded evaluation may carry (which alone flips close generations)."""
     from lorapilot.base.models import attach_adapter, load_base
@@ -371,8 +389,9 @@ def _fp32_predictions(pilot, tok, fmt, adapter_dir: Path, protocol: dict, record
     model = attach_adapter(base, adapter_dir)
     proto = {**protocol, "precision": "fp32"}
     return evaluate_records(
-        model, tok, fmt, pilot.spec, records, proto, progress=False, label="export (fp32)"
-    )
+        model, tok, fmt, pilot.spec, records, proto, label="reference (fp32)",
+        log=_plain(say or (lambda m: None), bar_shown=sys.stderr.isatty()),
+    )  # fmt: skip
 
 
 def _cases(
@@ -410,7 +429,7 @@ def _cases(
             "reference: the adapter evaluated again in fp32 "
             f"(it was recorded in {recorded_precision})"
         )
-        fp32 = _fp32_predictions(pilot, tok, fmt, adapter_dir, protocol, records)
+        fp32 = _fp32_predictions(pilot, tok, fmt, adapter_dir, protocol, records, say)
         same = sum(theirs.get(r["id"], {}).get("parsed") == r["parsed"] for r in fp32.predictions)
         ref = {
             "kind": "fp32",
@@ -444,15 +463,77 @@ def _cases(
         "n_ctx": n_ctx,
         "lorapilot_predictions": theirs,
         "lorapilot_metrics": metrics,
+        "references": _references(tok, records, theirs, max_new) if mode == "generate" else [],
     }
 
 
+def _references(tok, records: list, theirs: dict, max_new: int) -> list[dict]:
+    """lorapilot's generated answers as token ids (its output text tokenized again, at most
+    `max_new`), and whether each ended at a stop token (it did when shorter than `max_new`)."""
+    out = []
+    for r in records:
+        text = (theirs.get(r.id) or {}).get("raw_output") or ""
+        ids = tok(text, add_special_tokens=False)["input_ids"][:max_new]
+        out.append({"ids": ids, "ended": len(ids) < max_new})
+    return out
+
+
+def _plain(say: Progress, bar_shown: bool = False) -> Progress:
+    """`say` as a phase's log: a plain progress line every 30 s and at the end, unless a
+    live bar already shows the phase."""
+
+    def plain(line: str) -> None:
+        say(line)
+
+    plain.is_terminal = bar_shown  # type: ignore[attr-defined]
+    return plain
+
+
+def _run_serving(cases_path: Path, out_path: Path, say: Progress) -> tuple[int, str]:
+    """The fresh llama.cpp process, its progress lines shown as a phase (a plain line every
+    30 s and at the end: generating a validation split there takes minutes); the rest of its
+    stderr kept for the error message."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lorapilot.export.serving", str(cases_path), str(out_path)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONHASHSEED": "0"},
+    )
+    assert proc.stderr is not None
+    other: list[str] = []
+    phase: Phase | None = None
+    plain = _plain(say)
+    try:
+        for line in proc.stderr:
+            if line.startswith(PROGRESS):
+                done, total = (int(x) for x in line.split()[1:3])
+                if phase is None:
+                    phase = Phase("serving check", total, bar=False, log=plain)
+                phase.advance(done)
+            else:
+                other.append(line)
+    finally:
+        if phase is not None:
+            phase.close()
+        proc.wait()
+    return proc.returncode, "".join(other)
+
+
 def serving_check(
-    pilot, folder: Path, files: dict, configs: list, cases: dict, minimum: float, gated: bool
+    pilot,
+    folder: Path,
+    files: dict,
+    configs: list,
+    cases: dict,
+    minimum: float,
+    gated: bool,
+    say: Progress | None = None,
 ) -> dict:
     """Run the fresh llama.cpp process over `folder`, then score its predictions with the
     pilot's metrics and compare them with lorapilot's, example by example."""
     spec = pilot.spec
+    say = say or (lambda m: None)
     payload = {
         "folder": str(folder),
         "files": {k: v for k, v in files.items() if k != MANIFEST},
@@ -461,6 +542,7 @@ def serving_check(
         "prompts": cases["prompts"],
         "labels": cases["labels"],
         "content_free": cases["content_free"],
+        "references": cases.get("references") or [],
         "stop_ids": cases["stop_ids"],
         "max_new_tokens": cases["max_new_tokens"],
         "n_ctx": cases["n_ctx"],
@@ -472,16 +554,10 @@ def serving_check(
         cases_path, out_path = Path(d) / "cases.json", Path(d) / "out.json"
         atomic_write_json(cases_path, payload)
         t0 = time.perf_counter()
-        proc = subprocess.run(
-            [sys.executable, "-m", "lorapilot.export.serving", str(cases_path), str(out_path)],
-            capture_output=True,
-            text=True,
-            env={**os.environ, "PYTHONHASHSEED": "0"},
-        )
-        if proc.returncode != 0 or not out_path.is_file():
+        returncode, stderr = _run_serving(cases_path, out_path, say)
+        if returncode != 0 or not out_path.is_file():
             raise LorapilotError(
-                f"the llama.cpp check process failed (exit {proc.returncode}): "
-                f"{proc.stderr.strip()[-2000:]}"
+                f"the llama.cpp check process failed (exit {returncode}): {stderr.strip()[-2000:]}"
             )
         child = json.loads(out_path.read_text(encoding="utf-8"))
         wall = time.perf_counter() - t0
@@ -514,6 +590,8 @@ def serving_check(
     return base | {
         "ok": ok,
         "serving_agreement": agreement,
+        # generation: output tokens, each predicted from the same preceding ones
+        "agreement_unit": "tokens" if cases["mode"] == "generate" else "examples",
         "problems": problems,
         "metric": _main_metric(spec),
         "configs": results,
@@ -522,7 +600,7 @@ def serving_check(
 
 HEADLINE = (
     "accuracy", "macro_f1", "json_valid_rate", "required_fields_rate", "leaf_f1", "field_f1",
-    "exact_match",
+    "format_valid_rate", "answer_match", "exact_match",
 )  # fmt: skip
 
 
@@ -563,9 +641,22 @@ def _compare(spec, cases: dict, conf: dict) -> dict:
     lp = cases["lorapilot_metrics"]
     named = dict.fromkeys(k for k in (_main_metric(spec), *HEADLINE) if k)
     keys = [k for k in named if isinstance(metrics.get(k), int | float)]
+    examples = same / n if n else 1.0
+    forced = conf.get("forced")
+    tokens = None
+    if forced:  # generation: the gate is per token, each from lorapilot's preceding tokens
+        compared = sum(t for _, t in forced)
+        tokens = {
+            "tokens_same": sum(m for m, _ in forced),
+            "tokens_compared": compared,
+            "token_agreement": sum(m for m, _ in forced) / compared if compared else 1.0,
+        }
     return {
         "name": conf["name"],
-        "serving_agreement": same / n if n else 1.0,
+        "serving_agreement": tokens["token_agreement"] if tokens else examples,
+        "agreement_unit": "tokens" if tokens else "examples",
+        "example_agreement": examples,
+        **(tokens or {}),
         "n_same": same,
         "n_examples": n,
         "metrics": {k: {"lorapilot": lp.get(k), "llama_cpp": metrics[k]} for k in keys},

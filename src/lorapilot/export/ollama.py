@@ -75,8 +75,8 @@ def readme(
         f"# {pilot}: the adapter of train run {train_run}, for llama.cpp and Ollama",
         "",
         f"Written by `lorapilot export --gguf`. Serving check: **{verdict}** "
-        f"(agreement with lorapilot's predictions {check.get('serving_agreement', 0):.1%} on "
-        f"{check.get('n_examples', 0)} validation examples; minimum "
+        f"(agreement with lorapilot's predictions {check.get('serving_agreement', 0):.1%} "
+        f"{agreement_of(check)}; minimum "
         f"{check.get('serving_agreement_min', 0):.0%}"
         f"{'' if check.get('gated', True) else ', reported, not gated'}).",
         "",
@@ -123,3 +123,14 @@ def readme(
         "",
     ]
     return "\n".join(out)
+
+
+def agreement_of(check: dict) -> str:
+    """What the serving check's agreement counts: examples, or for a generation task output
+    tokens, each predicted from lorapilot's preceding tokens."""
+    n = check.get("n_examples", 0)
+    if check.get("agreement_unit") == "tokens":
+        return (
+            f"of the output tokens of {n} validation answers, each from the same preceding tokens"
+        )
+    return f"on {n} validation examples"

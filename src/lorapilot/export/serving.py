@@ -113,6 +113,18 @@ class Runtime:
                 self.llm.eval([tok])
         return out
 
+    def forced(self, prompt: list[int], ref: list[int], ended: bool, stop: set[int]) -> list[int]:
+        """lorapilot's output `ref` fed after the prompt -> [tokens llama.cpp predicts the
+        same, tokens compared]: at each position its argmax against `ref`'s next token (and,
+        where `ref` `ended`, a stop token after it). Each token is predicted from the same
+        preceding tokens, so one near-tie does not make the rest of a long answer differ."""
+        self.feed(prompt + ref if ref else prompt)
+        n = len(prompt)
+        same = sum(int(np.argmax(self.llm.scores[n - 1 + k])) == t for k, t in enumerate(ref))
+        if ended:
+            same += int(np.argmax(self.llm.scores[n - 1 + len(ref)])) in stop
+        return [same, len(ref) + int(ended)]
+
     def detokenize(self, ids: list[int]) -> str:
         return self.llm.detokenize(ids).decode("utf-8", errors="replace")
 
@@ -131,6 +143,10 @@ def file_problems(folder: Path, files: dict[str, str]) -> list[str]:
     return problems
 
 
+PROGRESS = "lorapilot-serving-progress"
+"""The stderr line prefix of `PROGRESS done total`, one line per prompt served."""
+
+
 def check(cases: dict) -> dict:
     """Re-hash, then predict every prompt in every served configuration."""
     import llama_cpp
@@ -142,6 +158,13 @@ def check(cases: dict) -> dict:
         return result | {"ok": False, "refused": True, "problems": problems}
     threads = int(cases.get("threads") or os.cpu_count() or 1)
     prompts = cases["prompts"]
+    total, done = len(prompts) * len(cases["configs"]), 0
+
+    def tick() -> None:  # one prompt served: the parent shows the count
+        nonlocal done
+        done += 1
+        print(f"{PROGRESS} {done} {total}", file=sys.stderr, flush=True)
+
     for conf in cases["configs"]:
         t_load = time.perf_counter()
         rt = Runtime(
@@ -172,11 +195,16 @@ def check(cases: dict) -> dict:
         if mismatches:
             entry.update(tokenization_mismatches=mismatches)
             result["configs"].append(entry)
+            for _ in prompts:
+                tick()
             continue
         t0 = time.perf_counter()
         if cases["mode"] == "score":
             best_first = cases.get("label_search", "best_first") == "best_first"
-            entry["scores"] = [rt.score(p["ids"], cases["labels"], best_first) for p in prompts]
+            entry["scores"] = []
+            for p in prompts:
+                entry["scores"].append(rt.score(p["ids"], cases["labels"], best_first))
+                tick()
             free = cases.get("content_free") or []
             if free:  # calibrated scoring: every label after each content-free input
                 entry["content_free_scores"] = [
@@ -184,9 +212,18 @@ def check(cases: dict) -> dict:
                 ]
         else:
             stop = set(cases["stop_ids"])
-            gens = [rt.generate(p["ids"], stop, int(cases["max_new_tokens"])) for p in prompts]
+            gens = []
+            for p in prompts:
+                gens.append(rt.generate(p["ids"], stop, int(cases["max_new_tokens"])))
+                tick()
             entry["output_ids"] = gens
             entry["outputs"] = [rt.detokenize(g) for g in gens]
+            refs = cases.get("references") or []
+            if refs:  # lorapilot's outputs, teacher-forced
+                entry["forced"] = [
+                    rt.forced(p["ids"], r["ids"], r["ended"], stop)
+                    for p, r in zip(prompts, refs, strict=True)
+                ]
         seconds = time.perf_counter() - t0
         entry.update(
             tokenization_mismatches=[],

@@ -54,7 +54,7 @@ def run_export(
     if gguf or check is not None:
         refuse_images(pilot)
     if check is not None:
-        return recheck(pilot, check, min_agreement, reference)
+        return recheck(pilot, check, min_agreement, reference, progress=progress)
     out = require_new_folder(out)
     train_id, adapter_dir = registry.adapter_of(pilot.dir, run_id)
     pilot = pilot_of_run(pilot, train_id)  # a variant's run: its own recipe (quantization)

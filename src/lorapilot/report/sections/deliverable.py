@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from lorapilot.export.ollama import agreement_of
 from lorapilot.report.blocks import Para, Sub, Table
 from lorapilot.report.formatting import DASH, fmt, isnum, mark
 from lorapilot.report.sections.model import _record
@@ -46,7 +47,7 @@ def _deliverable(s: dict) -> list:
             base = e.get("base_gguf") or {}
             rows.append([
                 "gguf", e.get("folder"),
-                f"llama.cpp on {check.get('n_examples')} validation examples ({gate}, minimum "
+                f"llama.cpp: agreement {agreement_of(check)} ({gate}, minimum "
                 f"{_share(minimum)})",
                 mark(check.get("ok"), "passed", "FAILED"), _share(agree),
                 f"base {base.get('type')}; {_metrics_text(check.get('configs'))}",
