@@ -618,8 +618,9 @@ def export(
             "--min-agreement",
             min=0.0,
             max=1.0,
-            help="With --gguf or --check: the least share of validation examples llama.cpp "
-            "must predict as lorapilot did (default: the spec's export.min_agreement, 0.98).",
+            help="With --gguf or --check: the least share of validation examples (of answer "
+            "tokens, for generated answers) llama.cpp must predict as lorapilot did (default: "
+            "the spec's export.min_agreement, 0.98).",
         ),
     ] = None,
     reference: Annotated[

@@ -27,7 +27,8 @@ class ExportSpec(_Strict):
         ge=0.0,
         le=1.0,
         description="GGUF: the least share of validation examples llama.cpp must predict as "
-        "lorapilot did (gated for an original, f32 or f16 base; reported only for a base "
+        "lorapilot did (for generated answers: of their tokens, each predicted from the same "
+        "preceding tokens; gated for an original, f32 or f16 base; reported only for a base "
         "quantized further than the one trained on).",
     )
     gguf_base: Literal["auto", "original", "f32", "f16", "q8_0"] = Field(
