@@ -40,11 +40,11 @@ def shared_report(
     leaks = remaining_leaks(pilot, prepared)
     warnings = _label_support_warnings(pilot, counts.get("train", {})) + (data_warnings or [])
     invalid = [s for s in prepared.skipped if s.label is None]
-    unlisted = len(prepared.skipped) - len(invalid)
+    unlisted = unlisted_report(prepared.skipped) if len(invalid) < len(prepared.skipped) else None
     if unlisted:
-        per = unlisted_report(prepared.skipped)["per_label"]
+        per = unlisted["per_label"]
         warnings.append(
-            f"{unlisted} example(s) left out for labels not in task.labels "
+            f"{unlisted['dropped']} example(s) left out for labels not in task.labels "
             "(data.unlisted_labels: drop): "
             + ", ".join(f"{label!r} {n}" for label, n in list(per.items())[:10])
             + (f" and {len(per) - 10} more label(s)" if len(per) > 10 else "")
@@ -78,7 +78,7 @@ def shared_report(
         "skipped": [dataclasses.asdict(s) for s in invalid],
         "skipped_summary": skipped_summary(invalid),
         "dropped_by_cleaning": prepared.dropped,
-        **({"unlisted_labels": unlisted_report(prepared.skipped)} if unlisted else {}),
+        **({"unlisted_labels": unlisted} if unlisted else {}),
         **({"groups": groups} if groups is not None else {}),
         "warnings": warnings,
     }
