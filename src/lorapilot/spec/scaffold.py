@@ -33,7 +33,9 @@ data:
   permission: "Synthetic example data; free to use"
   file: data/examples.jsonl     # JSONL/CSV/Parquet; split into train/val/test by lorapilot
   fields: {{text: text, label: label, id: id}}
-  split: {{seed: 0, val: 0.2, test: 0.2}}
+  split: {{seed: 0, val: 0.2, test: 0.2}}   # add `group: customer` to keep each value of
+  #                             # that column in one split (one customer's messages together)
+  # unlisted_labels: drop       # leave out rows whose label is not in task.labels, counted
   max_length: 128
 adapter: {{method: lora, r: 8, alpha: 16, dropout: 0.0, target_modules: all-linear}}
 train: {{seed: 0, epochs: 6, lr: 0.001, micro_batch: 8, precision: auto}}
@@ -139,7 +141,11 @@ data:
   source: "Shapes drawn by lorapilot init (replace with your images)"
   permission: "Synthetic example images; free to use"
   file: data/images           # a folder per label: data/images/<label>/*.png
+  # file: data/images.csv     # or a CSV/JSONL: image (a path from this folder), label, ...
+  # unlisted_labels: drop     # leave out rows whose label is not in task.labels, counted
   split: {{seed: 0, val: 0.2, test: 0.2}}
+  # split: {{seed: 0, val: 0.2, test: 0.2, group: owner}}   # a CSV column: each owner's
+  #                           # images in one split (one person's photos share a room)
 adapter: {{r: 8, alpha: 16}}
 train: {{lr: 3.0e-3, epochs: 3, micro_batch: 8}}
 success: {{metric: macro_f1, min_gain: 0.05}}
