@@ -91,10 +91,20 @@ PIXEL_RULES = "exif-upright,16bit/257,alpha-on-white"
 """`model_pixels`' rules, in the data version of every image set they change."""
 
 
+def pixel_rules_of(meta: ImageMeta) -> list[str]:
+    """The rules of `model_pixels` that change this image against a plain `convert`:
+    turned_upright (an EXIF orientation), transparent, scaled_16_bit."""
+    applies = {
+        "turned_upright": meta.orientation != 1,
+        "transparent": meta.transparent,
+        "scaled_16_bit": meta.mode in WIDE_MODES,
+    }
+    return [rule for rule, hit in applies.items() if hit]
+
+
 def pixel_rules_apply(meta: ImageMeta) -> bool:
-    """Whether `model_pixels` may differ from a plain `convert` for this image: turned by its
-    EXIF tag, 16-bit, or with transparency."""
-    return meta.orientation != 1 or meta.mode in WIDE_MODES or meta.transparent
+    """Whether `model_pixels` may differ from a plain `convert` for this image."""
+    return bool(pixel_rules_of(meta))
 
 
 def model_pixels(img: Any, mode: str) -> Any:

@@ -9,7 +9,7 @@ from collections import Counter
 from statistics import median
 from typing import Any
 
-from lorapilot.data.images import WIDE_MODES
+from lorapilot.data.images import pixel_rules_of
 from lorapilot.data.rows import ImageMeta, Record
 
 # A category is compared with the others only with at least this many images.
@@ -147,7 +147,7 @@ def describe_shortcut(w: dict[str, Any]) -> str:
     )
 
 
-# What `model_pixels` does beyond a plain conversion, by the ImageMeta field that says so.
+# What `model_pixels` does beyond a plain conversion, by the rule `pixel_rules_of` names.
 _PIXEL_CHANGES = {
     "turned_upright": "stored turned, with an EXIF orientation: turned upright as a viewer "
     "shows them",
@@ -162,15 +162,8 @@ def pixel_changes(records: list[Record], shown: int = 3) -> dict[str, Any]:
     with the first few ids: no image is changed silently."""
     hits: dict[str, list[str]] = {k: [] for k in _PIXEL_CHANGES}
     for r in records:
-        m = r.image
-        if m is None:
-            continue
-        if m.orientation != 1:
-            hits["turned_upright"].append(r.id)
-        if m.transparent:
-            hits["transparent"].append(r.id)
-        if m.mode in WIDE_MODES:
-            hits["scaled_16_bit"].append(r.id)
+        for rule in pixel_rules_of(r.image) if r.image is not None else []:
+            hits[rule].append(r.id)
     return {k: {"n": len(ids), "examples": ids[:shown]} for k, ids in hits.items()}
 
 
