@@ -158,7 +158,9 @@ def check(cases: dict) -> dict:
         return result | {"ok": False, "refused": True, "problems": problems}
     threads = int(cases.get("threads") or os.cpu_count() or 1)
     prompts = cases["prompts"]
-    passes = 2 if cases["mode"] != "score" and cases.get("references") else 1  # + forced
+    # generated answers: lorapilot's own, fed back token by token after the generation pass
+    refs = (cases.get("references") or []) if cases["mode"] != "score" else []
+    passes = 2 if refs else 1
     total, done = len(prompts) * len(cases["configs"]) * passes, 0
 
     def tick() -> None:  # one prompt served: the parent shows the count
@@ -220,8 +222,7 @@ def check(cases: dict) -> dict:
             entry["output_ids"] = gens
             entry["outputs"] = [rt.detokenize(g) for g in gens]
         seconds = time.perf_counter() - t0  # serving the split: its rate is the one shown
-        refs = cases.get("references") or []
-        if cases["mode"] != "score" and refs:  # lorapilot's answers, teacher-forced
+        if refs:  # lorapilot's answers, teacher-forced
             t1 = time.perf_counter()
             entry["forced"] = []
             for p, r in zip(prompts, refs, strict=True):
