@@ -144,6 +144,14 @@ def _serving(r: dict) -> None:
             f"  {esc(c['name'])}: {c.get('n_differing', 0)} answers differ; {metrics}"
             + (f"; {rate:.1f} ex/s in llama.cpp" if rate else "")
         )
+        g = c.get("generation")
+        if g:
+            stdout.print(
+                f"  {esc(c['name'])}, generated as the Modelfile serves it: "
+                f"{g['agreement']:.1%} the scored label, {g['label_rate']:.1%} a label"
+            )
+    for w in r.get("warnings") or []:
+        stdout.print(f"[yellow]warning[/]: {esc(w)}")
 
 
 def export(r: dict) -> None:

@@ -64,6 +64,7 @@ def test_files_manifest_and_modelfile(exported):
     assert 'PARAMETER stop "<|im_end|>"' in modelfile
     assert "Answer with exactly one category: billing, technical" in modelfile
     assert out["modelfile_prompt_matches"] is True
+    assert "Generated greedily on the validation split" in (served / "README.md").read_text()
 
 
 def test_llama_cpp_predictions_compared_and_gated(exported):
@@ -82,6 +83,14 @@ def test_llama_cpp_predictions_compared_and_gated(exported):
     macro = conf["metrics"]["macro_f1"]
     assert macro["lorapilot"] == pytest.approx(train["metrics"]["macro_f1"])
     assert 0 <= macro["llama_cpp"] <= 1 and conf["examples_per_s"] > 0
+    # the labels generated freely, as the Modelfile serves them: reported, warned, not gated
+    g = conf["generation"]
+    assert 0 <= g["n_same"] <= g["n_labels"] <= n
+    assert out["generation_agreement"] == pytest.approx(g["n_same"] / n)
+    assert out["generation_label_rate"] == pytest.approx(g["n_labels"] / n)
+    assert len(out["warnings"]) == (g["agreement"] < 0.98)
+    for d in g["differing"]:
+        assert d["generated"].strip().casefold() != d["lorapilot"].casefold()
 
 
 def test_a_changed_byte_is_refused_naming_the_file(exported, tmp_path):

@@ -6,8 +6,8 @@ from __future__ import annotations
 from conftest import EXAMPLES
 
 from lorapilot.data.rows import Record
-from lorapilot.export.gguf_export import _compare, _why
-from lorapilot.export.ollama import agreement_of
+from lorapilot.export.gguf_export import _compare, _why, generation_warnings
+from lorapilot.export.ollama import agreement_of, readme
 from lorapilot.spec import load_pilot
 
 
@@ -52,3 +52,57 @@ def test_the_agreement_is_named_by_what_it_counts():
     check = {"reference": {"kind": "fp32"}, "serving_agreement": 0.95,
              "serving_agreement_min": 0.98, "agreement_unit": "tokens", "configs": []}  # fmt: skip
     assert "on 95.0% of its output tokens on the validation split" in _why(check)
+
+
+def _scored_case():
+    spec = load_pilot(EXAMPLES / "ticket-triage").spec
+    golds = ["billing", "technical", "refund", "shipping"]
+    records = [Record(id=f"t{i}", text="q", label=g, target=None, source=f"f:{i}", split="val",
+                      category=g) for i, g in enumerate(golds)]  # fmt: skip
+    labels = list(spec.task.labels)
+    scores = [[0.0 if lab == g else -5.0 for lab in labels] for g in golds]  # scored right
+    cases = {
+        "records": records,
+        "prompt_texts": ["q"] * 4,
+        "lorapilot_predictions": {f"t{i}": {"parsed": g} for i, g in enumerate(golds)},
+        "lorapilot_metrics": {"accuracy": 1.0, "macro_f1": 1.0},
+    }
+    # generated freely: one right, one in another case, one another label, one no label
+    generated = ["billing", " Technical\n", "account", "shipping address"]
+    conf = {"name": "base+adapter", "scores": scores, "generated": generated}
+    return spec, cases, conf
+
+
+def test_a_scored_label_is_also_generated_as_the_modelfile_serves_it():
+    spec, cases, conf = _scored_case()
+    out = _compare(spec, cases, conf)
+    assert out["serving_agreement"] == 1.0 and out["agreement_unit"] == "examples"
+    g = out["generation"]
+    assert (g["n_same"], g["n_labels"]) == (2, 3)  # "Technical" is the label, by case
+    assert g["agreement"] == 0.5 and g["label_rate"] == 0.75
+    assert g["not_labels"] == [["shipping address", 1]]
+    assert [d["id"] for d in g["differing"]] == ["t2", "t3"]
+    assert g["metrics"]["accuracy"] == {"lorapilot": 1.0, "llama_cpp": 0.5}
+    (warning,) = generation_warnings([out], 0.98)
+    assert "2 of 4 validation answers are the label lorapilot scored (50.0% < 98%)" in warning
+    assert "1 are no label at all ('shipping address' x1)" in warning
+    assert "eval.mode: generate" in warning
+    assert generation_warnings([out], 0.5) == []  # at the minimum: no warning
+    del conf["generated"]  # an old check, or a generation task: nothing to add
+    assert _compare(spec, cases, conf)["generation"] is None
+
+
+def test_the_readme_and_the_failure_say_how_generation_serves_the_labels():
+    spec, cases, conf = _scored_case()
+    result = _compare(spec, cases, conf)
+    check = {"ok": True, "serving_agreement": 1.0, "serving_agreement_min": 0.98,
+             "n_examples": 4, "generation_agreement": 0.5, "generation_label_rate": 0.75,
+             "warnings": generation_warnings([result], 0.98), "configs": [result],
+             "reference": {"kind": "recorded", "precision": "fp32"}}  # fmt: skip
+    text = readme(pilot="tt", train_run="r1", base_file="base.gguf", base_note="q",
+                  adapter_file="adapter.gguf", merged_file=None, system="s",
+                  user_template="{text}", check=check)  # fmt: skip
+    assert "50.0% of the answers are the label lorapilot scored and 75.0% are one of" in text
+    assert "\n\n**Warning**: base+adapter: served as the Modelfile serves it" in text
+    failed = _why(check | {"ok": False, "serving_agreement": 0.9})
+    assert "generated freely as the Modelfile serves it, 50.0% of the answers" in failed

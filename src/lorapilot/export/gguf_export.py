@@ -290,9 +290,16 @@ def _why(check: dict) -> str:
         if check.get("agreement_unit") == "tokens"
         else "of the validation examples"
     )
+    free = check.get("generation_agreement")
+    generated = (
+        f"; generated freely as the Modelfile serves it, {free:.1%} of the answers are the "
+        "scored label (the folder's README.md)"
+        if free is not None
+        else ""
+    )
     return (
         f"llama.cpp agrees with {against} on {check['serving_agreement']:.1%} {unit} "
-        f"(< {check['serving_agreement_min']:.0%}); {metrics}{hint}"
+        f"(< {check['serving_agreement_min']:.0%}); {metrics}{hint}{generated}"
     )
 
 
@@ -417,7 +424,10 @@ def _cases(
     stop = stop_token_ids(tok, fmt)
     max_new = protocol.get("max_new_tokens") or 0
     longest = max((len(p) for p in prompts), default=1)
-    extra = max((len(x) for x in labels), default=0) if mode == "score" else max_new
+    # a scored label is also generated freely, as the Modelfile serves it: room for the
+    # longest label and a few tokens more, enough to show an answer that is not a label
+    label_max_new = max((len(x) for x in labels), default=0) + 8 if mode == "score" else 0
+    extra = label_max_new if mode == "score" else max_new
     n_ctx = _ctx(longest + extra + 8)
     train_dir = registry.runs_dir(pilot.dir) / train_id
     theirs = {p["id"]: p for p in read_jsonl(train_dir / "predictions.jsonl")}
@@ -460,6 +470,7 @@ def _cases(
         else [],
         "stop_ids": stop,
         "max_new_tokens": max_new,
+        "label_max_new": label_max_new,
         "n_ctx": n_ctx,
         "lorapilot_predictions": theirs,
         "lorapilot_metrics": metrics,
@@ -545,6 +556,7 @@ def serving_check(
         "references": cases.get("references") or [],
         "stop_ids": cases["stop_ids"],
         "max_new_tokens": cases["max_new_tokens"],
+        "label_max_new": cases.get("label_max_new", 0),
         "n_ctx": cases["n_ctx"],
         # llama.cpp's best-first knows no offsets: calibrated scoring scores every label
         "label_search": "all" if cases["content_free"] else spec.eval.label_search,
@@ -587,6 +599,7 @@ def serving_check(
     agreements = [r["serving_agreement"] for r in results if r["serving_agreement"] is not None]
     agreement = min(agreements) if agreements and not problems else None
     ok = not problems and (not gated or (agreement is not None and agreement >= minimum))
+    freely = [r["generation"] for r in results if r.get("generation")]
     return base | {
         "ok": ok,
         "serving_agreement": agreement,
@@ -594,8 +607,40 @@ def serving_check(
         "agreement_unit": "tokens" if cases["mode"] == "generate" else "examples",
         "problems": problems,
         "metric": _main_metric(spec),
+        # label scoring: the same labels generated freely, as the Modelfile serves them
+        "generation_agreement": min((g["agreement"] for g in freely), default=None),
+        "generation_label_rate": min((g["label_rate"] for g in freely), default=None),
+        "warnings": generation_warnings(results, minimum),
         "configs": results,
     }
+
+
+def generation_warnings(results: list[dict], minimum: float) -> list[str]:
+    """Where free generation (the Modelfile's way: `ollama run`, `llama-cli`) answers other
+    than the scored label more often than the gate allows: the served classifier is not the
+    one the decision was made on. Reported, not gated: the pilot's rule is label scoring."""
+    out = []
+    for r in results:
+        g = r.get("generation")
+        if not g or g["agreement"] >= minimum:
+            continue
+        n = r["n_examples"]
+        odd = ", ".join(f"{text!r} x{k}" for text, k in g["not_labels"][:3])
+        metrics = "; ".join(
+            f"{k} {v['lorapilot']:.3f} scored in lorapilot, {v['llama_cpp']:.3f} generated"
+            for k, v in g["metrics"].items()
+            if isinstance(v.get("lorapilot"), int | float)
+        )
+        out.append(
+            f"{r['name']}: served as the Modelfile serves it (free greedy generation, what "
+            f"`ollama run` answers), {g['n_same']} of {n} validation answers are the label "
+            f"lorapilot scored ({g['agreement']:.1%} < {minimum:.0%}) and "
+            f"{n - g['n_labels']} are no label at all{f' ({odd})' if odd else ''}; {metrics}. "
+            "The decision was made on label scoring: to serve what was decided, train until "
+            "the adapter answers in the label set (more steps, a higher train.lr), or decide "
+            "on what generation serves (eval.mode: generate)"
+        )
+    return out
 
 
 HEADLINE = (
@@ -651,8 +696,10 @@ def _compare(spec, cases: dict, conf: dict) -> dict:
             "tokens_compared": compared,
             "token_agreement": sum(m for m, _ in forced) / compared if compared else 1.0,
         }
+    generated = conf.get("generated")
     return {
         "name": conf["name"],
+        "generation": _free_generation(spec, cases, generated, keys) if generated else None,
         "serving_agreement": tokens["token_agreement"] if tokens else examples,
         "agreement_unit": "tokens" if tokens else "examples",
         "example_agreement": examples,
@@ -665,4 +712,36 @@ def _compare(spec, cases: dict, conf: dict) -> dict:
         "seconds": conf.get("seconds"),
         "examples_per_s": conf.get("examples_per_s"),
         "load_s": conf.get("load_s"),
+    }
+
+
+def _free_generation(spec, cases: dict, outputs: list[str], keys: list[str]) -> dict:
+    """A scored classification's labels as free generation answers them: parsed by the
+    pilot's rule for generated labels (the text, stripped, one of the labels by case)."""
+    from collections import Counter
+
+    records = cases["records"]
+    metrics, rows = score_predictions(spec, records, cases["prompt_texts"], None, outputs)
+    theirs, lp = cases["lorapilot_predictions"], cases["lorapilot_metrics"]
+    same = [theirs.get(r["id"], {}).get("parsed") == r["parsed"] for r in rows]
+    n = len(rows)
+    not_labels = Counter(r["raw_output"].strip() for r in rows if r["parsed"] is None)
+    return {
+        "what": "free greedy generation to the stop token, as the Modelfile serves it",
+        "agreement": sum(same) / n if n else 1.0,
+        "label_rate": sum(r["parsed"] is not None for r in rows) / n if n else 1.0,
+        "n_same": sum(same),
+        "n_labels": sum(r["parsed"] is not None for r in rows),
+        "not_labels": [[text, k] for text, k in not_labels.most_common(10)],
+        "metrics": {k: {"lorapilot": lp.get(k), "llama_cpp": metrics[k]} for k in keys},
+        "differing": [
+            {
+                "id": r["id"],
+                "gold": r["gold"],
+                "lorapilot": theirs.get(r["id"], {}).get("parsed"),
+                "generated": r["raw_output"],
+            }
+            for r, ok in zip(rows, same, strict=True)
+            if not ok
+        ][:20],
     }

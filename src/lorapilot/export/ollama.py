@@ -79,6 +79,7 @@ def readme(
         f"{agreement_of(check)}; minimum "
         f"{check.get('serving_agreement_min', 0):.0%}"
         f"{'' if check.get('gated', True) else ', reported, not gated'}).",
+        *_generation_lines(check),
         "",
         f"- `{base_file}`: the base model ({base_note})",
         f"- `{adapter_file}`: the LoRA adapter as a GGUF LoRA",
@@ -123,6 +124,23 @@ def readme(
         "",
     ]
     return "\n".join(out)
+
+
+def _generation_lines(check: dict) -> list[str]:
+    """Label scoring: how the labels fare generated freely, as this Modelfile serves them."""
+    rate = check.get("generation_agreement")
+    if rate is None:
+        return []
+    lines = [
+        "",
+        "lorapilot predicts a label by scoring the labels; this Modelfile (and `llama-cli`) "
+        "generates the answer instead. Generated greedily on the validation split, "
+        f"{rate:.1%} of the answers are the label lorapilot scored and "
+        f"{check.get('generation_label_rate', 0):.1%} are one of the labels.",
+    ]
+    for w in check.get("warnings") or []:
+        lines += ["", f"**Warning**: {w}."]
+    return lines
 
 
 def agreement_of(check: dict) -> str:

@@ -6,7 +6,8 @@ against the export's manifest first (a changed byte refuses the check, naming th
 for each served configuration (base + adapter, merged), every validation prompt is tokenized
 by llama.cpp and compared with the pilot's token ids, and predicted with the pilot's rule:
 label scoring (the sum of the label tokens' log-probabilities, from llama.cpp's logits) or
-greedy decoding until a stop token.
+greedy decoding until a stop token. A scored label is also generated freely (greedy, to the
+stop token), as the Modelfile serves it: what `ollama run` would answer.
 """
 
 from __future__ import annotations
@@ -205,10 +206,19 @@ def check(cases: dict) -> dict:
         stop = set(cases["stop_ids"])
         if cases["mode"] == "score":
             best_first = cases.get("label_search", "best_first") == "best_first"
-            entry["scores"] = []
+            # and as the Modelfile serves it: free greedy generation to the stop token
+            free_max = int(cases.get("label_max_new") or 0)
+            entry["scores"], gens, gen_s = [], [], 0.0
             for p in prompts:
                 entry["scores"].append(rt.score(p["ids"], cases["labels"], best_first))
+                if free_max:
+                    t_gen = time.perf_counter()
+                    gens.append(rt.generate(p["ids"], stop, free_max))
+                    gen_s += time.perf_counter() - t_gen
                 tick()
+            if free_max:
+                entry["generated"] = [rt.detokenize(g) for g in gens]
+                entry["generation_seconds"] = round(gen_s, 3)
             free = cases.get("content_free") or []
             if free:  # calibrated scoring: every label after each content-free input
                 entry["content_free_scores"] = [
@@ -221,7 +231,8 @@ def check(cases: dict) -> dict:
                 tick()
             entry["output_ids"] = gens
             entry["outputs"] = [rt.detokenize(g) for g in gens]
-        seconds = time.perf_counter() - t0  # serving the split: its rate is the one shown
+        # serving the split by the pilot's rule: its rate is the one shown
+        seconds = time.perf_counter() - t0 - entry.get("generation_seconds", 0.0)
         if refs:  # lorapilot's answers, teacher-forced
             t1 = time.perf_counter()
             entry["forced"] = []

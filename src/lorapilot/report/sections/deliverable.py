@@ -65,6 +65,14 @@ def _deliverable(s: dict) -> list:
                         )
                     )
             notes += [f"gguf: {p}" for p in check.get("problems") or []]
+            free = check.get("generation_agreement")
+            if free is not None:
+                notes.append(
+                    f"gguf, generated as the Modelfile serves it (free greedy generation): "
+                    f"{_share(free)} of the validation answers are the scored label, "
+                    f"{_share(check.get('generation_label_rate'))} are a label"
+                )
+            notes += [f"gguf warning: {w}" for w in check.get("warnings") or []]
         elif e.get("format") == "merged":
             agree = e.get("merge_agreement")
             diff = e.get("merge_max_logit_diff")
