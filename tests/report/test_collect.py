@@ -153,3 +153,14 @@ def test_probes_are_kept_per_variant_with_their_quantization(tmp_path):
     assert got["base"]["later_step_s"] == 3.0 and got["base"]["quantization"] == "none"
     assert got["nf4"]["later_step_s"] == 2.0 and got["nf4"]["quantization"] == "4-bit nf4"
     assert quantization_text({"bits": 8}) == "8-bit"
+
+
+def test_an_exports_warning_is_a_limitation_of_the_deliverable():
+    from lorapilot.report.collect import export_warnings
+
+    gguf = {"format": "gguf", "folder": "deliverable/gguf",
+            "serving_check": {"warnings": ["base+adapter: served as the Modelfile serves it"]}}
+    assert export_warnings([{"format": "merged", "folder": "deliverable/merged"}, gguf]) == [
+        "the gguf export in deliverable/gguf: base+adapter: served as the Modelfile serves it"
+    ]  # fmt: skip
+    assert export_warnings([{"format": "gguf", "serving_check": {"warnings": []}}]) == []

@@ -293,6 +293,7 @@ def collect(pilot: Pilot) -> dict:
         decision = gate(decision, verify, test, smoke)
         decision["chosen_by"] = SELECTION_RULE
     ledger = read_jsonl(registry.runs_dir(pilot.dir) / "test_ledger.jsonl")
+    exports = exported(pilot)
     curves = {}
     for r in runs:
         if r.kind == "train":
@@ -329,7 +330,7 @@ def collect(pilot: Pilot) -> dict:
         "test": test,
         "test_ledger": ledger,
         "curves": curves,
-        "exports": exported(pilot),
+        "exports": exports,
         # images: what `inspect` last drew (originals beside what the model sees)
         "contact_sheets": sorted(str(p) for p in (pilot.dir / "inspect").glob("contact-*.png"))
         if spec.task.modality == "image"
@@ -337,7 +338,8 @@ def collect(pilot: Pilot) -> dict:
         "limitations": limitations(
             pilot, rows, chosen, ledger, latest["data"] and latest["data"].result
         )
-        + degenerate_baseline(baseline and _rows(registry.runs_dir(pilot.dir) / baseline.id)),
+        + degenerate_baseline(baseline and _rows(registry.runs_dir(pilot.dir) / baseline.id))
+        + export_warnings(exports),
     }
 
 
@@ -376,6 +378,16 @@ def exported(pilot) -> list[dict]:
         if isinstance(m, dict):
             out.append({"format": fmt, "folder": f"deliverable/{fmt}", **m})
     return out
+
+
+def export_warnings(exports: list[dict]) -> list[str]:
+    """What an export's check warned of (a GGUF classifier that generates other answers than
+    the labels it scored): a limitation of the deliverable, beside the decision."""
+    return [
+        f"the {e.get('format')} export in {e.get('folder')}: {w}"
+        for e in exports
+        for w in (e.get("serving_check") or {}).get("warnings") or []
+    ]
 
 
 def degenerate_baseline(predictions: list[dict] | None, share: float = 0.5) -> list[str]:

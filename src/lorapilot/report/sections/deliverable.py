@@ -72,7 +72,6 @@ def _deliverable(s: dict) -> list:
                     f"{_share(free)} of the validation answers are the scored label, "
                     f"{_share(check.get('generation_label_rate'))} are a label"
                 )
-            notes += [f"gguf warning: {w}" for w in check.get("warnings") or []]
         elif e.get("format") == "merged":
             agree = e.get("merge_agreement")
             diff = e.get("merge_max_logit_diff")
