@@ -36,3 +36,19 @@ def test_a_format_task_s_metrics_are_shown_by_evaluation_train_and_compare(monke
     compared = {"baseline": "baseline-1", "runs": [row], "decision": None}
     text = _shown(monkeypatch, views.compare, compared)
     assert "format_valid_rate+0.880" in text and "answer_match+0.020" in text
+
+
+def test_export_and_run_show_how_generation_serves_a_scored_classifier(monkeypatch):
+    warning = "base+adapter: served as the Modelfile serves it, 104 of 154 ..."
+    conf = {"name": "base+adapter", "n_differing": 22, "examples_per_s": 2.1,
+            "metrics": {"macro_f1": {"lorapilot": 0.321, "llama_cpp": 0.341}},
+            "generation": {"agreement": 0.675, "label_rate": 0.896}}  # fmt: skip
+    exported = {"format": "gguf", "out": "served", "files": ["base.gguf"], "ok": True,
+                "serving_agreement": 0.99, "serving_agreement_min": 0.98, "n_examples": 154,
+                "configs": [conf], "warnings": [warning]}  # fmt: skip
+    text = _shown(monkeypatch, views.export, exported)
+    assert "generated as the Modelfile serves it: 67.5% the scored label, 89.6% a label" in text
+    assert f"warning: {warning}" in text
+    ran = {"decision": "GO", "selected": "base", "train_run": "train-1", "wall_s": 60.0,
+           "reasons": [], "html": "report/index.html", "exports": [exported]}  # fmt: skip
+    assert f"warning (gguf export): {warning}" in _shown(monkeypatch, views.run, ran)

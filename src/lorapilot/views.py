@@ -215,6 +215,9 @@ def run(r: dict) -> None:
         f"{r['train_run']}, {r['wall_s']:.0f} s)"
     )
     _decision(r)
+    for e in r.get("exports") or []:
+        for w in e.get("warnings") or []:
+            stdout.print(f"[yellow]warning[/] ({esc(str(e.get('format')))} export): {esc(w)}")
     stdout.print(f"report: {r['html']}")
 
 
