@@ -50,7 +50,8 @@ def test_the_serving_check_shows_its_progress(exported):
 def test_files_manifest_and_modelfile(exported):
     pilot, served, train, out = exported
     names = {p.name for p in served.iterdir()}
-    assert names == {"base.gguf", "adapter.gguf", "Modelfile", "README.md", "lorapilot.json"}
+    assert names == {"base.gguf", "adapter.gguf", "Modelfile", "README.md", "lorapilot.json",
+                     "classify.py", "classifier.json"}  # fmt: skip
     manifest = json.loads((served / "lorapilot.json").read_text())
     assert set(manifest["files"]) == names - {"lorapilot.json"}
     trained = json.loads(
@@ -91,6 +92,75 @@ def test_llama_cpp_predictions_compared_and_gated(exported):
     assert len(out["warnings"]) == (g["agreement"] < 0.98)
     for d in g["differing"]:
         assert d["generated"].strip().casefold() != d["lorapilot"].casefold()
+
+
+def test_classify_py_classifies_as_the_pilot_did(exported, tmp_path):
+    """The exported script, run as a user runs it (its folder, no lorapilot), answers what
+    lorapilot predicted where the check found them the same; its cut of a too-long input is
+    the pilot's, token for token."""
+    import subprocess
+    import sys
+
+    from llama_cpp import Llama
+
+    from lorapilot.base.models import load_tokenizer
+    from lorapilot.data.dataset import formatter_for
+    from lorapilot.spec import load_pilot
+
+    pilot, served, train, out = exported
+    manifest = json.loads((served / "lorapilot.json").read_text())
+    assert manifest["classifier"]["file"] == "classify.py"
+    assert "## Classify as the pilot did" in (served / "README.md").read_text()
+    rows = [json.loads(x) for x in (pilot / "runs" / train["run_id"] / "predictions.jsonl")
+            .read_text().splitlines()]  # fmt: skip
+    differ = {d["id"] for d in out["configs"][0]["differing"]}
+    same = [r for r in rows if r["id"] not in differ][:3]
+    proc = subprocess.run(
+        [sys.executable, "-I", str(served / "classify.py"), *(r["text"] for r in same)],
+        capture_output=True, text=True, cwd=tmp_path, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    got = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert [g["label"] for g in got] == [r["parsed"] for r in same]
+    # the cut: a max_length that cuts every input, as the pilot's formatter cuts it
+    config = json.loads((served / "classifier.json").read_text())
+    (tmp_path / "classifier.json").write_text(json.dumps(config | {"max_length": 90}))
+    module = _load(served / "classify.py")
+    llm = Llama(model_path=str(served / "base.gguf"), n_ctx=256, verbose=False, n_threads=1)
+    clf = module.Classifier(tmp_path, llm=llm)
+    loaded = load_pilot(pilot)
+    _, tok = load_tokenizer(loaded)
+    fmt = formatter_for(loaded, tok)
+    fmt.max_length, fmt.truncation_side = 90, config["truncation_side"]
+    texts = [r["text"] for r in rows[:8]]
+    assert any(fmt.fit_text(t, config["answer_budget"])[1] for t in texts)  # some are cut
+    for t in texts:
+        assert clf.prompt_ids(t) == fmt.encode_prompt(t, config["answer_budget"])
+
+
+def _load(path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("exported_classify", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_classify_py_needs_nothing_of_lorapilot():
+    """The script is delivered alone: standard library, numpy and llama_cpp only."""
+    import ast
+
+    from lorapilot.export import classify
+
+    tree = ast.parse(open(classify.__file__, encoding="utf-8").read())
+    imported = {
+        (n.module if isinstance(n, ast.ImportFrom) else a.name).split(".")[0]
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Import | ast.ImportFrom)
+        for a in (n.names if isinstance(n, ast.Import) else [n])
+    }
+    assert imported == {"__future__", "json", "os", "sys", "pathlib", "numpy", "llama_cpp"}
 
 
 def test_a_changed_byte_is_refused_naming_the_file(exported, tmp_path):

@@ -28,10 +28,11 @@ from lorapilot.data.format import render_messages
 from lorapilot.errors import CheckFailed, LorapilotError, UsageError
 from lorapilot.evaluate.metrics import CONTENT_FREE, calibration_offsets
 from lorapilot.evaluate.runner import label_token_ids, score_predictions, stop_token_ids
+from lorapilot.export import classify as classify_module
 from lorapilot.export import gguf_files as gf
 from lorapilot.export import ollama
 from lorapilot.export.folder import write_folder
-from lorapilot.export.serving import PROGRESS
+from lorapilot.export.serving import CLASSIFY_FILE, PROGRESS
 from lorapilot.fsutil import atomic_write_json, read_jsonl, sha256_file
 from lorapilot.records import registry
 from lorapilot.records.progress import Phase
@@ -122,6 +123,10 @@ def export_gguf(
     template = ollama.template_for(getattr(tok, "chat_template", None))
     stops = sorted({tok.decode([i]) for i in cases["stop_ids"]})
     name = f"{spec.name} {train_id}"
+    # the served context: room for the longest input the pilot allows, not only val's
+    n_ctx = max(cases["n_ctx"], _ctx(max_length_of(pilot, tok) + 16))
+    classifier, classifier_note = classifier_config(pilot, tok, cases, n_ctx)
+    cases["classifier"] = classifier is not None
 
     def write(tmp: Path) -> dict:
         say(f"writing {ADAPTER_FILE} ({len(lora) // 2} LoRA pairs, alpha {alpha:g})")
@@ -138,8 +143,9 @@ def export_gguf(
                     resolved.path, tensors, tmp / MERGED_FILE, _merged_type(kind),
                     _pre_of(tmp / BASE_FILE), name,
                 )  # fmt: skip
-        # the served context: room for the longest input the pilot allows, not only val's
-        n_ctx = max(cases["n_ctx"], _ctx(max_length_of(pilot, tok) + 16))
+        if classifier is not None:  # label scoring as the pilot scores, for llama.cpp
+            shutil.copyfile(classify_module.__file__, tmp / CLASSIFY_FILE)
+            atomic_write_json(tmp / classify_module.CONFIG, classifier | {"train_run": train_id})
         header = f"written by lorapilot export --gguf: pilot {spec.name}, train run {train_id}"
         mf = dict(template=template, system=system, stops=stops, num_ctx=n_ctx, header=header)
         (tmp / "Modelfile").write_text(
@@ -168,6 +174,7 @@ def export_gguf(
                 pilot=spec.name, train_run=train_id, base_file=BASE_FILE, base_note=base_note,
                 adapter_file=ADAPTER_FILE, merged_file=MERGED_FILE if merge else None,
                 system=system, user_template=user, check=check,
+                classifier=CLASSIFY_FILE if classifier is not None else None,
             )
         )  # fmt: skip
         return {
@@ -185,6 +192,10 @@ def export_gguf(
             },
             "adapter_gguf": {"file": ADAPTER_FILE, "alpha": alpha, "pairs": len(lora) // 2},
             "merged_gguf": {"file": MERGED_FILE, "type": _merged_type(kind)} if merge else None,
+            "classifier": {
+                "file": CLASSIFY_FILE if classifier is not None else None,
+                "note": classifier_note,
+            },
             "architecture": arch,
             "adapter_manifest": {
                 k: manifest.get(k) for k in ("data_version", "eval_protocol", "method")
@@ -234,6 +245,7 @@ def recheck(
     _, tok = load_tokenizer(pilot)
     ref = reference or pilot.spec.export.reference
     cases = _cases(pilot, tok, manifest, train_id, adapter_dir, ref, lambda m: None)
+    cases["classifier"] = CLASSIFY_FILE in written["files"]
     configs = _served(bool(written.get("merged_gguf")))
     minimum = pilot.spec.export.min_agreement if min_agreement is None else min_agreement
     gated = written["base_gguf"]["type"] in GATED_TYPES
@@ -456,9 +468,11 @@ def _cases(
         "prompt_texts": texts,
         "prompt_text_of_first": fmt.prompt_text(records[0].text) if records else "",
         "prompts": [
-            {"id": r.id, "text": t, "ids": p}
+            {"id": r.id, "text": t, "ids": p, "input": r.text}
             for r, t, p in zip(records, texts, prompts, strict=True)
         ],
+        "answer_budget": budget,
+        "truncation_side": protocol.get("truncation_side", spec.data.truncation_side),
         "mode": mode,
         "labels": labels,
         # calibrated scoring: the served model's own content-free scores give its offsets
@@ -476,6 +490,38 @@ def _cases(
         "lorapilot_metrics": metrics,
         "references": _references(tok, records, theirs, max_new) if mode == "generate" else [],
     }
+
+
+INPUT_MARK = "\x00lorapilot-input\x00"
+
+
+def classifier_config(pilot, tok, cases: dict, n_ctx: int) -> tuple[dict | None, str]:
+    """classifier.json, what the exported classify.py needs to classify as the pilot does
+    (the prompt around the input, the cut, the labels' token ids), or None and why not."""
+    spec = pilot.spec
+    if cases["mode"] != "score":
+        return None, "a generated answer: the Modelfile serves it as the pilot evaluated it"
+    if cases["content_free"]:
+        return None, "calibrated label scoring (eval.label_scoring: calibrated) is not in it"
+    whole = formatter_for(pilot, tok).prompt_text(INPUT_MARK)
+    if whole.count(INPUT_MARK) != 1:
+        return None, "the chat template does not hold the input text as it is"
+    head, tail = whole.split(INPUT_MARK)
+    config = {
+        "pilot": spec.name,
+        "labels": list(spec.task.labels or []),
+        "label_ids": cases["labels"],
+        "prompt_head": head,
+        "prompt_tail": tail,
+        "max_length": max_length_of(pilot, tok),
+        "answer_budget": cases["answer_budget"],
+        "truncation_side": cases["truncation_side"],
+        "label_search": spec.eval.label_search,
+        "model": BASE_FILE,
+        "lora": ADAPTER_FILE,
+        "n_ctx": n_ctx,
+    }
+    return config, f"{CLASSIFY_FILE}: label scoring as the pilot scores, checked on validation"
 
 
 def _references(tok, records: list, theirs: dict, max_new: int) -> list[dict]:
@@ -557,6 +603,7 @@ def serving_check(
         "stop_ids": cases["stop_ids"],
         "max_new_tokens": cases["max_new_tokens"],
         "label_max_new": cases.get("label_max_new", 0),
+        "classifier": bool(cases.get("classifier")),
         "n_ctx": cases["n_ctx"],
         # llama.cpp's best-first knows no offsets: calibrated scoring scores every label
         "label_search": "all" if cases["content_free"] else spec.eval.label_search,
@@ -587,8 +634,13 @@ def serving_check(
     for conf in child["configs"]:
         if conf["tokenization_mismatches"]:
             first = conf["tokenization_mismatches"][0]
+            how = (
+                f"{CLASSIFY_FILE} builds"
+                if cases.get("classifier")
+                else "llama.cpp tokenizes"
+            )
             problems.append(
-                f"{conf['name']}: llama.cpp tokenizes {len(conf['tokenization_mismatches'])} "
+                f"{conf['name']}: {how} {len(conf['tokenization_mismatches'])} "
                 f"validation prompt(s) differently, first example {first['id']!r} at token "
                 f"{first['first_difference_at']} (lorapilot {first['lorapilot']}, llama.cpp "
                 f"{first['llama_cpp']})"

@@ -66,6 +66,7 @@ def readme(
     system: str | None,
     user_template: str,
     check: dict,
+    classifier: str | None = None,
 ) -> str:
     """How to serve the export, and what its serving check found."""
     name = f"{pilot}-{train_run}".lower().replace("_", "-")
@@ -86,6 +87,10 @@ def readme(
     ]
     if merged_file:
         out.append(f"- `{merged_file}`: the base with the adapter merged in")
+    if classifier:
+        out.append(
+            f"- `{classifier}` and `classifier.json`: classify as the pilot did (label scoring)"
+        )
     out += [
         "- `Modelfile`: Ollama (base + adapter)"
         + (", `Modelfile.merged`: Ollama (merged)" if merged_file else ""),
@@ -119,11 +124,45 @@ def readme(
         f'llm = Llama(model_path="{base_file}", lora_path="{adapter_file}")',
         "```",
         "",
+        *_classifier_lines(classifier, check, merged_file),
         "Check it again (the files re-hashed, the validation split predicted in llama.cpp):",
         f"`lorapilot export PILOT --gguf --check {'THIS_FOLDER'}`.",
         "",
     ]
     return "\n".join(out)
+
+
+def _classifier_lines(classifier: str | None, check: dict, merged_file: str | None) -> list[str]:
+    """How to classify as the pilot did: the exported script, which the check ran."""
+    if not classifier:
+        return []
+    rate = check.get("serving_agreement")
+    shown = f"{rate:.1%}" if isinstance(rate, float) else "n/a"
+    lines = [
+        "## Classify as the pilot did",
+        "",
+        f"`{classifier}` builds the pilot's prompt around a text (its chat template, its cut of "
+        "a too-long input) and scores every label that can still win, as lorapilot does; "
+        "every answer is a label. The serving check ran this very file on the validation "
+        f"split: it predicts what lorapilot predicted for {shown} of the examples.",
+        "",
+        "```bash",
+        "pip install llama-cpp-python numpy",
+        f'python {classifier} "a text to classify"        # {{"text": ..., "label": ...}}',
+        f"python {classifier} < texts.txt                # one text per line",
+    ]
+    if merged_file:
+        lines.append(f'python {classifier} --model {merged_file} --lora none "..."')
+    lines += [
+        "```",
+        "",
+        "```python",
+        "from classify import Classifier",
+        'label = Classifier(".").classify("a text to classify")',
+        "```",
+        "",
+    ]
+    return lines
 
 
 def _generation_lines(check: dict) -> list[str]:

@@ -20,13 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
+from lorapilot.export.classify import LabelScorer
 from lorapilot.fsutil import atomic_write_json, sha256_file
-
-
-def _log_softmax(row: np.ndarray) -> np.ndarray:
-    x = row.astype(np.float64)
-    m = x.max()
-    return x - (m + np.log(np.exp(x - m).sum()))
 
 
 class Runtime:
@@ -43,64 +38,25 @@ class Runtime:
             n_batch=min(n_ctx, 512),
             n_threads=threads,
             n_threads_batch=threads,
-            logits_all=True,  # a label's later tokens are scored from the logits before them
+            logits_all=True,  # generate and forced read each position's logits
             verbose=False,
             seed=0,
         )
+        self.scorer = LabelScorer(self.llm)
 
     def tokenize(self, text: str) -> list[int]:
         return self.llm.tokenize(text.encode("utf-8"), add_bos=False, special=True)
 
     def feed(self, ids: list[int]) -> None:
         """Make the context hold exactly `ids`, with the logits of its last position fresh."""
-        llm = self.llm
-        held = llm.input_ids[: llm.n_tokens].tolist()
-        keep = 0
-        for a, b in zip(held, ids, strict=False):
-            if a != b:
-                break
-            keep += 1
-        llm.n_tokens = min(keep, len(ids) - 1)  # eval drops the cache beyond n_tokens
-        llm.eval(ids[llm.n_tokens :])
+        self.scorer.feed(ids)
 
     def score(
         self, prompt: list[int], labels: list[list[int]], best_first: bool = True
     ) -> list[float | None]:
-        """Each label's summed log-probability after the prompt. `best_first` (the pilot's
-        default label search) scores a label whole only while it may still win: a label's
-        log-probability only falls as its tokens are added, so once the best label scored
-        whole beats every other label's first-token score, no other can overtake it. Labels
-        not scored whole are None; the argmax is the one scoring every label gives."""
-        self.feed(prompt)
-        n = len(prompt)
-        first = _log_softmax(self.llm.scores[n - 1])
-        partial = [float(first[lab[0]]) for lab in labels]
-        whole: list[float | None] = [
-            p if len(lab) == 1 else None for p, lab in zip(partial, labels, strict=True)
-        ]
-        order = range(len(labels))
-        while True:
-            pending = [j for j in order if whole[j] is None]
-            if not pending:
-                break
-            if best_first:
-                top = max(
-                    order, key=lambda j: (whole[j] if whole[j] is not None else partial[j], -j)
-                )
-                if whole[top] is not None:
-                    break
-                pending = [top]
-            for j in pending:
-                whole[j] = self._whole(n, labels[j], partial[j])
-        return whole
-
-    def _whole(self, n: int, lab: list[int], first: float) -> float:
-        self.llm.n_tokens = n
-        self.llm.eval(lab[:-1])
-        total = first
-        for k in range(1, len(lab)):
-            total += float(_log_softmax(self.llm.scores[n + k - 1])[lab[k]])
-        return total
+        """Each label's summed log-probability after the prompt (classify.LabelScorer: the
+        code the exported classify.py runs)."""
+        return self.scorer.score(prompt, labels, best_first)
 
     def generate(self, prompt: list[int], stop: set[int], max_new: int) -> list[int]:
         self.feed(prompt)
@@ -144,6 +100,21 @@ def file_problems(folder: Path, files: dict[str, str]) -> list[str]:
     return problems
 
 
+CLASSIFY_FILE = "classify.py"
+"""The exported classifier script (a copy of lorapilot/export/classify.py)."""
+
+
+def _module(path: Path):
+    """The exported file as a module: the check runs the bytes that were delivered."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("lorapilot_exported_classify", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 PROGRESS = "lorapilot-serving-progress"
 """The stderr line prefix of `PROGRESS done total`, one line per prompt served."""
 
@@ -169,6 +140,7 @@ def check(cases: dict) -> dict:
         done += 1
         print(f"{PROGRESS} {done} {total}", file=sys.stderr, flush=True)
 
+    delivered = _module(folder / CLASSIFY_FILE) if cases.get("classifier") else None
     for conf in cases["configs"]:
         t_load = time.perf_counter()
         rt = Runtime(
@@ -178,9 +150,13 @@ def check(cases: dict) -> dict:
             threads,
         )
         load_s = time.perf_counter() - t_load
+        # label scoring: the exported classify.py itself builds each prompt from the input
+        # text and scores the labels, over this context
+        clf = delivered.Classifier(folder, llm=rt.llm) if delivered else None
+        scorer = clf.scorer if clf else rt
         mismatches = []
         for i, p in enumerate(prompts):
-            got = rt.tokenize(p["text"])
+            got = clf.prompt_ids(p["input"]) if clf else rt.tokenize(p["text"])
             if got != p["ids"]:
                 at = next(
                     (k for k, (a, b) in enumerate(zip(got, p["ids"], strict=False)) if a != b),
@@ -210,7 +186,7 @@ def check(cases: dict) -> dict:
             free_max = int(cases.get("label_max_new") or 0)
             entry["scores"], gens, gen_s = [], [], 0.0
             for p in prompts:
-                entry["scores"].append(rt.score(p["ids"], cases["labels"], best_first))
+                entry["scores"].append(scorer.score(p["ids"], cases["labels"], best_first))
                 if free_max:
                     t_gen = time.perf_counter()
                     gens.append(rt.generate(p["ids"], stop, free_max))
@@ -246,7 +222,7 @@ def check(cases: dict) -> dict:
             examples_per_s=round(len(prompts) / max(seconds, 1e-9), 3),
         )
         result["configs"].append(entry)
-        del rt
+        del rt, clf, scorer
     return result | {"ok": True, "refused": False, "problems": [], "threads": threads}
 
 
