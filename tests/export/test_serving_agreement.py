@@ -86,7 +86,9 @@ def test_a_scored_label_is_also_generated_as_the_modelfile_serves_it():
     (warning,) = generation_warnings([out], 0.98)
     assert "2 of 4 validation answers are the label lorapilot scored (50.0% < 98%)" in warning
     assert "1 are no label at all ('shipping address' x1)" in warning
-    assert "eval.mode: generate" in warning
+    assert "eval.mode: generate" in warning and "classify.py" not in warning
+    (served,) = generation_warnings([out], 0.98, classifier=True)
+    assert "serve it with classify.py (the folder's label scoring)" in served
     assert generation_warnings([out], 0.5) == []  # at the minimum: no warning
     del conf["generated"]  # an old check, or a generation task: nothing to add
     assert _compare(spec, cases, conf)["generation"] is None

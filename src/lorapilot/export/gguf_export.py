@@ -2,10 +2,11 @@
 model answers what the evaluated one did.
 
 The folder holds `base.gguf` (the GGUF the base was dequantized from, or one converted from
-its safetensors), `adapter.gguf`, optionally `merged.gguf`, an Ollama `Modelfile`, a README
-and `lorapilot.json` (every file's sha256, the base it is bound to, the check). The serving
-check runs in a fresh process that imports llama.cpp and no torch (`export.serving`): every
-validation prompt's tokens compared, every example predicted with the pilot's rule, and the
+its safetensors), `adapter.gguf`, optionally `merged.gguf`, an Ollama `Modelfile`, for a
+label-scoring classifier `classify.py` with `classifier.json`, a README and `lorapilot.json`
+(every file's sha256, the base it is bound to, the check). The serving check runs in a fresh
+process that imports llama.cpp and no torch (`export.serving`): every validation prompt's
+tokens compared, every example predicted with the pilot's rule, and the
 predictions compared with the ones lorapilot made for the same adapter.
 """
 
@@ -634,11 +635,7 @@ def serving_check(
     for conf in child["configs"]:
         if conf["tokenization_mismatches"]:
             first = conf["tokenization_mismatches"][0]
-            how = (
-                f"{CLASSIFY_FILE} builds"
-                if cases.get("classifier")
-                else "llama.cpp tokenizes"
-            )
+            how = f"{CLASSIFY_FILE} builds" if cases.get("classifier") else "llama.cpp tokenizes"
             problems.append(
                 f"{conf['name']}: {how} {len(conf['tokenization_mismatches'])} "
                 f"validation prompt(s) differently, first example {first['id']!r} at token "
@@ -662,12 +659,12 @@ def serving_check(
         # label scoring: the same labels generated freely, as the Modelfile serves them
         "generation_agreement": min((g["agreement"] for g in freely), default=None),
         "generation_label_rate": min((g["label_rate"] for g in freely), default=None),
-        "warnings": generation_warnings(results, minimum),
+        "warnings": generation_warnings(results, minimum, bool(cases.get("classifier"))),
         "configs": results,
     }
 
 
-def generation_warnings(results: list[dict], minimum: float) -> list[str]:
+def generation_warnings(results: list[dict], minimum: float, classifier: bool = False) -> list[str]:
     """Where free generation (the Modelfile's way: `ollama run`, `llama-cli`) answers other
     than the scored label more often than the gate allows: the served classifier is not the
     one the decision was made on. Reported, not gated: the pilot's rule is label scoring."""
@@ -688,9 +685,14 @@ def generation_warnings(results: list[dict], minimum: float) -> list[str]:
             f"`ollama run` answers), {g['n_same']} of {n} validation answers are the label "
             f"lorapilot scored ({g['agreement']:.1%} < {minimum:.0%}) and "
             f"{n - g['n_labels']} are no label at all{f' ({odd})' if odd else ''}; {metrics}. "
-            "The decision was made on label scoring: to serve what was decided, train until "
-            "the adapter answers in the label set (more steps, a higher train.lr), or decide "
-            "on what generation serves (eval.mode: generate)"
+            "The decision was made on label scoring: to serve what was decided, "
+            + (
+                f"serve it with {CLASSIFY_FILE} (the folder's label scoring), "
+                if classifier
+                else ""
+            )
+            + "train until the adapter answers in the label set (more steps, a higher "
+            "train.lr), or decide on what generation serves (eval.mode: generate)"
         )
     return out
 

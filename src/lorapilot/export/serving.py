@@ -6,8 +6,10 @@ against the export's manifest first (a changed byte refuses the check, naming th
 for each served configuration (base + adapter, merged), every validation prompt is tokenized
 by llama.cpp and compared with the pilot's token ids, and predicted with the pilot's rule:
 label scoring (the sum of the label tokens' log-probabilities, from llama.cpp's logits) or
-greedy decoding until a stop token. A scored label is also generated freely (greedy, to the
-stop token), as the Modelfile serves it: what `ollama run` would answer.
+greedy decoding until a stop token. Where the folder holds `classify.py` (label scoring), that
+very file builds each prompt from the input text and scores the labels. A scored label is also
+generated freely (greedy, to the stop token), as the Modelfile serves it: what `ollama run`
+would answer.
 """
 
 from __future__ import annotations

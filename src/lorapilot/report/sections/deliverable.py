@@ -65,6 +65,12 @@ def _deliverable(s: dict) -> list:
                         )
                     )
             notes += [f"gguf: {p}" for p in check.get("problems") or []]
+            script = (e.get("classifier") or {}).get("file")
+            if script:
+                notes.append(
+                    f"gguf: {e.get('folder')}/{script} classifies as the pilot did (label "
+                    "scoring in llama.cpp; the check above ran it)"
+                )
             free = check.get("generation_agreement")
             if free is not None:
                 notes.append(
