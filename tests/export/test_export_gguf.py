@@ -116,12 +116,14 @@ def test_classify_py_classifies_as_the_pilot_did(exported, tmp_path):
     differ = {d["id"] for d in out["configs"][0]["differing"]}
     same = [r for r in rows if r["id"] not in differ][:3]
     proc = subprocess.run(
-        [sys.executable, "-I", str(served / "classify.py"), *(r["text"] for r in same)],
+        [sys.executable, "-I", str(served / "classify.py"), "--scores", *(r["text"] for r in same)],
         capture_output=True, text=True, cwd=tmp_path, timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     got = [json.loads(line) for line in proc.stdout.splitlines()]
     assert [g["label"] for g in got] == [r["parsed"] for r in same]
+    for g in got:  # the labels that could still win, scored whole; the answer the best
+        assert g["scores"][g["label"]] == max(g["scores"].values())
     # the cut: a max_length that cuts every input, as the pilot's formatter cuts it
     config = json.loads((served / "classifier.json").read_text())
     (tmp_path / "classifier.json").write_text(json.dumps(config | {"max_length": 90}))

@@ -11,6 +11,7 @@ this very file on the validation split and recorded how often it agrees with lor
     python classify.py "my invoice is wrong"         # one JSON line per text
     printf 'text one\\ntext two\\n' | python classify.py  # or one text per line on stdin
     python classify.py --model merged.gguf --lora none "..."   # the merged model
+    python classify.py --scores "..."    # with the log-probabilities of the labels scored
 
 In Python: `Classifier(folder).classify(text)` -> label; `.scores(text)` -> {label: score}.
 """
@@ -120,7 +121,12 @@ class Classifier:
         self.labels: list[str] = cfg["labels"]
         self.label_ids: list[list[int]] = cfg["label_ids"]
         if llm is None:
-            from llama_cpp import Llama
+            try:
+                from llama_cpp import Llama
+            except ImportError:
+                raise SystemExit(
+                    f"{Path(__file__).name} needs llama-cpp-python: pip install llama-cpp-python"
+                ) from None
 
             lora = cfg["lora"] if lora is None else (None if lora == "none" else lora)
             threads = threads or os.cpu_count() or 1
@@ -172,16 +178,24 @@ class Classifier:
         return {lab: s for lab, s in zip(self.labels, got, strict=True) if s is not None}
 
     def classify(self, text: str) -> str:
-        got = self.scores(text)
-        return max(self.labels, key=lambda lab: got.get(lab, float("-inf")))
+        return self.best(self.scores(text))
+
+    def best(self, scores: dict[str, float]) -> str:
+        """The label scoring highest (the first of the pilot's labels on a tie)."""
+        return max(self.labels, key=lambda lab: scores.get(lab, float("-inf")))
 
 
 def main(argv: list[str]) -> int:
-    args, options = [], {"--model": None, "--lora": None}
+    args, options, with_scores = [], {"--model": None, "--lora": None}, False
     it = iter(argv)
     for a in it:
         if a in options:
             options[a] = next(it, None)
+            if options[a] is None:
+                print(f"{a} needs a value (a file of this folder)", file=sys.stderr)
+                return 2
+        elif a == "--scores":
+            with_scores = True
         elif a in ("-h", "--help"):
             print(__doc__)
             return 0
@@ -190,7 +204,11 @@ def main(argv: list[str]) -> int:
     clf = Classifier(HERE, model=options["--model"], lora=options["--lora"])
     texts = args or [line.rstrip("\n") for line in sys.stdin if line.strip()]
     for text in texts:
-        print(json.dumps({"text": text, "label": clf.classify(text)}, ensure_ascii=False))
+        got = clf.scores(text)
+        row: dict = {"text": text, "label": clf.best(got)}
+        if with_scores:
+            row["scores"] = {k: round(v, 6) for k, v in got.items()}
+        print(json.dumps(row, ensure_ascii=False))
     return 0
 
 
