@@ -108,3 +108,32 @@ def test_the_readme_and_the_failure_say_how_generation_serves_the_labels():
     assert "\n\n**Warning**: base+adapter: served as the Modelfile serves it" in text
     failed = _why(check | {"ok": False, "serving_agreement": 0.9})
     assert "generated freely as the Modelfile serves it, 50.0% of the answers" in failed
+
+
+def test_classify_py_is_written_only_where_a_script_can_build_the_pilots_prompt(
+    default_model_dir,
+):
+    from transformers import AutoTokenizer
+
+    from lorapilot.export.gguf_export import classifier_config
+
+    pilot = load_pilot(EXAMPLES / "ticket-triage")
+    tok = AutoTokenizer.from_pretrained(default_model_dir)
+    records = [Record(id=f"t{i}", text=t, label="billing", target=None, source=f"f:{i}",
+                      split="val", category="billing")
+               for i, t in enumerate(["plain", "  padded with spaces \n"])]  # fmt: skip
+    cases = {"mode": "score", "content_free": [], "records": records, "labels": [[1, 2]],
+             "answer_budget": 4, "truncation_side": "left"}  # fmt: skip
+    config, note = classifier_config(pilot, tok, cases, 2048)
+    assert config is not None and note.startswith("classify.py")
+    assert config["prompt_head"].endswith("Ticket:\n") and config["prompt_tail"].startswith(
+        "\n\nCategory:<|im_end|>"
+    )
+    assert (config["label_ids"], config["answer_budget"], config["n_ctx"]) == ([[1, 2]], 4, 2048)
+    # a template that rewrites the content (here: collapses double spaces)
+    rewrite = "(message['content'] | replace('  ', ' '))"
+    tok.chat_template = tok.chat_template.replace("message['content']", rewrite)
+    config, note = classifier_config(pilot, tok, cases, 2048)
+    assert config is None and "changes the input text (example 't1')" in note
+    assert classifier_config(pilot, tok, cases | {"mode": "generate"}, 2048)[0] is None
+    assert classifier_config(pilot, tok, cases | {"content_free": [{"id": "c"}]}, 2048)[0] is None

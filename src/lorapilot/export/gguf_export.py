@@ -504,10 +504,20 @@ def classifier_config(pilot, tok, cases: dict, n_ctx: int) -> tuple[dict | None,
         return None, "a generated answer: the Modelfile serves it as the pilot evaluated it"
     if cases["content_free"]:
         return None, "calibrated label scoring (eval.label_scoring: calibrated) is not in it"
-    whole = formatter_for(pilot, tok).prompt_text(INPUT_MARK)
+    fmt = formatter_for(pilot, tok)
+    whole = fmt.prompt_text(INPUT_MARK)
     if whole.count(INPUT_MARK) != 1:
         return None, "the chat template does not hold the input text as it is"
     head, tail = whole.split(INPUT_MARK)
+    # a template that changes the text (trims it, escapes it) cannot be split around it
+    changed = next(
+        (r for r in cases["records"] if fmt.prompt_text(r.text) != head + r.text + tail), None
+    )
+    if changed is not None:
+        return None, (
+            f"the chat template changes the input text (example {changed.id!r}), so a script "
+            "cannot build the pilot's prompt around it"
+        )
     config = {
         "pilot": spec.name,
         "labels": list(spec.task.labels or []),
