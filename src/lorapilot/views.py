@@ -144,6 +144,13 @@ def _serving(r: dict) -> None:
             f"  {esc(c['name'])}: {c.get('n_differing', 0)} answers differ; {metrics}"
             + (f"; {rate:.1f} ex/s in llama.cpp" if rate else "")
         )
+        t = c.get("ties")
+        if t and c.get("n_differing"):
+            stdout.print(
+                f"  {esc(c['name'])}: {t['near_ties']} of the {c['n_differing']} differing are "
+                f"near-ties (served margin within the runtimes' score noise, "
+                f"{t['score_noise_max']:.3f} nats; median {t['score_noise_median'] or 0:.3f})"
+            )
         g = c.get("generation")
         if g:
             stdout.print(

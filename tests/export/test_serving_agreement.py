@@ -124,16 +124,67 @@ def test_classify_py_is_written_only_where_a_script_can_build_the_pilots_prompt(
                for i, t in enumerate(["plain", "  padded with spaces \n"])]  # fmt: skip
     cases = {"mode": "score", "content_free": [], "records": records, "labels": [[1, 2]],
              "answer_budget": 4, "truncation_side": "left"}  # fmt: skip
-    config, note = classifier_config(pilot, tok, cases, 2048)
+    config, note = classifier_config(pilot, tok, cases)
     assert config is not None and note.startswith("classify.py")
     assert config["prompt_head"].endswith("Ticket:\n") and config["prompt_tail"].startswith(
         "\n\nCategory:<|im_end|>"
     )
-    assert (config["label_ids"], config["answer_budget"], config["n_ctx"]) == ([[1, 2]], 4, 2048)
+    assert (config["label_ids"], config["answer_budget"]) == ([[1, 2]], 4)
+    assert config["n_ctx"] == config["max_length"] == 256  # the spec's data.max_length
     # a template that rewrites the content (here: collapses double spaces)
     rewrite = "(message['content'] | replace('  ', ' '))"
     tok.chat_template = tok.chat_template.replace("message['content']", rewrite)
-    config, note = classifier_config(pilot, tok, cases, 2048)
+    config, note = classifier_config(pilot, tok, cases)
     assert config is None and "changes the input text (example 't1')" in note
-    assert classifier_config(pilot, tok, cases | {"mode": "generate"}, 2048)[0] is None
-    assert classifier_config(pilot, tok, cases | {"content_free": [{"id": "c"}]}, 2048)[0] is None
+    assert classifier_config(pilot, tok, cases | {"mode": "generate"})[0] is None
+    assert classifier_config(pilot, tok, cases | {"content_free": [{"id": "c"}]})[0] is None
+
+
+def test_a_difference_within_the_runtimes_score_noise_is_a_near_tie():
+    """Label scoring: the same label's score differs between the runtimes by up to the noise
+    measured on the examples they agree on; a different answer whose served margin is within
+    it is a near-tie (agreeing, for the gate), one beyond it a real difference."""
+    spec = load_pilot(EXAMPLES / "ticket-triage").spec
+    labels = list(spec.task.labels)
+    golds = ["billing", "technical", "refund", "shipping"]
+    records = [Record(id=f"t{i}", text="q", label=g, target=None, source=f"f:{i}", split="val",
+                      category=g) for i, g in enumerate(golds)]  # fmt: skip
+    own = {"t0": ("billing", -0.1), "t1": ("technical", -0.2), "t2": ("refund", -0.4),
+           "t3": ("shipping", -0.3)}  # fmt: skip
+    cases = {
+        "records": records,
+        "prompt_texts": ["q"] * 4,
+        "lorapilot_predictions": {
+            k: {"parsed": lab, "scores": {lab: s}} for k, (lab, s) in own.items()
+        },
+        "lorapilot_metrics": {"accuracy": 1.0, "macro_f1": 1.0},
+    }  # fmt: skip
+
+    def served(picks: dict[int, tuple[str, float]]) -> list:
+        rows = []
+        for i in range(4):
+            lab, s = picks[i]
+            rows.append([s if x == lab else None for x in labels])
+        return rows
+
+    # t0, t1 agree (noise 0.2 and 0.1); t2 flips by 0.1 (within), t3 by 1.7 (beyond)
+    picks = {0: ("billing", -0.3), 1: ("technical", -0.3), 2: ("technical", -0.5),
+             3: ("account", -0.2)}  # fmt: skip
+    conf = {"name": "base+adapter", "scores": served(picks),
+            "reference_scores": [-0.3, -0.3, -0.6, -1.9]}  # fmt: skip
+    out = _compare(spec, cases, conf)
+    assert out["example_agreement"] == 0.5 and out["n_differing"] == 2
+    ties = out["ties"]
+    assert ties["score_noise_max"] == 0.2 and ties["near_ties"] == 1
+    assert ties["served_margins"] == [0.1, 1.7]
+    assert out["serving_agreement"] == 0.75  # t0, t1 and the near-tie t2
+    check = {"n_examples": 4, "configs": [out], "serving_agreement": 0.75,
+             "serving_agreement_min": 0.98, "reference": {"kind": "recorded"}}  # fmt: skip
+    assert "near-ties within the two runtimes' score noise counted as agreeing" in agreement_of(
+        check
+    )
+    assert "base+adapter: 1 of 2 differing examples beyond the runtimes' score noise" in _why(check)
+    # noise past the limit: no runtime that far off is trusted to call anything a near-tie
+    conf["reference_scores"][0] = -1.5
+    loud = _compare(spec, cases, conf)
+    assert loud["ties"]["near_ties"] == 0 and loud["serving_agreement"] == 0.5

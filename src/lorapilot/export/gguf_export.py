@@ -126,7 +126,7 @@ def export_gguf(
     name = f"{spec.name} {train_id}"
     # the served context: room for the longest input the pilot allows, not only val's
     n_ctx = max(cases["n_ctx"], _ctx(max_length_of(pilot, tok) + 16))
-    classifier, classifier_note = classifier_config(pilot, tok, cases, n_ctx)
+    classifier, classifier_note = classifier_config(pilot, tok, cases)
     cases["classifier"] = classifier is not None
 
     def write(tmp: Path) -> dict:
@@ -301,6 +301,8 @@ def _why(check: dict) -> str:
         "of its output tokens on the validation split (each predicted from the same preceding "
         "tokens)"
         if check.get("agreement_unit") == "tokens"
+        else "of the validation examples (near-ties within the score noise agreeing)"
+        if any(c.get("ties") for c in check.get("configs") or [])
         else "of the validation examples"
     )
     free = check.get("generation_agreement")
@@ -310,9 +312,15 @@ def _why(check: dict) -> str:
         if free is not None
         else ""
     )
+    ties = "".join(
+        f"; {c['name']}: {c['n_differing'] - t['near_ties']} of {c['n_differing']} differing "
+        f"examples beyond the runtimes' score noise ({t['score_noise_max']:.3f} nats)"
+        for c in check.get("configs") or []
+        if (t := c.get("ties"))
+    )
     return (
         f"llama.cpp agrees with {against} on {check['serving_agreement']:.1%} {unit} "
-        f"(< {check['serving_agreement_min']:.0%}); {metrics}{hint}{generated}"
+        f"(< {check['serving_agreement_min']:.0%}){ties}; {metrics}{hint}{generated}"
     )
 
 
@@ -469,7 +477,15 @@ def _cases(
         "prompt_texts": texts,
         "prompt_text_of_first": fmt.prompt_text(records[0].text) if records else "",
         "prompts": [
-            {"id": r.id, "text": t, "ids": p, "input": r.text}
+            {
+                "id": r.id,
+                "text": t,
+                "ids": p,
+                "input": r.text,
+                "reference_label": _label_index(spec, theirs.get(r.id))
+                if mode == "score"
+                else None,
+            }
             for r, t, p in zip(records, texts, prompts, strict=True)
         ],
         "answer_budget": budget,
@@ -496,7 +512,7 @@ def _cases(
 INPUT_MARK = "\x00lorapilot-input\x00"
 
 
-def classifier_config(pilot, tok, cases: dict, n_ctx: int) -> tuple[dict | None, str]:
+def classifier_config(pilot, tok, cases: dict) -> tuple[dict | None, str]:
     """classifier.json, what the exported classify.py needs to classify as the pilot does
     (the prompt around the input, the cut, the labels' token ids), or None and why not."""
     spec = pilot.spec
@@ -525,14 +541,21 @@ def classifier_config(pilot, tok, cases: dict, n_ctx: int) -> tuple[dict | None,
         "prompt_head": head,
         "prompt_tail": tail,
         "max_length": max_length_of(pilot, tok),
+        # a prompt and the label scored after it fit max_length: the context it needs
+        "n_ctx": max_length_of(pilot, tok),
         "answer_budget": cases["answer_budget"],
         "truncation_side": cases["truncation_side"],
         "label_search": spec.eval.label_search,
         "model": BASE_FILE,
         "lora": ADAPTER_FILE,
-        "n_ctx": n_ctx,
     }
     return config, f"{CLASSIFY_FILE}: label scoring as the pilot scores, checked on validation"
+
+
+def _label_index(spec, prediction: dict | None) -> int | None:
+    labels = list(spec.task.labels or [])
+    parsed = (prediction or {}).get("parsed")
+    return labels.index(parsed) if parsed in labels else None
 
 
 def _references(tok, records: list, theirs: dict, max_new: int) -> list[dict]:
@@ -761,10 +784,20 @@ def _compare(spec, cases: dict, conf: dict) -> dict:
             "token_agreement": sum(m for m, _ in forced) / compared if compared else 1.0,
         }
     generated = conf.get("generated")
+    ties = None
+    if conf.get("reference_scores") and offsets is None:  # label scoring, uncalibrated
+        ties = near_ties(spec, cases, conf, rows)
+    if tokens:
+        gated = tokens["token_agreement"]
+    elif ties:
+        gated = (same + ties["near_ties"]) / n if n else 1.0
+    else:
+        gated = examples
     return {
         "name": conf["name"],
         "generation": _free_generation(spec, cases, generated, keys) if generated else None,
-        "serving_agreement": tokens["token_agreement"] if tokens else examples,
+        "serving_agreement": gated,
+        **({"ties": ties} if ties else {}),
         "agreement_unit": "tokens" if tokens else "examples",
         "example_agreement": examples,
         **(tokens or {}),
@@ -776,6 +809,43 @@ def _compare(spec, cases: dict, conf: dict) -> dict:
         "seconds": conf.get("seconds"),
         "examples_per_s": conf.get("examples_per_s"),
         "load_s": conf.get("load_s"),
+    }
+
+
+TIE_NOISE_LIMIT = 1.0
+"""Nats: runtimes whose scores of the same label differ by more than this on the examples
+they agree on are not counted as differing by noise alone; no difference is a near-tie."""
+
+
+def near_ties(spec, cases: dict, conf: dict, rows: list[dict]) -> dict:
+    """Label scoring: which of the served model's different answers are near-ties. The two
+    runtimes' arithmetic differs (llama.cpp's quantized products, lorapilot's bf16): on the
+    examples they agree on, the same label's score differs by up to `noise` nats between them.
+    A different answer whose served margin over lorapilot's label is within that noise is a
+    near-tie that the arithmetic alone can flip, not a fault of the conversion; one beyond it
+    is a real difference. Noise above TIE_NOISE_LIMIT counts nothing as a near-tie."""
+    labels = list(spec.task.labels or [])
+    theirs = cases["lorapilot_predictions"]
+    noise, margins = [], []
+    for i, row in enumerate(rows):
+        mine = theirs.get(row["id"]) or {}
+        served_ref = conf["reference_scores"][i]
+        own = (mine.get("scores") or {}).get(mine.get("parsed"))
+        if served_ref is None or own is None or row["parsed"] not in labels:
+            continue
+        if mine.get("parsed") == row["parsed"]:
+            noise.append(abs(served_ref - own))
+        else:
+            pick = conf["scores"][i][labels.index(row["parsed"])]
+            margins.append(max(pick - served_ref, 0.0))
+    bound = max(noise, default=0.0)
+    trusted = bound <= TIE_NOISE_LIMIT
+    return {
+        "score_noise_max": round(bound, 6),
+        "score_noise_median": round(float(sorted(noise)[len(noise) // 2]), 6) if noise else None,
+        "noise_limit": TIE_NOISE_LIMIT,
+        "near_ties": sum(m <= bound for m in margins) if trusted else 0,
+        "served_margins": [round(m, 4) for m in sorted(margins)],
     }
 
 

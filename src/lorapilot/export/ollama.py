@@ -190,4 +190,10 @@ def agreement_of(check: dict) -> str:
         return (
             f"of the output tokens of {n} validation answers, each from the same preceding tokens"
         )
+    ties = sum((c.get("ties") or {}).get("near_ties", 0) for c in check.get("configs") or [])
+    if ties:
+        return (
+            f"on {n} validation examples, near-ties within the two runtimes' score noise "
+            "counted as agreeing"
+        )
     return f"on {n} validation examples"

@@ -186,9 +186,18 @@ def check(cases: dict) -> dict:
             best_first = cases.get("label_search", "best_first") == "best_first"
             # and as the Modelfile serves it: free greedy generation to the stop token
             free_max = int(cases.get("label_max_new") or 0)
-            entry["scores"], gens, gen_s = [], [], 0.0
+            entry["scores"], entry["reference_scores"], gens, gen_s = [], [], [], 0.0
             for p in prompts:
-                entry["scores"].append(scorer.score(p["ids"], cases["labels"], best_first))
+                got = scorer.score(p["ids"], cases["labels"], best_first)
+                entry["scores"].append(got)
+                # lorapilot's label scored whole here too: how far the served model puts it
+                # from its own choice (kept apart: it must not change the served argmax)
+                ref = p.get("reference_label")
+                if ref is not None and got[ref] is None:
+                    (ref_score,) = scorer.score(p["ids"], [cases["labels"][ref]], False)
+                else:
+                    ref_score = None if ref is None else got[ref]
+                entry["reference_scores"].append(ref_score)
                 if free_max:
                     t_gen = time.perf_counter()
                     gens.append(rt.generate(p["ids"], stop, free_max))

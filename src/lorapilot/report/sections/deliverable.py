@@ -55,9 +55,16 @@ def _deliverable(s: dict) -> list:
             for c in check.get("configs") or []:
                 differing = c.get("differing") or []
                 if differing:
+                    ties = c.get("ties") or {}
+                    tied = (
+                        f" ({ties.get('near_ties')} of them near-ties within the runtimes' "
+                        f"score noise, {fmt(ties.get('score_noise_max'))} nats)"
+                        if ties
+                        else ""
+                    )
                     notes.append(
                         f"gguf {c.get('name')}: {c.get('n_differing')} example(s) predicted "
-                        "differently, e.g. "
+                        f"differently{tied}, e.g. "
                         + ", ".join(
                             f"{d.get('id')} (lorapilot {d.get('lorapilot')!r}, llama.cpp "
                             f"{d.get('llama_cpp')!r})"
