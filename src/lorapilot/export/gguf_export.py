@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -534,15 +535,15 @@ def classifier_config(pilot, tok, cases: dict) -> tuple[dict | None, str]:
             f"the chat template changes the input text (example {changed.id!r}), so a script "
             "cannot build the pilot's prompt around it"
         )
+    max_length = max_length_of(pilot, tok)
     config = {
         "pilot": spec.name,
         "labels": list(spec.task.labels or []),
         "label_ids": cases["labels"],
         "prompt_head": head,
         "prompt_tail": tail,
-        "max_length": max_length_of(pilot, tok),
-        # a prompt and the label scored after it fit max_length: the context it needs
-        "n_ctx": max_length_of(pilot, tok),
+        "max_length": max_length,
+        "n_ctx": max_length,  # a prompt and the label scored after it fit max_length
         "answer_budget": cases["answer_budget"],
         "truncation_side": cases["truncation_side"],
         "label_search": spec.eval.label_search,
@@ -753,22 +754,19 @@ def _compare(spec, cases: dict, conf: dict) -> dict:
         spec, records, cases["prompt_texts"], scores, conf.get("outputs"), offsets
     )
     theirs = cases["lorapilot_predictions"]
-    differing = []
-    same = 0
-    for row in rows:
-        mine = theirs.get(row["id"], {})
-        if mine.get("parsed") == row["parsed"]:
-            same += 1
-        else:
-            differing.append(
-                {
-                    "id": row["id"],
-                    "gold": row["gold"],
-                    "lorapilot": mine.get("parsed"),
-                    "llama_cpp": row["parsed"],
-                    "llama_cpp_raw": row["raw_output"],
-                }
-            )
+    agree = _agrees(theirs, rows)
+    same = sum(agree)
+    differing = [
+        {
+            "id": row["id"],
+            "gold": row["gold"],
+            "lorapilot": theirs.get(row["id"], {}).get("parsed"),
+            "llama_cpp": row["parsed"],
+            "llama_cpp_raw": row["raw_output"],
+        }
+        for row, ok in zip(rows, agree, strict=True)
+        if not ok
+    ]
     n = len(rows)
     lp = cases["lorapilot_metrics"]
     named = dict.fromkeys(k for k in (_main_metric(spec), *HEADLINE) if k)
@@ -812,6 +810,11 @@ def _compare(spec, cases: dict, conf: dict) -> dict:
     }
 
 
+def _agrees(theirs: dict, rows: list[dict]) -> list[bool]:
+    """Per served prediction row: whether lorapilot predicted the same (parsed) answer."""
+    return [theirs.get(r["id"], {}).get("parsed") == r["parsed"] for r in rows]
+
+
 TIE_NOISE_LIMIT = 1.0
 """Nats: runtimes whose scores of the same label differ by more than this on the examples
 they agree on are not counted as differing by noise alone; no difference is a near-tie."""
@@ -842,7 +845,7 @@ def near_ties(spec, cases: dict, conf: dict, rows: list[dict]) -> dict:
     trusted = bound <= TIE_NOISE_LIMIT
     return {
         "score_noise_max": round(bound, 6),
-        "score_noise_median": round(float(sorted(noise)[len(noise) // 2]), 6) if noise else None,
+        "score_noise_median": round(statistics.median(noise), 6) if noise else None,
         "noise_limit": TIE_NOISE_LIMIT,
         "near_ties": sum(m <= bound for m in margins) if trusted else 0,
         "served_margins": [round(m, 4) for m in sorted(margins)],
@@ -857,7 +860,7 @@ def _free_generation(spec, cases: dict, outputs: list[str], keys: list[str]) -> 
     records = cases["records"]
     metrics, rows = score_predictions(spec, records, cases["prompt_texts"], None, outputs)
     theirs, lp = cases["lorapilot_predictions"], cases["lorapilot_metrics"]
-    same = [theirs.get(r["id"], {}).get("parsed") == r["parsed"] for r in rows]
+    same = _agrees(theirs, rows)
     n = len(rows)
     not_labels = Counter(r["raw_output"].strip() for r in rows if r["parsed"] is None)
     return {

@@ -193,10 +193,9 @@ def check(cases: dict) -> dict:
                 # lorapilot's label scored whole here too: how far the served model puts it
                 # from its own choice (kept apart: it must not change the served argmax)
                 ref = p.get("reference_label")
-                if ref is not None and got[ref] is None:
+                ref_score = None if ref is None else got[ref]
+                if ref is not None and ref_score is None:  # best-first left it partial
                     (ref_score,) = scorer.score(p["ids"], [cases["labels"][ref]], False)
-                else:
-                    ref_score = None if ref is None else got[ref]
                 entry["reference_scores"].append(ref_score)
                 if free_max:
                     t_gen = time.perf_counter()
