@@ -128,6 +128,14 @@ def test_classify_py_classifies_as_the_pilot_did(exported, tmp_path):
     assert [g["label"] for g in got] == [r["parsed"] for r in same]
     for g in got:  # the labels that could still win, scored whole; the answer the best
         assert g["scores"][g["label"]] == max(g["scores"].values())
+    lines = "".join(json.dumps({"id": r["id"], "text": r["text"]}) + "\n" for r in same)
+    proc = subprocess.run(
+        [sys.executable, "-I", str(served / "classify.py"), "--jsonl"],
+        input=lines, capture_output=True, text=True, cwd=tmp_path, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    got = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert [(g["id"], g["label"]) for g in got] == [(r["id"], r["parsed"]) for r in same]
     # the cut: a max_length that cuts every input, as the pilot's formatter cuts it
     config = json.loads((served / "classifier.json").read_text())
     (tmp_path / "classifier.json").write_text(json.dumps(config | {"max_length": 90}))

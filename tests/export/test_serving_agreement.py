@@ -106,6 +106,17 @@ def test_the_readme_and_the_failure_say_how_generation_serves_the_labels():
                   user_template="{text}", check=check)  # fmt: skip
     assert "50.0% of the answers are the label lorapilot scored and 75.0% are one of" in text
     assert "\n\n**Warning**: base+adapter: served as the Modelfile serves it" in text
+    text = readme(pilot="tt", train_run="r1", base_file="base.gguf", base_note="q",
+                  adapter_file="adapter.gguf", merged_file=None, system="s",
+                  user_template="{text}", check=check, classifier="classify.py")  # fmt: skip
+    assert "## Classify as the pilot did" in text and "python classify.py --jsonl" in text
+    assert "predicted for 100.0% of the examples." in text  # every answer the same
+    tied = {**result, "example_agreement": 0.75, "n_differing": 1, "ties": {"near_ties": 1}}
+    text = readme(pilot="tt", train_run="r1", base_file="base.gguf", base_note="q",
+                  adapter_file="adapter.gguf", merged_file=None, system="s",
+                  user_template="{text}", check=check | {"configs": [tied]},
+                  classifier="classify.py")  # fmt: skip
+    assert "predicted for 75.0% of the examples, the others near-ties within" in text
     failed = _why(check | {"ok": False, "serving_agreement": 0.9})
     assert "generated freely as the Modelfile serves it, 50.0% of the answers" in failed
 

@@ -12,6 +12,8 @@ this very file on the validation split and recorded how often it agrees with lor
     printf 'text one\\ntext two\\n' | python classify.py  # or one text per line on stdin
     python classify.py --model merged.gguf --lora none "..."   # the merged model
     python classify.py --scores "..."    # with the log-probabilities of the labels scored
+    python classify.py --jsonl < in.jsonl   # {"text": ...} a line (texts with newlines);
+                                            # the other keys (an id) are kept in the output
 
 In Python: `Classifier(folder).classify(text)` -> label; `.scores(text)` -> {label: score}.
 """
@@ -186,7 +188,7 @@ class Classifier:
 
 
 def main(argv: list[str]) -> int:
-    args, options, with_scores = [], {"--model": None, "--lora": None}, False
+    args, options, flags = [], {"--model": None, "--lora": None}, set()
     it = iter(argv)
     for a in it:
         if a in options:
@@ -194,21 +196,35 @@ def main(argv: list[str]) -> int:
             if options[a] is None:
                 print(f"{a} needs a value (a file of this folder)", file=sys.stderr)
                 return 2
-        elif a == "--scores":
-            with_scores = True
+        elif a in ("--scores", "--jsonl"):
+            flags.add(a)
         elif a in ("-h", "--help"):
             print(__doc__)
             return 0
         else:
             args.append(a)
+    rows = [{"text": a} for a in args]
+    if not args:
+        for n, line in enumerate(sys.stdin, 1):
+            if not line.strip():
+                continue
+            if "--jsonl" not in flags:
+                rows.append({"text": line.rstrip("\n")})
+                continue
+            try:
+                row = json.loads(line)
+                assert isinstance(row, dict) and isinstance(row.get("text"), str)
+            except (ValueError, AssertionError):
+                print(f"stdin line {n}: not a JSON object with a string 'text'", file=sys.stderr)
+                return 2
+            rows.append(row)
     clf = Classifier(HERE, model=options["--model"], lora=options["--lora"])
-    texts = args or [line.rstrip("\n") for line in sys.stdin if line.strip()]
-    for text in texts:
-        got = clf.scores(text)
-        row: dict = {"text": text, "label": clf.best(got)}
-        if with_scores:
+    for row in rows:
+        got = clf.scores(row["text"])
+        row["label"] = clf.best(got)
+        if "--scores" in flags:
             row["scores"] = {k: round(v, 6) for k, v in got.items()}
-        print(json.dumps(row, ensure_ascii=False))
+        print(json.dumps(row, ensure_ascii=False), flush=True)
     return 0
 
 

@@ -136,20 +136,29 @@ def _classifier_lines(classifier: str | None, check: dict, merged_file: str | No
     """How to classify as the pilot did: the exported script, which the check ran."""
     if not classifier:
         return []
-    rate = check.get("serving_agreement")
-    shown = f"{rate:.1%}" if isinstance(rate, float) else "n/a"
+    configs = check.get("configs") or []
+    same = [c["example_agreement"] for c in configs if c.get("example_agreement") is not None]
+    shown = f"{min(same):.1%}" if same else "n/a"
+    ties = sum((c.get("ties") or {}).get("near_ties", 0) for c in configs)
+    differing = sum(c.get("n_differing", 0) for c in configs)
+    tied = (
+        "" if not ties
+        else ", the others near-ties within the two runtimes' score noise" if ties == differing
+        else f"; {ties} of the {differing} others are near-ties within the runtimes' score noise"
+    )  # fmt: skip
     lines = [
         "## Classify as the pilot did",
         "",
         f"`{classifier}` builds the pilot's prompt around a text (its chat template, its cut of "
         "a too-long input) and scores every label that can still win, as lorapilot does; "
         "every answer is a label. The serving check ran this very file on the validation "
-        f"split: it predicts what lorapilot predicted for {shown} of the examples.",
+        f"split: it predicts what lorapilot predicted for {shown} of the examples{tied}.",
         "",
         "```bash",
         "pip install llama-cpp-python numpy",
         f'python {classifier} "a text to classify"        # {{"text": ..., "label": ...}}',
         f"python {classifier} < texts.txt                # one text per line",
+        f"python {classifier} --jsonl < in.jsonl         # {{\"id\": ..., \"text\": ...}} a line",
     ]
     if merged_file:
         lines.append(f'python {classifier} --model {merged_file} --lora none "..."')
