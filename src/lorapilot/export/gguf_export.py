@@ -303,7 +303,7 @@ def _why(check: dict) -> str:
         "tokens)"
         if check.get("agreement_unit") == "tokens"
         else "of the validation examples (near-ties within the score noise agreeing)"
-        if any(c.get("ties") for c in check.get("configs") or [])
+        if ollama.near_ties_of(check)
         else "of the validation examples"
     )
     free = check.get("generation_agreement")

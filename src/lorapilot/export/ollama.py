@@ -139,7 +139,7 @@ def _classifier_lines(classifier: str | None, check: dict, merged_file: str | No
     configs = check.get("configs") or []
     same = [c["example_agreement"] for c in configs if c.get("example_agreement") is not None]
     shown = f"{min(same):.1%}" if same else "n/a"
-    ties = sum((c.get("ties") or {}).get("near_ties", 0) for c in configs)
+    ties = near_ties_of(check)
     differing = sum(c.get("n_differing", 0) for c in configs)
     tied = (
         "" if not ties
@@ -191,6 +191,12 @@ def _generation_lines(check: dict) -> list[str]:
     return lines
 
 
+def near_ties_of(check: dict) -> int:
+    """Label scoring: the served answers that differ only within the runtimes' score noise,
+    counted as agreeing (over the served configurations)."""
+    return sum((c.get("ties") or {}).get("near_ties", 0) for c in check.get("configs") or [])
+
+
 def agreement_of(check: dict) -> str:
     """What the serving check's agreement counts: examples, or for a generation task output
     tokens, each predicted from lorapilot's preceding tokens."""
@@ -199,8 +205,7 @@ def agreement_of(check: dict) -> str:
         return (
             f"of the output tokens of {n} validation answers, each from the same preceding tokens"
         )
-    ties = sum((c.get("ties") or {}).get("near_ties", 0) for c in check.get("configs") or [])
-    if ties:
+    if near_ties_of(check):
         return (
             f"on {n} validation examples, near-ties within the two runtimes' score noise "
             "counted as agreeing"
