@@ -52,3 +52,26 @@ def test_export_and_run_show_how_generation_serves_a_scored_classifier(monkeypat
     ran = {"decision": "GO", "selected": "base", "train_run": "train-1", "wall_s": 60.0,
            "reasons": [], "html": "report/index.html", "exports": [exported]}  # fmt: skip
     assert f"warning (gguf export): {warning}" in _shown(monkeypatch, views.run, ran)
+
+
+def test_evaluation_train_and_compare_show_the_generation_check(monkeypatch):
+    g = {"agreement": 0.753, "label_rate": 0.922, "n": 154, "n_same": 116, "n_labels": 142,
+         "metrics": {"macro_f1": {"scored": 0.251, "generated": 0.263}}}  # fmt: skip
+    metrics = {"n": 154, "accuracy": 0.279, "macro_f1": 0.251}
+    ev = {"split": "val", "n": 154, "run_id": "eval-1", "eval_protocol": "ep-1",
+          "examples_per_s": 2.3, "metrics": metrics, "predictions": "p.jsonl",
+          "generation": g}  # fmt: skip
+    line = ("generated (as a chat server answers): 116 of 154 the scored label (75.3%), 142 a "
+            "label; macro_f1 0.263")  # fmt: skip
+    assert line in _shown(monkeypatch, views.evaluation, ev)
+    tr = {"status": "completed", "run_id": "train-1", "variant": "base", "wall_s": 10.0,
+          "steps": 77, "update_audit": {"ok": True}, "trainable_params": 1,
+          "total_params": 2, "target_modules": ["q_proj"], "initial_val_loss": 1.0,
+          "final_val_loss": 0.5, "metrics": metrics, "adapter_path": "a",
+          "generation": g}  # fmt: skip
+    assert line in _shown(monkeypatch, views.train, tr)
+    assert "generated (as" not in _shown(monkeypatch, views.train, {**tr, "generation": None})
+    rows = [{"id": "train-1", "kind": "train", "status": "completed", "metrics": metrics,
+             "generation": g}, {"id": "eval-2", "kind": "eval", "status": "completed"}]  # fmt: skip
+    text = _shown(monkeypatch, views.compare, {"baseline": "b-1", "runs": rows, "decision": None})
+    assert "generated = scored" in text and "116/154 (75%)" in text

@@ -16,6 +16,7 @@ from rich.markup import escape as esc
 from rich.table import Table
 
 from lorapilot.evaluate.metrics import per_group
+from lorapilot.evaluate.served import GENERATION_AGREEMENT_MIN
 from lorapilot.export.ollama import agreement_of
 from lorapilot.records.progress import format_gib
 from lorapilot.records.runs_view import STATUS_COLOUR, runs_csv
@@ -437,7 +438,25 @@ def evaluation(r: dict) -> None:
                 ),
             )
         stdout.print(t)
+    _generated(r.get("generation"))
     stdout.print(f"  predictions: {esc(r['predictions'])}")
+
+
+def _generated(g: dict | None) -> None:
+    """eval.generation_check: the scored classifier's answers as a chat server generates them."""
+    if not g:
+        return
+    metrics = ", ".join(
+        f"{k} {v['generated']:.3f}"
+        for k, v in g["metrics"].items()
+        if isinstance(v.get("generated"), int | float)
+    )
+    colour = "green" if g["agreement"] >= GENERATION_AGREEMENT_MIN else "yellow"
+    stdout.print(
+        f"  generated (as a chat server answers): [{colour}]{g['n_same']} of {g['n']} the "
+        f"scored label[/] ({g['agreement']:.1%}), {g['n_labels']} a label"
+        + (f"; {metrics}" if metrics else "")
+    )
 
 
 def train(r: dict) -> None:
@@ -454,6 +473,7 @@ def train(r: dict) -> None:
     stdout.print(f"  val loss {r['initial_val_loss']:.4f} -> {r['final_val_loss']:.4f}")
     m = r["metrics"]
     stdout.print("  " + "  ".join(f"{k}={m[k]:.3f}" for k in MAIN_METRICS if k in m))
+    _generated(r.get("generation"))
     stdout.print(f"  adapter: {esc(r['adapter_path'])}")
 
 
@@ -607,9 +627,15 @@ def _plan(r: dict) -> None:
             stdout.print(f"  [yellow]{esc(v['name'])}[/]: {esc(v['note'])}")
 
 
+def _agreement(g: dict | None) -> str:
+    return f"{g['n_same']}/{g['n']} ({g['agreement']:.0%})" if g else ""
+
+
 def compare(r: dict) -> None:
     t = Table(title="runs compared with the baseline " + str(r["baseline"]))
-    for col in ("id", "kind", "status", "variant", "main metrics", "delta", "fixed/broken", "note"):
+    generated = any(row.get("generation") for row in r["runs"])  # eval.generation_check
+    cols = ("id", "kind", "status", "variant", "main metrics", "delta", "fixed/broken")
+    for col in (*cols, *(("generated = scored",) if generated else ()), "note"):
         t.add_column(col)
     for row in r["runs"]:
         m = row.get("metrics") or {}
@@ -630,6 +656,7 @@ def compare(r: dict) -> None:
             main,
             delta,
             fb,
+            *((_agreement(row.get("generation")),) if generated else ()),
             esc(note[:50]),
         )
     stdout.print(t)

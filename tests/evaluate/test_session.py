@@ -52,6 +52,26 @@ def test_baseline_ticket_triage_real_model(tmp_path, default_model_dir):
     )
     assert json.loads((run_dir / "metrics.json").read_text())["accuracy"] == m["accuracy"]
 
+    # The generation check: the same prompts generated greedily are exactly what an
+    # evaluation with eval.mode generate predicts, row by row and in every metric.
+    g = out["generation"]
+    assert g["n"] == m["n"] and set(g["metrics"]) == {"macro_f1", "accuracy"}
+    assert all(v["scored"] == m[k] for k, v in g["metrics"].items())
+    assert g["n_same"] == sum(r["generated_label"] == r["parsed"] for r in rows)
+    assert g["n_labels"] == sum(r["generated_label"] in labels for r in rows)
+    spec = yaml.safe_load((pilot / "pilot.yaml").read_text())
+    spec["eval"]["mode"] = "generate"
+    (pilot / "pilot.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    gen = run_json("baseline", str(pilot), "--no-progress")
+    assert "generation" not in gen  # generating already: nothing to check
+    for k, v in g["metrics"].items():
+        assert gen["metrics"][k] == v["generated"]
+    gen_rows = (pilot / "runs" / gen["run_id"] / "predictions.jsonl").read_text().splitlines()
+    by_id = {r["id"]: r for r in map(json.loads, gen_rows)}
+    for r in rows:
+        assert by_id[r["id"]]["raw_output"] == r["generated"]
+        assert by_id[r["id"]]["parsed"] == r["generated_label"]
+
 
 def test_baseline_extraction_tiny(tmp_path, tiny_model_dir):
     pilot = _tiny_pilot(tmp_path, "invoice-fields", tiny_model_dir, eval__max_new_tokens=8)
@@ -238,3 +258,23 @@ def test_slot_filling_baseline_and_eval_have_leaf_metrics_per_slot_and_per_inten
         assert {"slots.city", "slots.day", "slots.song", "intent", "slots"} <= set(m["per_field"])
         assert set(m["per_category"]) == {"book", "weather", "play"}
         assert all("leaf_f1" in c for c in m["per_category"].values())
+
+
+def test_the_generation_check_adds_figures_and_changes_no_scored_prediction(
+    tmp_path, tiny_model_dir
+):
+    on = _tiny_pilot(tmp_path / "on", "ticket-triage", tiny_model_dir)
+    off = _tiny_pilot(tmp_path / "off", "ticket-triage", tiny_model_dir,
+                      eval__generation_check=False)  # fmt: skip
+    a = run_json("baseline", str(on), "--limit", "8", "--no-progress")
+    b = run_json("baseline", str(off), "--limit", "8", "--no-progress")
+    assert a["metrics"] == b["metrics"] and a["eval_protocol"] == b["eval_protocol"]
+    assert a["generation"]["n"] == 8 and "generation" not in b
+
+    def rows(out, p):
+        return [json.loads(x) for x in (p / "runs" / out["run_id"] / "predictions.jsonl").open()]
+
+    ra, rb = rows(a, on), rows(b, off)
+    assert [r["parsed"] for r in ra] == [r["parsed"] for r in rb]
+    assert all("generated" in r and "generated_label" in r for r in ra)
+    assert not any("generated" in r for r in rb)

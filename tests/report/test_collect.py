@@ -164,3 +164,16 @@ def test_an_exports_warning_is_a_limitation_of_the_deliverable():
         "the gguf export in deliverable/gguf: base+adapter: served as the Modelfile serves it"
     ]  # fmt: skip
     assert export_warnings([{"format": "gguf", "serving_check": {"warnings": []}}]) == []
+
+
+def test_a_chosen_adapter_that_generates_other_labels_is_a_limitation():
+    from lorapilot.report.collect import generation_warnings
+
+    g = {"agreement": 0.675, "label_rate": 0.896, "n": 154, "n_same": 104, "n_labels": 138,
+         "not_labels": [["open_account", 3]],
+         "metrics": {"macro_f1": {"scored": 0.321, "generated": 0.297}}}  # fmt: skip
+    (line,) = generation_warnings({"id": "t9", "generation": g})
+    assert line.startswith("the chosen adapter (train run t9): served by a runtime that generates")
+    assert "104 of 154" in line and "16 are no label at all ('open_account' x3)" in line
+    assert generation_warnings({"id": "t9", "generation": {**g, "agreement": 0.99}}) == []
+    assert generation_warnings({"id": "t9"}) == [] and generation_warnings(None) == []

@@ -544,3 +544,23 @@ def test_the_data_section_groups_skipped_rows_and_counts_labels_left_out(state):
     assert "groups (sender_id)" in html and "328" in html
     md = render_markdown(s)
     assert "Polo" in md_section(md, "Data")
+
+
+def test_the_results_set_generated_answers_beside_the_scored_ones(state):
+    s = copy.deepcopy(state)
+    results = md_section(render_markdown(s), "Results: baseline vs adapted")
+    assert "As a chat server answers" not in results  # no generation check: no such table
+    s["baseline"]["generation"] = {
+        "agreement": 0.1, "n": 20, "n_same": 2, "n_labels": 5, "not_labels": [],
+        "metrics": {"macro_f1": {"scored": 0.2, "generated": 0.05}},
+    }  # fmt: skip
+    s["chosen"]["generation"] = {
+        "agreement": 0.95, "n": 20, "n_same": 19, "n_labels": 20, "not_labels": [],
+        "metrics": {"macro_f1": {"scored": 0.9, "generated": 0.85}},
+    }  # fmt: skip
+    results = md_section(render_markdown(s), "Results: baseline vs adapted")
+    assert "As a chat server answers" in results
+    assert "2 of 20 (10.0%)" in results and "19 of 20 (95.0%)" in results
+    assert "0.900 \u2192 0.850" in results
+    html = render_html(s)
+    assert "As a chat server answers" in html and "19 of 20 (95.0%)" in html

@@ -78,8 +78,8 @@ def verify_child(pilot_dir: Path, adapter_dir: Path, out_dir: Path) -> dict:
             f"({manifest['data_version']})"
         )
     ev, protocol = loaded.evaluate(
-        loaded.model, prepared.splits["val"], label="verify", progress=False
-    )
+        loaded.model, prepared.splits["val"], label="verify", progress=False, generation=False
+    )  # the decided classifier (label scoring) is what a reload must reproduce
     if protocol["eval_protocol"] != manifest["eval_protocol"]["eval_protocol"]:
         keys = protocol_differences(manifest["eval_protocol"], protocol)
         problems.append(

@@ -6,7 +6,8 @@ whose hash decides whether two results may be compared.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +20,7 @@ from lorapilot.data.format import PromptFormatter, answer_text, template_hash
 from lorapilot.data.rows import Record
 from lorapilot.evaluate import predict
 from lorapilot.evaluate.metrics import CONTENT_FREE, calibration_offsets, classification_metrics
+from lorapilot.evaluate.served import generation_figures
 from lorapilot.evaluate.structured import extraction_metrics, format_metrics
 from lorapilot.fsutil import sha256_json
 from lorapilot.records.progress import Phase
@@ -121,6 +123,7 @@ class EvalResult:
     peak_memory_bytes: int | None = None  # CPU: peak RSS; CUDA: max reserved (memmeter)
     peak_increase_bytes: int | None = None  # CPU: the RSS increase; CUDA: max allocated
     calibration: dict | None = None  # eval.label_scoring: calibrated (`calibration_record`)
+    generation: dict | None = None  # eval.generation_check: `evaluate.served` figures
 
 
 def evaluate_records(
@@ -134,9 +137,12 @@ def evaluate_records(
     progress: bool = True,
     label: str = "eval",
     log: Callable[[str], None] | None = None,
+    generation_check: bool = False,
 ) -> EvalResult:
-    """Predict every record with the protocol's procedure and compute the task's metrics."""
-    task = spec.task
+    """Predict every record with the protocol's procedure and compute the task's metrics.
+    `generation_check` (label scoring only): also generate every answer greedily, as a chat
+    server would serve the model (`evaluate.served`); its time is in `seconds`, so that the
+    probe's evaluation rate, which the budget plans with, includes it."""
     budget = protocol["answer_budget"]
     model = cast_for_eval(model, protocol["precision"])
     model.eval()  # dropout off: evaluation is deterministic
@@ -146,66 +152,100 @@ def evaluate_records(
     # Evaluation has its own peak (KV caches of a batch, the label tree, generation): a
     # memory limit covers it too, not only the training step's.
     meter = PeakMemory(next(model.parameters()).device)
-    with (
-        meter,
-        Phase(
-            label, len(records), bar=progress, log=log if progress else None, field_names=("rate",)
-        ) as phase,
-    ):
-
-        def tick(n: int) -> None:
-            rate = (phase.done + n) / max(time.perf_counter() - t0, 1e-9)
-            phase.advance(n=n, rate=f"{rate:.1f} ex/s")
-
-        calibration = None
+    calibration = scores = outputs = served = None
+    bar = {"total": len(records), "progress": progress, "log": log}
+    with meter:
         if protocol["mode"] == "score":
-            label_ids = label_token_ids(fmt, task, budget)
-            offsets = None
-            if protocol.get("label_scoring") == "calibrated":
-                free = [fmt.encode_prompt(text, budget) for text in CONTENT_FREE]
-                free_scores = predict.score_labels(
-                    model, free, label_ids, batch_size=len(free), pad_id=pad_id,
-                    share_prefix=False, search="all",
-                )  # fmt: skip
-                offsets = calibration_offsets(free_scores)
-                calibration = calibration_record(task.labels or [], free_scores, offsets)
-            scores = predict.score_labels(
-                model,
-                prompts,
-                label_ids,
-                batch_size=protocol["batch_size"],
-                pad_id=pad_id,
-                progress=tick,
-                search=spec.eval.label_search,
-                share_prefix=protocol["shared_prefix_cache"],
-                offsets=offsets,
-            )
-            outputs = None
-        else:
-            stop = stop_token_ids(tokenizer, fmt)
-            gen = predict.generate(
-                model,
-                prompts,
-                max_new_tokens=protocol["max_new_tokens"],
-                stop_ids=stop,
-                pad_id=pad_id,
-                batch_size=protocol["batch_size"],
-                progress=tick,
-                share_prefix=protocol["shared_prefix_cache"],
-            )
-            outputs = [tokenizer.decode(g, skip_special_tokens=True) for g in gen]
-            scores = None
+            with _ticks(label, **bar) as tick:
+                scores, calibration = _score(model, fmt, spec, prompts, protocol, pad_id, tick)
+        if protocol["mode"] != "score" or generation_check:
+            max_new = protocol["max_new_tokens"] or (
+                spec.eval.max_new_tokens or budget + GENERATION_MARGIN
+            )  # label scoring: what eval.mode generate would allow
+            t_gen = time.perf_counter()
+            with _ticks(label if scores is None else f"{label}, generated", **bar) as tick:
+                gen = predict.generate(
+                    model,
+                    prompts,
+                    max_new_tokens=max_new,
+                    stop_ids=stop_token_ids(tokenizer, fmt),
+                    pad_id=pad_id,
+                    batch_size=protocol["batch_size"],
+                    progress=tick,
+                    share_prefix=protocol["shared_prefix_cache"],
+                )
+            texts = [tokenizer.decode(g, skip_special_tokens=True) for g in gen]
+            outputs, served = (texts, None) if scores is None else (None, texts)
+            t_gen = time.perf_counter() - t_gen
     seconds = time.perf_counter() - t0
 
     prompt_texts = [tokenizer.decode(p) for p in prompts]
     offsets = None if calibration is None else calibration["offsets"]
     metrics, rows = score_predictions(spec, records, prompt_texts, scores, outputs, offsets)
     metrics["n"] = len(records)
+    generation = None
+    if served is not None:
+        generation = _generation(spec, records, prompt_texts, rows, metrics, served)
+        generation["seconds"] = round(t_gen, 3)  # of `seconds`: what the check cost
     device = str(next(model.parameters()).device)
     return EvalResult(
         metrics, rows, seconds, len(records) / max(seconds, 1e-9), protocol, device,
-        meter.total, meter.peak, calibration,
+        meter.total, meter.peak, calibration, generation,
     )  # fmt: skip
+
+
+@contextmanager
+def _ticks(label: str, *, total: int, progress: bool, log) -> Iterator[Callable[[int], None]]:
+    """A progress bar (or log lines) over `total` examples -> the callback that advances it."""
+    t0 = time.perf_counter()
+    with Phase(
+        label, total, bar=progress, log=log if progress else None, field_names=("rate",)
+    ) as phase:
+
+        def tick(n: int) -> None:
+            rate = (phase.done + n) / max(time.perf_counter() - t0, 1e-9)
+            phase.advance(n=n, rate=f"{rate:.1f} ex/s")
+
+        yield tick
+
+
+def _score(model, fmt, spec, prompts, protocol, pad_id, tick) -> tuple[np.ndarray, dict | None]:
+    """Every label's log-probability after every prompt (calibrated: with the offsets of the
+    content-free inputs) -> (scores, the calibration record or None)."""
+    task, budget = spec.task, protocol["answer_budget"]
+    label_ids = label_token_ids(fmt, task, budget)
+    offsets = calibration = None
+    if protocol.get("label_scoring") == "calibrated":
+        free = [fmt.encode_prompt(text, budget) for text in CONTENT_FREE]
+        free_scores = predict.score_labels(
+            model, free, label_ids, batch_size=len(free), pad_id=pad_id,
+            share_prefix=False, search="all",
+        )  # fmt: skip
+        offsets = calibration_offsets(free_scores)
+        calibration = calibration_record(task.labels or [], free_scores, offsets)
+    scores = predict.score_labels(
+        model,
+        prompts,
+        label_ids,
+        batch_size=protocol["batch_size"],
+        pad_id=pad_id,
+        progress=tick,
+        search=spec.eval.label_search,
+        share_prefix=protocol["shared_prefix_cache"],
+        offsets=offsets,
+    )
+    return scores, calibration
+
+
+def _generation(spec, records, prompt_texts, rows: list[dict], metrics: dict, texts) -> dict:
+    """The generation check's figures; each prediction row gets its `generated` text and the
+    label it parses to (`generated_label`, None when it is none)."""
+    gen_metrics, gen_rows = score_predictions(spec, records, prompt_texts, None, texts)
+    for row, g in zip(rows, gen_rows, strict=True):
+        row["generated"], row["generated_label"] = g["raw_output"], g["parsed"]
+    keys = list(dict.fromkeys((spec.success.metric, "accuracy", "macro_f1")))
+    keys = [k for k in keys if isinstance(gen_metrics.get(k), int | float)]
+    return generation_figures(rows, gen_rows, metrics, gen_metrics, keys)
 
 
 def calibration_record(labels: list[str], free_scores: np.ndarray, offsets: np.ndarray) -> dict:

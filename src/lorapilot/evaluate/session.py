@@ -87,6 +87,7 @@ def evaluate_split(
             base_out = {
                 "baseline_metrics": base_result.metrics,
                 "baseline_calibration": base_result.calibration,
+                "baseline_generation": base_result.generation,
                 "baseline_seconds": round(base_result.seconds, 3),
                 "baseline_predictions": str(run.dir / BASELINE_PREDICTIONS),
             }
@@ -109,6 +110,8 @@ def evaluate_split(
         }
         if result.calibration is not None:
             out["calibration"] = result.calibration
+        if result.generation is not None:  # eval.generation_check: as a chat server answers
+            out["generation"] = result.generation
         if split == "test":
             out["test_accesses_before"] = earlier
         run.update(**out)

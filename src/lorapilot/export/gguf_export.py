@@ -30,6 +30,7 @@ from lorapilot.data.format import render_messages
 from lorapilot.errors import CheckFailed, LorapilotError, UsageError
 from lorapilot.evaluate.metrics import CONTENT_FREE, calibration_offsets
 from lorapilot.evaluate.runner import label_token_ids, score_predictions, stop_token_ids
+from lorapilot.evaluate.served import generation_figures
 from lorapilot.export import classify as classify_module
 from lorapilot.export import gguf_files as gf
 from lorapilot.export import ollama
@@ -855,30 +856,11 @@ def near_ties(spec, cases: dict, conf: dict, rows: list[dict]) -> dict:
 def _free_generation(spec, cases: dict, outputs: list[str], keys: list[str]) -> dict:
     """A scored classification's labels as free generation answers them: parsed by the
     pilot's rule for generated labels (the text, stripped, one of the labels by case)."""
-    from collections import Counter
-
     records = cases["records"]
     metrics, rows = score_predictions(spec, records, cases["prompt_texts"], None, outputs)
-    theirs, lp = cases["lorapilot_predictions"], cases["lorapilot_metrics"]
-    same = _agrees(theirs, rows)
-    n = len(rows)
-    not_labels = Counter(r["raw_output"].strip() for r in rows if r["parsed"] is None)
-    return {
-        "what": "free greedy generation to the stop token, as the Modelfile serves it",
-        "agreement": sum(same) / n if n else 1.0,
-        "label_rate": sum(r["parsed"] is not None for r in rows) / n if n else 1.0,
-        "n_same": sum(same),
-        "n_labels": sum(r["parsed"] is not None for r in rows),
-        "not_labels": [[text, k] for text, k in not_labels.most_common(10)],
-        "metrics": {k: {"lorapilot": lp.get(k), "llama_cpp": metrics[k]} for k in keys},
-        "differing": [
-            {
-                "id": r["id"],
-                "gold": r["gold"],
-                "lorapilot": theirs.get(r["id"], {}).get("parsed"),
-                "generated": r["raw_output"],
-            }
-            for r, ok in zip(rows, same, strict=True)
-            if not ok
-        ][:20],
-    }
+    theirs = cases["lorapilot_predictions"]
+    return generation_figures(
+        [theirs.get(r["id"], {}) for r in rows], rows, cases["lorapilot_metrics"], metrics,
+        keys, what="free greedy generation to the stop token, as the Modelfile serves it",
+        theirs="lorapilot", ours="llama_cpp",
+    )  # fmt: skip

@@ -152,7 +152,9 @@ class ImageModality:
         """(model, records, label=, progress=, log=) -> (EvalResult, protocol)."""
         from lorapilot.evaluate.image_predict import evaluate_images, image_protocol
 
-        def evaluate(model, records, *, label="eval", progress=True, log=None, plain=False):
+        def evaluate(
+            model, records, *, label="eval", progress=True, log=None, plain=False, generation=None
+        ):  # generation: a text check, nothing to generate here
             protocol = image_protocol(
                 self.pilot.spec, self.pipeline, prepared.version, resolved.weights_sha256
             )

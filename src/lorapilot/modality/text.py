@@ -60,13 +60,19 @@ class TextModality:
 
         spec = self.pilot.spec
 
-        def evaluate(model, records, *, label="eval", progress=True, log=None, plain=False):
+        def evaluate(
+            model, records, *, label="eval", progress=True, log=None, plain=False, generation=None
+        ):
+            """`generation`: the generation check (None: eval.generation_check; the smoke's
+            `plain` question and verify's reload leave it out)."""
             protocol = make_protocol(spec, tok, prepared)
             if plain:  # the labels the model itself ranks first (the smoke's question)
                 protocol.pop("label_scoring", None)
+            check = spec.eval.generation_check if generation is None else generation
             ev = evaluate_records(
-                model, tok, fmt, spec, records, protocol, progress=progress, label=label, log=log
-            )
+                model, tok, fmt, spec, records, protocol, progress=progress, label=label,
+                log=log, generation_check=check and not plain,
+            )  # fmt: skip
             return ev, protocol
 
         return evaluate
@@ -158,7 +164,7 @@ class TextModality:
             with model.disable_adapter() if lora else contextlib.nullcontext():
                 ev = evaluate_records(
                     base, tok, fmt, spec, records, protocol, progress=progress, label=label,
-                    log=log,
+                    log=log, generation_check=spec.eval.generation_check,
                 )  # fmt: skip
             return ev, {}
 

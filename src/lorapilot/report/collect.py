@@ -24,6 +24,7 @@ from lorapilot.decision.rule import (
 from lorapilot.evaluate.guards import check_absolute_guards, check_guards, guard_metrics
 from lorapilot.evaluate.metrics import get_metric, per_group
 from lorapilot.evaluate.records import BASELINE_PREDICTIONS
+from lorapilot.evaluate.served import generation_warning
 from lorapilot.fsutil import read_json_or_none, read_jsonl
 from lorapilot.records import registry
 from lorapilot.spec import Pilot
@@ -120,6 +121,7 @@ def run_summary(pilot: Pilot, rec: registry.RunRecord, baseline: registry.RunRec
         "wall_s": rec.duration_s,
         "cost_usd": round((rec.duration_s or 0) / 3600 * usd, 4),
         "metrics": res.get("metrics"),
+        "generation": res.get("generation"),  # eval.generation_check (label scoring)
         "split": res.get("split", "val" if rec.kind in ("train", "baseline", "verify") else None),
     }
     row["peak_memory_bytes"], row["median_step_s"] = (
@@ -282,6 +284,8 @@ def collect(pilot: Pilot) -> dict:
                     "id": r.id,
                     "metrics": r.result.get("metrics"),
                     "baseline_metrics": r.result.get("baseline_metrics"),
+                    "generation": r.result.get("generation"),
+                    "baseline_generation": r.result.get("baseline_generation"),
                     "gain": test_gain(pilot, r),
                     "n": r.result.get("n"),
                     "guards": _test_guards(pilot, r),
@@ -339,7 +343,8 @@ def collect(pilot: Pilot) -> dict:
             pilot, rows, chosen, ledger, latest["data"] and latest["data"].result
         )
         + degenerate_baseline(baseline and _rows(registry.runs_dir(pilot.dir) / baseline.id))
-        + export_warnings(exports),
+        + export_warnings(exports)
+        + generation_warnings(chosen),
     }
 
 
@@ -388,6 +393,17 @@ def export_warnings(exports: list[dict]) -> list[str]:
         for e in exports
         for w in (e.get("serving_check") or {}).get("warnings") or []
     ]
+
+
+def generation_warnings(chosen: dict | None) -> list[str]:
+    """The chosen adapter served by a runtime that generates answers other labels than the
+    ones it was decided on (`evaluate.served`): a limitation of the decision as deployed."""
+    g = (chosen or {}).get("generation")
+    if not g:
+        return []
+    assert chosen is not None
+    text = generation_warning(f"the chosen adapter (train run {chosen['id']})", g)
+    return [text] if text else []
 
 
 def degenerate_baseline(predictions: list[dict] | None, share: float = 0.5) -> list[str]:

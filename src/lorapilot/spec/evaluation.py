@@ -71,12 +71,22 @@ class EvalSpec(_Strict):
         "measured case: bench/README.md). Part of the eval protocol, resolved: in bf16 the "
         "summation order can flip a close prediction.",
     )
+    generation_check: bool = Field(
+        True,
+        description="Classification by scoring: also generate every answer greedily to the "
+        "end of the turn, as a chat server (vLLM, TGI, Ollama, a transformers pipeline) "
+        "serves the model, and report how often that is the scored label, how often any "
+        "label, and the metrics of the generated answers (`generation` in every evaluation's "
+        "result, `generated` in predictions.jsonl; the report warns below 98% agreement). "
+        "Reported, not gated, not part of the eval protocol; false saves its time.",
+    )
 
     # omitted from the spec hash at their defaults: specs written before them hash the same
     _omitted_at: ClassVar[dict[str, tuple]] = {
         "label_search": ("best_first",),  # same argmax
         "label_scoring": ("sum",),
         "shared_prefix": ("auto",),
+        "generation_check": (True,),
     }
 
 

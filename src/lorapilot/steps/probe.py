@@ -530,9 +530,10 @@ def _measured(
     if records:
         model.eval()
         protocol = make_protocol(spec, tok, prepared)
-        ev = evaluate_records(
-            model, tok, fmt, spec, records, protocol, progress=progress, label="probe eval"
-        )
+        ev = evaluate_records(  # with the generation check, as every evaluation runs it
+            model, tok, fmt, spec, records, protocol, progress=progress, label="probe eval",
+            generation_check=spec.eval.generation_check,
+        )  # fmt: skip
         eval_eps, eval_n = ev.examples_per_s, len(records)
         # The evaluation peak at its widest: one batch of the longest validation prompts
         # (the throughput above is the typical one, which the time estimates need).

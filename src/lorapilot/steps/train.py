@@ -207,6 +207,7 @@ def run_train(
             eval_seconds=round(ev.seconds, 3),
             eval_peak_memory_bytes=ev.peak_memory_bytes,
             eval_device=ev.device,
+            generation=ev.generation,  # eval.generation_check: the answers a chat server gives
         )
         write_adapter_manifest(
             adapter_dir,
@@ -243,6 +244,7 @@ def run_train(
         "lora_forward": result.lora_forward,
         "optimizer": result.optimizer,
         "metrics": ev.metrics,
+        "generation": ev.generation,
         "eval_protocol": protocol["eval_protocol"],
         "data_version": prepared.version,
         "distributed": distributed,

@@ -57,6 +57,35 @@ def _label_scoring(s: dict) -> str | None:
     return "sum of each label's token log-probabilities"
 
 
+def _generated(base: dict | None, chosen: dict | None) -> list:
+    """eval.generation_check: the same validation answers generated greedily, as a chat server
+    (vLLM, TGI, Ollama) serves the model, beside the scored ones the decision was made on."""
+    pairs = [(name, g) for name, g in (("baseline", base), ("adapted", chosen)) if g]
+    if not pairs:
+        return []
+    keys = list(dict.fromkeys(k for _, g in pairs for k in g.get("metrics") or {}))
+    rows = [
+        [
+            name,
+            f"{g['n_same']} of {g['n']} ({g['agreement']:.1%})",
+            f"{g['n_labels']} of {g['n']}",
+            *(_pair(_get(g, "metrics", k, "scored"), _get(g, "metrics", k, "generated"))
+              for k in keys),
+        ]
+        for name, g in pairs
+    ]  # fmt: skip
+    return [
+        Sub("As a chat server answers"),
+        Para(
+            "The decision is made on label scoring. A runtime that generates (vLLM, TGI, "
+            "Ollama, a transformers pipeline) answers greedily to the end of the turn; here "
+            "is how often that answer is the scored label, how often it is any label, and "
+            "each metric scored \u2192 generated (reported, not gated; eval.generation_check)."
+        ),
+        Table(["model", "the scored label", "a label", *keys], rows),
+    ]
+
+
 def _results(s: dict) -> list:
     base, chosen = _dict(s, "baseline"), _dict(s, "chosen")
     bm, cm = base.get("metrics"), chosen.get("metrics")
@@ -86,6 +115,7 @@ def _results(s: dict) -> list:
         Sub("Overall"),
         _overall_table(bm, cm, chosen.get("deltas"), _get(s, "success", "metric")),
     ]
+    out += _generated(base.get("generation"), chosen.get("generation"))
     group, bper = per_group(bm)
     group_c, cper = per_group(cm)
     group = group_c if cm else group

@@ -1,0 +1,51 @@
+"""The generation check's figures (`evaluate.served`): a scored classifier's answers as a
+generating server gives them, counted against the scored ones."""
+
+from __future__ import annotations
+
+from lorapilot.evaluate.served import generation_figures, generation_warning
+
+
+def _rows(parsed, raw=None):
+    raw = raw or [p or "?" for p in parsed]
+    return [
+        {"id": f"e{i}", "gold": "a", "parsed": p, "raw_output": r}
+        for i, (p, r) in enumerate(zip(parsed, raw, strict=True))
+    ]
+
+
+def test_figures_count_the_same_label_any_label_and_the_texts_that_are_none():
+    scored = _rows(["a", "b", "a", "c"])
+    generated = _rows(["a", "c", None, None], ["a", "c", "gas_fill_fill", " gas_fill_fill\n"])
+    f = generation_figures(
+        scored, generated, {"macro_f1": 0.5, "accuracy": 0.5}, {"macro_f1": 0.25}, ["macro_f1"]
+    )
+    assert (f["n"], f["n_same"], f["n_labels"]) == (4, 1, 2)
+    assert f["agreement"] == 0.25 and f["label_rate"] == 0.5
+    assert f["not_labels"] == [["gas_fill_fill", 2]]  # stripped, counted once per text
+    assert f["metrics"] == {"macro_f1": {"scored": 0.5, "generated": 0.25}}
+    assert [d["id"] for d in f["differing"]] == ["e1", "e2", "e3"]
+    assert f["differing"][0] == {"id": "e1", "gold": "a", "scored": "b", "generated": "c"}
+
+
+def test_figures_of_nothing_agree_and_the_runtimes_can_be_named():
+    f = generation_figures([], [], {}, {}, [], theirs="lorapilot", ours="llama_cpp")
+    assert f["agreement"] == 1.0 and f["label_rate"] == 1.0 and f["differing"] == []
+    g = generation_figures(_rows(["a"]), _rows(["b"]), {"m": 1}, {"m": 0}, ["m"],
+                           theirs="lorapilot", ours="llama_cpp")  # fmt: skip
+    assert g["metrics"] == {"m": {"lorapilot": 1, "llama_cpp": 0}}
+    assert g["differing"][0]["lorapilot"] == "a" and g["differing"][0]["generated"] == "b"
+
+
+def test_the_warning_names_the_counts_the_metrics_and_the_ways_out():
+    scored = _rows(["a"] * 50)
+    generated = _rows(["a"] * 48 + [None, "b"], ["a"] * 48 + ["zzz", "b"])
+    f = generation_figures(scored, generated, {"macro_f1": 0.9}, {"macro_f1": 0.85}, ["macro_f1"])
+    assert f["agreement"] == 0.96
+    text = generation_warning("the chosen adapter (train run t1)", f)
+    assert text.startswith("the chosen adapter (train run t1): served by a runtime that generates")
+    assert "48 of 50 validation answers are the label scored (96.0% < 98%)" in text
+    assert "1 are no label at all ('zzz' x1)" in text
+    assert "macro_f1 0.900 scored, 0.850 generated" in text
+    assert "classify.py" in text and "eval.mode: generate" in text
+    assert generation_warning("x", f, minimum=0.95) == ""  # agreement at or above: nothing
