@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from lorapilot.evaluate.predict import (
+    Greedy,
     generate,
     score_labels,
     score_labels_reference,
@@ -62,6 +63,45 @@ def test_generation_does_not_depend_on_batch_size(model_and_tok):
     )
     no_stop = generate(model, prompts[:3], max_new_tokens=4, stop_ids=[], pad_id=tok.pad_token_id)
     assert [len(g) for g in no_stop] == [4, 4, 4]  # nothing ends a row: max_new_tokens each
+
+
+def test_a_row_ends_where_alive_says_so_and_keeps_what_it_had(model_and_tok):
+    model, tok = model_and_tok
+    prompts = _prompts(seed=3)
+    kw = dict(max_new_tokens=8, stop_ids=[], pad_id=tok.pad_token_id, batch_size=4)
+    whole = generate(model, prompts, **kw)
+    seen: list[list[int]] = []
+
+    def alive(ids: list[int]) -> bool:
+        seen.append(list(ids))
+        return len(ids) < 1 + ids[0] % 4  # each row its own length, 1-4 tokens
+
+    cut = generate(model, prompts, alive=alive, **kw)
+    for w, c in zip(whole, cut, strict=True):
+        assert c == w[: 1 + w[0] % 4]  # the same tokens, up to and including the ending one
+    assert all(s in [w[: len(s)] for w in whole] for s in seen)  # asked with each row's own ids
+    assert max(len(s) for s in seen) <= 4  # nothing asked of a row once it ended
+
+
+@pytest.mark.parametrize("search", ["all", "best_first"])
+@pytest.mark.parametrize("prefix", [0, 12])
+def test_scoring_decodes_greedily_from_its_own_cache_as_generate_does(
+    search, prefix, model_and_tok
+):
+    """The generation check rides on scoring's prompt caches: the same tokens as `generate`
+    (cut by `alive` alike), and not one score changed by the tokens it fed and cropped."""
+    model, tok = model_and_tok
+    prompts = _prompts(seed=4, prefix=prefix)
+    kw = dict(pad_id=tok.pad_token_id, batch_size=4)
+    plain = score_labels(model, prompts, LABELS, search=search, **kw)
+    greedy = Greedy(6, [tok.eos_token_id, 7], alive=lambda ids: ids[-1] % 5 != 0)
+    scored = score_labels(model, prompts, LABELS, search=search, greedy=greedy, **kw)
+    np.testing.assert_array_equal(np.isnan(plain), np.isnan(scored))
+    np.testing.assert_allclose(np.nan_to_num(scored), np.nan_to_num(plain), atol=1e-5)
+    made = generate(model, prompts, max_new_tokens=6, stop_ids=[tok.eos_token_id, 7],
+                    alive=greedy.alive, **kw)  # fmt: skip
+    assert [greedy.ids[i] for i in range(len(prompts))] == made
+    assert greedy.seconds > 0
 
 
 def test_tree_size_counts_shared_beginnings_once():

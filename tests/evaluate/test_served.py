@@ -3,7 +3,7 @@ generating server gives them, counted against the scored ones."""
 
 from __future__ import annotations
 
-from lorapilot.evaluate.served import generation_figures, generation_warning
+from lorapilot.evaluate.served import could_be_label, generation_figures, generation_warning
 
 
 def _rows(parsed, raw=None):
@@ -49,3 +49,12 @@ def test_the_warning_names_the_counts_the_metrics_and_the_ways_out():
     assert "macro_f1 0.900 scored, 0.850 generated" in text
     assert "classify.py" in text and "eval.mode: generate" in text
     assert generation_warning("x", f, minimum=0.95) == ""  # agreement at or above: nothing
+
+
+def test_an_answer_is_alive_while_it_can_still_parse_to_a_label():
+    labels = {"billing", "refund_not_showing_up", "feature request"}
+    for text in ("", "  ", "\n b", "Bill", "billing", " BILLING \n", "REFUND_not", "feature ",
+                 "feature request", "x\ufffd"):  # fmt: skip
+        assert could_be_label(text, labels), text
+    for text in ("billing issue", "The", "billingx", "feature  request", "b\ni", "refund."):
+        assert not could_be_label(text, labels), text

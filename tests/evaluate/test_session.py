@@ -52,8 +52,10 @@ def test_baseline_ticket_triage_real_model(tmp_path, default_model_dir):
     )
     assert json.loads((run_dir / "metrics.json").read_text())["accuracy"] == m["accuracy"]
 
-    # The generation check: the same prompts generated greedily are exactly what an
-    # evaluation with eval.mode generate predicts, row by row and in every metric.
+    # The generation check: the same prompts generated greedily parse to exactly what an
+    # evaluation with eval.mode generate predicts, row by row and in every metric; an answer
+    # is cut where it can no longer be a label (the zero-shot base chats), so its text is
+    # the start of the whole one.
     g = out["generation"]
     assert g["n"] == m["n"] and set(g["metrics"]) == {"macro_f1", "accuracy"}
     assert all(v["scored"] == m[k] for k, v in g["metrics"].items())
@@ -69,8 +71,10 @@ def test_baseline_ticket_triage_real_model(tmp_path, default_model_dir):
     gen_rows = (pilot / "runs" / gen["run_id"] / "predictions.jsonl").read_text().splitlines()
     by_id = {r["id"]: r for r in map(json.loads, gen_rows)}
     for r in rows:
-        assert by_id[r["id"]]["raw_output"] == r["generated"]
+        whole = by_id[r["id"]]["raw_output"]
+        assert whole == r["generated"] if r["generated_label"] else whole.startswith(r["generated"])
         assert by_id[r["id"]]["parsed"] == r["generated_label"]
+    assert sum(len(r["generated"]) < len(by_id[r["id"]]["raw_output"]) for r in rows) > 0
 
 
 def test_baseline_extraction_tiny(tmp_path, tiny_model_dir):

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -169,6 +171,7 @@ def score_labels(
     share_prefix: bool = True,
     search: str = "all",
     offsets: np.ndarray | None = None,
+    greedy: Greedy | None = None,
 ) -> np.ndarray:
     """Sum of log-probabilities of each label's tokens (answer + end-of-turn) after each
     prompt -> array [n_prompts, n_labels] in float64. `share_prefix=False` recomputes the
@@ -177,7 +180,10 @@ def score_labels(
     `search="best_first"` scores only the labels the argmax needs (`_best_first`): the
     other entries are NaN, and `np.nanargmax` of a row is the label `search="all"` picks;
     with `offsets` (one per label, calibrated scoring), of the row plus the offsets.
-    Attention kernels that cannot take a custom mask score all labels."""
+    Attention kernels that cannot take a custom mask score all labels.
+
+    `greedy`: also decode every prompt greedily from the cache its scoring computed (the
+    generation check), into `greedy.ids`; the same tokens as `generate` (tested)."""
     device = next(model.parameters()).device
     n_labels = len(label_ids)
     max_lab = max(len(x) for x in label_ids)
@@ -212,6 +218,15 @@ def score_labels(
                 logits_to_keep=1,
             )
         logp_first = torch.log_softmax(res.logits[:, -1, :].float(), dim=-1)  # [b, V]
+        if greedy is not None:  # decoded on the prompts' cache, which is then cut back to them
+            t0 = time.perf_counter()
+            first_tok = res.logits[:, -1, :].float().argmax(dim=-1)
+            ids_out = greedy.decode(model, first_tok, res.past_key_values, mask, pos, precision)
+            fed = res.past_key_values.get_seq_length() - mask.shape[1]
+            if fed:  # a negative count removes that many tokens (transformers 5)
+                res.past_key_values.crop(-fed)
+            greedy.ids.update(zip(idx, ids_out, strict=True))
+            greedy.seconds += time.perf_counter() - t0
         res.logits = None  # held through the whole search otherwise; the cache is what stays
         if best_first:
             out[idx] = _best_first(model, trie, tree, logp_first, first, res.past_key_values,
@@ -573,9 +588,12 @@ def generate(
     precision: str = "fp32",
     progress: Callable[[int], None] | None = None,
     share_prefix: bool = True,
+    alive: Callable[[list[int]], bool] | None = None,
 ) -> list[list[int]]:
     """Greedy decoding with the KV cache, stopping at end-of-turn -> generated ids per prompt
-    (stop token excluded).
+    (stop token excluded). `alive(ids so far)` False ends a row there (its ids kept up to
+    and including that token): the generation check stops an answer that can no longer be
+    a label, and a batch once every row has ended.
 
     A plain loop rather than `model.generate`: greedy decoding is an argmax per step, and
     owning the loop lets generation reuse the shared-prefix cache exactly as scoring does
@@ -584,40 +602,87 @@ def generate(
     `share_prefix=False` recomputes the common prefix in every batch (for benchmarks)."""
     device = next(model.parameters()).device
     outs: list[list[int]] = [[] for _ in prompts]
-    stop_set = set(stop_ids)
-    stop = torch.tensor(sorted(stop_set), dtype=torch.long, device=device)
+    greedy = Greedy(max_new_tokens, stop_ids, alive)
     for idx, ids, mask, pos, cache in _prefixed_batches(
         model, prompts, batch_size, pad_id, precision, share_prefix
     ):
-        b = len(idx)
+        with autocast(device.type, precision):
+            res = model(
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=pos,
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+        first = res.logits[:, -1, :].float().argmax(dim=-1)  # [b]
+        for i, toks in zip(idx, greedy.decode(model, first, res.past_key_values, mask, pos,
+                                              precision), strict=True):  # fmt: skip
+            outs[i] = toks
+        if progress:
+            progress(len(idx))
+    return outs
+
+
+@dataclass
+class Greedy:
+    """Greedy decoding to a stop token, `max_new_tokens` at most; `alive(ids so far)` False
+    ends a row there (its ids kept up to and including that token). Given to `score_labels`,
+    it decodes every prompt from the KV cache scoring computed (the generation check: no
+    second pass over the prompts) and fills `ids` in prompt order."""
+
+    max_new_tokens: int
+    stop_ids: list[int]
+    alive: Callable[[list[int]], bool] | None = None
+    ids: dict[int, list[int]] = field(default_factory=dict)  # prompt index -> generated
+    seconds: float = 0.0  # the decoding's own time, inside scoring's
+
+    def decode(self, model, first, cache, mask, pos, precision: str) -> list[list[int]]:
+        """Continue a fed batch: `first` [b] is each row's argmax after its prompt, `cache`
+        holds the prompts (and grows here: the caller crops it if it goes on using it)."""
+        device, b = first.device, first.shape[0]
+        stop_set = set(self.stop_ids)
+        stop = torch.tensor(sorted(stop_set), dtype=torch.long, device=device)
         ended = torch.zeros(b, dtype=torch.bool, device=device)
         steps: list[torch.Tensor] = []  # a row's tokens after its stop token are cut below
-        for _ in range(max_new_tokens):
+        so_far: list[list[int]] = [[] for _ in range(b)]
+        cut = [self.max_new_tokens] * b  # alive: a row's length where it was ended
+        nxt = first
+        for step in range(self.max_new_tokens):
+            steps.append(nxt)
+            stopped = torch.isin(nxt, stop)
+            if self.alive is not None:
+                done, dead = (ended | stopped).tolist(), []
+                for row, t in enumerate(nxt.tolist()):
+                    if not done[row]:
+                        so_far[row].append(t)
+                        if not self.alive(so_far[row]):
+                            cut[row] = len(so_far[row])
+                            dead.append(row)
+                if dead:
+                    stopped[dead] = True
+            ended |= stopped
+            if bool(ended.all()) or step == self.max_new_tokens - 1:
+                break
+            mask = torch.cat([mask, torch.ones((b, 1), dtype=mask.dtype, device=device)], dim=1)
+            pos = pos[:, -1:] + 1
             with autocast(device.type, precision):
                 res = model(
-                    input_ids=ids,
+                    input_ids=nxt[:, None],
                     attention_mask=mask,
                     position_ids=pos,
                     past_key_values=cache,
                     use_cache=True,
                     logits_to_keep=1,
                 )
-            nxt = res.logits[:, -1, :].float().argmax(dim=-1)  # [b]
-            steps.append(nxt)
-            ended |= torch.isin(nxt, stop)
-            if bool(ended.all()):
-                break
-            cache, ids = res.past_key_values, nxt[:, None]
-            mask = torch.cat([mask, torch.ones((b, 1), dtype=mask.dtype, device=device)], dim=1)
-            pos = pos[:, -1:] + 1
-        gen = torch.stack(steps, dim=1).tolist() if steps else [[] for _ in idx]
-        for row, i in enumerate(idx):
+            cache, nxt = res.past_key_values, res.logits[:, -1, :].float().argmax(dim=-1)
+        gen = torch.stack(steps, dim=1).tolist() if steps else [[] for _ in range(b)]
+        out = []
+        for row in range(b):
             toks = []
-            for t in gen[row]:
+            for t in gen[row][: cut[row]]:
                 if t in stop_set:
                     break
                 toks.append(t)
-            outs[i] = toks
-        if progress:
-            progress(b)
-    return outs
+            out.append(toks)
+        return out

@@ -20,7 +20,7 @@ from lorapilot.data.format import PromptFormatter, answer_text, template_hash
 from lorapilot.data.rows import Record
 from lorapilot.evaluate import predict
 from lorapilot.evaluate.metrics import CONTENT_FREE, calibration_offsets, classification_metrics
-from lorapilot.evaluate.served import generation_figures
+from lorapilot.evaluate.served import could_be_label, generation_figures
 from lorapilot.evaluate.structured import extraction_metrics, format_metrics
 from lorapilot.fsutil import sha256_json
 from lorapilot.records.progress import Phase
@@ -152,31 +152,37 @@ def evaluate_records(
     # Evaluation has its own peak (KV caches of a batch, the label tree, generation): a
     # memory limit covers it too, not only the training step's.
     meter = PeakMemory(next(model.parameters()).device)
-    calibration = scores = outputs = served = None
+    calibration = scores = outputs = served = greedy = None
     bar = {"total": len(records), "progress": progress, "log": log}
+    stop = stop_token_ids(tokenizer, fmt)
     with meter:
         if protocol["mode"] == "score":
+            if generation_check:  # decoded from the caches scoring computes, batch by batch
+                max_new = spec.eval.max_new_tokens or budget + GENERATION_MARGIN
+                alive = _label_prefix(tokenizer, spec.task.labels)
+                greedy = predict.Greedy(max_new, stop, alive)  # as eval.mode generate allows
             with _ticks(label, **bar) as tick:
-                scores, calibration = _score(model, fmt, spec, prompts, protocol, pad_id, tick)
-        if protocol["mode"] != "score" or generation_check:
-            max_new = protocol["max_new_tokens"] or (
-                spec.eval.max_new_tokens or budget + GENERATION_MARGIN
-            )  # label scoring: what eval.mode generate would allow
-            t_gen = time.perf_counter()
-            with _ticks(label if scores is None else f"{label}, generated", **bar) as tick:
+                scores, calibration = _score(
+                    model, fmt, spec, prompts, protocol, pad_id, tick, greedy
+                )
+            if greedy is not None:
+                served = [
+                    tokenizer.decode(greedy.ids[i], skip_special_tokens=True)
+                    for i in range(len(prompts))
+                ]
+        else:
+            with _ticks(label, **bar) as tick:
                 gen = predict.generate(
                     model,
                     prompts,
-                    max_new_tokens=max_new,
-                    stop_ids=stop_token_ids(tokenizer, fmt),
+                    max_new_tokens=protocol["max_new_tokens"],
+                    stop_ids=stop,
                     pad_id=pad_id,
                     batch_size=protocol["batch_size"],
                     progress=tick,
                     share_prefix=protocol["shared_prefix_cache"],
                 )
-            texts = [tokenizer.decode(g, skip_special_tokens=True) for g in gen]
-            outputs, served = (texts, None) if scores is None else (None, texts)
-            t_gen = time.perf_counter() - t_gen
+            outputs = [tokenizer.decode(g, skip_special_tokens=True) for g in gen]
     seconds = time.perf_counter() - t0
 
     prompt_texts = [tokenizer.decode(p) for p in prompts]
@@ -184,9 +190,9 @@ def evaluate_records(
     metrics, rows = score_predictions(spec, records, prompt_texts, scores, outputs, offsets)
     metrics["n"] = len(records)
     generation = None
-    if served is not None:
+    if served is not None and greedy is not None:
         generation = _generation(spec, records, prompt_texts, rows, metrics, served)
-        generation["seconds"] = round(t_gen, 3)  # of `seconds`: what the check cost
+        generation["seconds"] = round(greedy.seconds, 3)  # of `seconds`: the check's cost
     device = str(next(model.parameters()).device)
     return EvalResult(
         metrics, rows, seconds, len(records) / max(seconds, 1e-9), protocol, device,
@@ -209,9 +215,19 @@ def _ticks(label: str, *, total: int, progress: bool, log) -> Iterator[Callable[
         yield tick
 
 
-def _score(model, fmt, spec, prompts, protocol, pad_id, tick) -> tuple[np.ndarray, dict | None]:
+def _label_prefix(tokenizer, labels) -> Callable[[list[int]], bool]:
+    """The generation check needs only the label an answer parses to: a row ends once its
+    text can no longer be one (a chatty zero-shot base: after a token or two)."""
+    folded = {lab.casefold() for lab in labels or []}
+    return lambda ids: could_be_label(tokenizer.decode(ids, skip_special_tokens=True), folded)
+
+
+def _score(
+    model, fmt, spec, prompts, protocol, pad_id, tick, greedy=None
+) -> tuple[np.ndarray, dict | None]:
     """Every label's log-probability after every prompt (calibrated: with the offsets of the
-    content-free inputs) -> (scores, the calibration record or None)."""
+    content-free inputs) -> (scores, the calibration record or None); `greedy`: each
+    prompt also decoded greedily (the generation check)."""
     task, budget = spec.task, protocol["answer_budget"]
     label_ids = label_token_ids(fmt, task, budget)
     offsets = calibration = None
@@ -233,6 +249,7 @@ def _score(model, fmt, spec, prompts, protocol, pad_id, tick) -> tuple[np.ndarra
         search=spec.eval.label_search,
         share_prefix=protocol["shared_prefix_cache"],
         offsets=offsets,
+        greedy=greedy,
     )
     return scores, calibration
 

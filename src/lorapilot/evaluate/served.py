@@ -20,6 +20,17 @@ generating server serves is not the one decided on (the GGUF check's default gat
 WHAT = "greedy generation to the end of the turn, as a chat server answers"
 
 
+def could_be_label(text: str, labels: set[str]) -> bool:
+    """Whether a generated text, continued, can still parse to one of `labels` (casefolded)
+    by the rule for generated labels (stripped, compared casefolded): the generation check
+    stops an answer once it cannot, which parses the same as generating it to the end. A
+    text ending in an incomplete character (a byte token decoded alone) is not judged yet."""
+    said = text.lstrip().casefold()
+    if not said or said.endswith("\ufffd"):
+        return True
+    return said.rstrip() in labels or any(lab.startswith(said) for lab in labels)
+
+
 def generation_figures(
     scored: list[dict],
     generated: list[dict],
