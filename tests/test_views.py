@@ -52,6 +52,13 @@ def test_export_and_run_show_how_generation_serves_a_scored_classifier(monkeypat
     ran = {"decision": "GO", "selected": "base", "train_run": "train-1", "wall_s": 60.0,
            "reasons": [], "html": "report/index.html", "exports": [exported]}  # fmt: skip
     assert f"warning (gguf export): {warning}" in _shown(monkeypatch, views.run, ran)
+    # the report's limitations are shown too, an export's warning once
+    lims = [f"the gguf export in deliverable/gguf: {warning}", "the baseline predicted 'x'"]
+    text = _shown(monkeypatch, views.run, {**ran, "limitations": lims})
+    assert text.count(warning) == 1 and "limitation: the baseline predicted 'x'" in text
+    text = _shown(monkeypatch, views.report, {**ran, "limitations": lims, "markdown": "r.md",
+                                              "deliverable": "d"})  # fmt: skip
+    assert "limitation: the gguf export in deliverable/gguf" in text
 
 
 def test_evaluation_train_and_compare_show_the_generation_check(monkeypatch):

@@ -187,9 +187,19 @@ def _decision(r: dict) -> None:
         stdout.print(f"  - {esc(str(reason))}")
 
 
+def _limitations(r: dict, shown: tuple[str, ...] = ()) -> None:
+    """What the report's Limitations section says (a leak kept, a weak baseline, a chosen
+    classifier that generates other labels): shown where the decision is, not only in the
+    report; those holding a warning `shown` already are left out."""
+    for lim in r.get("limitations") or []:
+        if not any(w in str(lim) for w in shown):
+            stdout.print(f"[yellow]limitation[/]: {esc(str(lim))}")
+
+
 def report(r: dict) -> None:
     stdout.print(f"decision: [bold]{r['decision']}[/]")
     _decision(r)
+    _limitations(r)
     stdout.print(f"report: {r['html']}\n        {r['markdown']}\ndeliverable: {r['deliverable']}")
 
 
@@ -223,6 +233,8 @@ def run(r: dict) -> None:
         f"{r['train_run']}, {r['wall_s']:.0f} s)"
     )
     _decision(r)
+    exported = tuple(w for e in r.get("exports") or [] for w in e.get("warnings") or [])
+    _limitations(r, exported)
     for e in r.get("exports") or []:
         for w in e.get("warnings") or []:
             stdout.print(f"[yellow]warning[/] ({esc(str(e.get('format')))} export): {esc(w)}")

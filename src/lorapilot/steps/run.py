@@ -229,6 +229,7 @@ def run_pipeline(
         "html": rep["html"],
         "markdown": rep["markdown"],
         "deliverable": rep["deliverable"],
+        "limitations": rep["limitations"],
         "variants": [
             {
                 **{k: v.get(k) for k in ("name", "run_id", "status")},
