@@ -107,6 +107,18 @@ def test_baseline_is_a_linear_probe_fitted_on_train_and_scored_on_val(tmp_path, 
     assert all(set(r["scores"]) == set(LABELS) and r["parsed"] in LABELS for r in rows)
     again = run_json("baseline", str(pilot), "--no-progress")
     assert again["metrics"] == m and again["eval_protocol"] == out["eval_protocol"]
+    # the training split's features are kept for the next probe fit (the final test's)
+    kept = pilot / out["probe"]["train_features"]
+    assert kept.parent == pilot / "runs" / ".features" and kept.is_file()
+    assert out["probe"]["train_features_reused"] is False
+    assert again["probe"]["train_features_reused"] is True
+    assert again["probe"]["train_features"] == out["probe"]["train_features"]
+    assert Path(again["predictions"]).read_text() == Path(out["predictions"]).read_text()
+    kept.write_bytes(b"not an array")  # unreadable: computed again and replaced, same result
+    third = run_json("baseline", str(pilot), "--no-progress")
+    assert third["probe"]["train_features_reused"] is False and third["metrics"] == m
+    listed = run_json("runs", str(pilot), "--format", "json")["runs"]
+    assert len(listed) == 3 and {r["kind"] for r in listed} == {"baseline"}  # .features: no run
 
 
 def test_settings_not_built_for_images_are_refused_by_key(tmp_path):

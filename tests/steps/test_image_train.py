@@ -43,10 +43,14 @@ def test_smoke_train_verify_and_test_on_a_tiny_vit_and_a_missing_head_fails_veri
     v = run_json("verify", str(pilot))
     assert v["ok"] is True and v["n_mismatched_predictions"] == 0
 
+    base = run_json("baseline", str(pilot), "--no-progress")
     test = run_json("eval", str(pilot), "--split", "test", "--final", "--no-progress")
     assert test["n"] == 6 and test["adapter"] == tr["adapter_path"]
-    # the base on the same rows is the baseline's classifier (the probe), not a random head
+    # the base on the same rows is the baseline's classifier (the probe), not a random head,
+    # fitted on the training features the baseline kept
     assert set(test["baseline_metrics"]["per_category"]) == set(LABELS)
+    assert test["baseline_probe"]["train_features_reused"] is True
+    assert test["baseline_probe"]["train_features"] == base["probe"]["train_features"]
 
     # Merged: plain transformers loads it with the pilot's labels and the trained head.
     ex = run_json("export", str(pilot), "--merge", "--out", str(tmp_path / "merged"))

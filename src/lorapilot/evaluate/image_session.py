@@ -12,8 +12,10 @@ an adapter refits the same probe to score the base on the test rows (`probe_pred
 from __future__ import annotations
 
 import contextlib
+import io
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -24,12 +26,15 @@ from lorapilot.evaluate.image_predict import scored
 from lorapilot.evaluate.linear_probe import L2, MAX_ITER, fit_linear_probe
 from lorapilot.evaluate.metrics import classification_metrics
 from lorapilot.evaluate.runner import EvalResult
+from lorapilot.fsutil import atomic_write_bytes, sha256_json
 from lorapilot.modality.image_examples import ImageExamples
 from lorapilot.modality.image_transforms import ImagePipeline
+from lorapilot.records import registry
 from lorapilot.records.progress import Phase
 from lorapilot.spec import Pilot
 
 FEATURE_BATCH = 64
+FEATURES_DIR = ".features"  # under runs/: the training split's features, by what they hold
 RANDOM_HEAD_SEED = 0
 
 
@@ -54,6 +59,47 @@ def features(
             if tick:
                 tick(len(idx))
     return np.concatenate(out)
+
+
+def _feature_cache(pilot: Pilot, model: Any, train: ImageExamples, protocol: dict, limit) -> Path:
+    """Where the training split's features are kept between the baseline and the final
+    test (both fit the probe on them; extracting them is most of an image baseline's time):
+    named by everything they depend on, the evaluation protocol (base weights, transforms,
+    data version, labels), the pixel limit, the images' ids and the dtype and device they
+    were computed in."""
+    first = next(model.parameters())
+    key = sha256_json(
+        {
+            "eval_protocol": protocol.get("eval_protocol"),
+            "max_pixels": limit,
+            "ids": [r.id for r in train.records],
+            "dtype": str(first.dtype),
+            "device": first.device.type,
+        }
+    )[:16]
+    return registry.runs_dir(pilot.dir) / FEATURES_DIR / f"train-{key}.npy"
+
+
+def _cached(path: Path, n: int) -> np.ndarray | None:
+    """The kept features, or None when there are none, or unreadable or of another shape
+    (they are then computed again and the file replaced)."""
+    try:
+        f = np.load(path, allow_pickle=False)
+    except (OSError, ValueError):
+        return None
+    ok = f.ndim == 2 and f.shape[0] == n and f.dtype in (np.float32, np.float64)
+    return f.astype(np.float64) if ok else None
+
+
+def _keep(path: Path, f: np.ndarray) -> None:
+    """Written atomically: a killed process leaves no half file under the final name. In
+    float32 where that holds them exactly (a model's features are float32 at most, widened
+    for the fit): half the bytes in a pilot folder that travels to the rented machine."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    narrow = f.astype(np.float32)
+    buf = io.BytesIO()
+    np.save(buf, narrow if np.array_equal(narrow, f) else f, allow_pickle=False)
+    atomic_write_bytes(path, buf.getvalue())
 
 
 def probe_predictions(
@@ -82,8 +128,14 @@ def probe_predictions(
         raise UsageError("the image baseline needs images in the train split and the one evaluated")
     model.eval()
     t0 = time.perf_counter()
-    with Phase(f"{label}: features", len(train) + len(data), bar=progress, log=log) as bar:
-        f_train = features(model, train, lambda n: bar.advance(n=n))
+    cache = _feature_cache(pilot, model, train, protocol, limit)
+    f_train = _cached(cache, len(train))
+    reused = f_train is not None
+    todo = len(data) + (0 if f_train is not None else len(train))
+    with Phase(f"{label}: features", todo, bar=progress, log=log) as bar:
+        if f_train is None:
+            f_train = features(model, train, lambda n: bar.advance(n=n))
+            _keep(cache, f_train)
         f_eval = features(model, data, lambda n: bar.advance(n=n))
     probe = fit_linear_probe(f_train, np.array(train.label_ids), len(labels))
     rows, metrics = scored(data, probe.logits(f_eval))
@@ -104,6 +156,8 @@ def probe_predictions(
             "iterations": probe.iterations,
             "train_loss": round(probe.train_loss, 6),
             "fitted_on": {"split": "train", "n": len(train)},
+            "train_features": str(cache.relative_to(pilot.dir)),
+            "train_features_reused": reused,
         },
         "random_head_metrics": {
             k: random_head[k] for k in ("accuracy", "macro_f1", "invalid_rate") if k in random_head

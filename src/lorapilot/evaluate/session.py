@@ -80,7 +80,7 @@ def evaluate_split(
         if split == "test" and adapter_dir is not None:
             # The base on the same test rows, in the same access (same protocol): the test
             # gain is then paired example by example, like validation's.
-            base_result, _ = loaded.evaluate_base(
+            base_result, base_extras = loaded.evaluate_base(
                 records, protocol, label="baseline (test)", progress=progress, log=log
             )
             write_predictions(run.dir / BASELINE_PREDICTIONS, base_result.predictions)
@@ -88,6 +88,7 @@ def evaluate_split(
                 "baseline_metrics": base_result.metrics,
                 "baseline_calibration": base_result.calibration,
                 "baseline_generation": base_result.generation,
+                "baseline_probe": base_extras.get("probe"),  # images: the probe refitted
                 "baseline_seconds": round(base_result.seconds, 3),
                 "baseline_predictions": str(run.dir / BASELINE_PREDICTIONS),
             }
