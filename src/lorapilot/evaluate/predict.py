@@ -157,6 +157,21 @@ def _prefixed_batches(
         yield idx, ids, mask, pos, cache
 
 
+def _feed(model, ids, mask, pos, cache, precision: str):
+    """Tokens fed over a batch's KV cache (None: none yet), which grows by them. Only the
+    last position's logits are computed: a full [b, T, vocab] logits tensor would cost more
+    than the rest of the forward pass on a 49k vocabulary."""
+    with autocast(mask.device.type, precision):
+        return model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=pos,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+
+
 @torch.no_grad()
 @_head_folded
 def score_labels(
@@ -206,17 +221,7 @@ def score_labels(
         model, prompts, batch_size, pad_id, precision, share_prefix
     ):
         b = len(idx)
-        with autocast(device.type, precision):
-            # Only the last position's logits are needed: a full [b, T, vocab] logits tensor
-            # would cost more than the rest of the forward pass on a 49k vocabulary.
-            res = model(
-                input_ids=ids,
-                attention_mask=mask,
-                position_ids=pos,
-                past_key_values=cache,
-                use_cache=True,
-                logits_to_keep=1,
-            )
+        res = _feed(model, ids, mask, pos, cache, precision)
         logp_first = torch.log_softmax(res.logits[:, -1, :].float(), dim=-1)  # [b, V]
         if greedy is not None:  # decoded on the prompts' cache, which is then cut back to them
             t0 = time.perf_counter()
@@ -600,21 +605,12 @@ def generate(
     (an extraction prompt's instructions are most of it) and stop a batch as soon as
     every row has ended. Same tokens as `model.generate(do_sample=False)` (tested).
     `share_prefix=False` recomputes the common prefix in every batch (for benchmarks)."""
-    device = next(model.parameters()).device
     outs: list[list[int]] = [[] for _ in prompts]
     greedy = Greedy(max_new_tokens, stop_ids, alive)
     for idx, ids, mask, pos, cache in _prefixed_batches(
         model, prompts, batch_size, pad_id, precision, share_prefix
     ):
-        with autocast(device.type, precision):
-            res = model(
-                input_ids=ids,
-                attention_mask=mask,
-                position_ids=pos,
-                past_key_values=cache,
-                use_cache=True,
-                logits_to_keep=1,
-            )
+        res = _feed(model, ids, mask, pos, cache, precision)
         first = res.logits[:, -1, :].float().argmax(dim=-1)  # [b]
         for i, toks in zip(idx, greedy.decode(model, first, res.past_key_values, mask, pos,
                                               precision), strict=True):  # fmt: skip
@@ -666,15 +662,7 @@ class Greedy:
                 break
             mask = torch.cat([mask, torch.ones((b, 1), dtype=mask.dtype, device=device)], dim=1)
             pos = pos[:, -1:] + 1
-            with autocast(device.type, precision):
-                res = model(
-                    input_ids=nxt[:, None],
-                    attention_mask=mask,
-                    position_ids=pos,
-                    past_key_values=cache,
-                    use_cache=True,
-                    logits_to_keep=1,
-                )
+            res = _feed(model, nxt[:, None], mask, pos, cache, precision)
             cache, nxt = res.past_key_values, res.logits[:, -1, :].float().argmax(dim=-1)
         gen = torch.stack(steps, dim=1).tolist() if steps else [[] for _ in range(b)]
         out = []

@@ -6,8 +6,7 @@ whose hash decides whether two results may be compared.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -152,36 +151,36 @@ def evaluate_records(
     # Evaluation has its own peak (KV caches of a batch, the label tree, generation): a
     # memory limit covers it too, not only the training step's.
     meter = PeakMemory(next(model.parameters()).device)
-    calibration = scores = outputs = served = greedy = None
-    bar = {"total": len(records), "progress": progress, "log": log}
+    calibration = scores = outputs = greedy = None
     stop = stop_token_ids(tokenizer, fmt)
-    with meter:
+    with (
+        meter,
+        Phase(
+            label, len(records), bar=progress, log=log if progress else None, field_names=("rate",)
+        ) as phase,
+    ):
+
+        def tick(n: int) -> None:
+            rate = (phase.done + n) / max(time.perf_counter() - t0, 1e-9)
+            phase.advance(n=n, rate=f"{rate:.1f} ex/s")
+
         if protocol["mode"] == "score":
             if generation_check:  # decoded from the caches scoring computes, batch by batch
                 max_new = spec.eval.max_new_tokens or budget + GENERATION_MARGIN
                 alive = _label_prefix(tokenizer, spec.task.labels)
                 greedy = predict.Greedy(max_new, stop, alive)  # as eval.mode generate allows
-            with _ticks(label, **bar) as tick:
-                scores, calibration = _score(
-                    model, fmt, spec, prompts, protocol, pad_id, tick, greedy
-                )
-            if greedy is not None:
-                served = [
-                    tokenizer.decode(greedy.ids[i], skip_special_tokens=True)
-                    for i in range(len(prompts))
-                ]
+            scores, calibration = _score(model, fmt, spec, prompts, protocol, pad_id, tick, greedy)
         else:
-            with _ticks(label, **bar) as tick:
-                gen = predict.generate(
-                    model,
-                    prompts,
-                    max_new_tokens=protocol["max_new_tokens"],
-                    stop_ids=stop,
-                    pad_id=pad_id,
-                    batch_size=protocol["batch_size"],
-                    progress=tick,
-                    share_prefix=protocol["shared_prefix_cache"],
-                )
+            gen = predict.generate(
+                model,
+                prompts,
+                max_new_tokens=protocol["max_new_tokens"],
+                stop_ids=stop,
+                pad_id=pad_id,
+                batch_size=protocol["batch_size"],
+                progress=tick,
+                share_prefix=protocol["shared_prefix_cache"],
+            )
             outputs = [tokenizer.decode(g, skip_special_tokens=True) for g in gen]
     seconds = time.perf_counter() - t0
 
@@ -190,29 +189,17 @@ def evaluate_records(
     metrics, rows = score_predictions(spec, records, prompt_texts, scores, outputs, offsets)
     metrics["n"] = len(records)
     generation = None
-    if served is not None and greedy is not None:
-        generation = _generation(spec, records, prompt_texts, rows, metrics, served)
+    if greedy is not None:
+        texts = [
+            tokenizer.decode(greedy.ids[i], skip_special_tokens=True) for i in range(len(prompts))
+        ]
+        generation = _generation(spec, records, prompt_texts, rows, metrics, texts)
         generation["seconds"] = round(greedy.seconds, 3)  # of `seconds`: the check's cost
     device = str(next(model.parameters()).device)
     return EvalResult(
         metrics, rows, seconds, len(records) / max(seconds, 1e-9), protocol, device,
         meter.total, meter.peak, calibration, generation,
     )  # fmt: skip
-
-
-@contextmanager
-def _ticks(label: str, *, total: int, progress: bool, log) -> Iterator[Callable[[int], None]]:
-    """A progress bar (or log lines) over `total` examples -> the callback that advances it."""
-    t0 = time.perf_counter()
-    with Phase(
-        label, total, bar=progress, log=log if progress else None, field_names=("rate",)
-    ) as phase:
-
-        def tick(n: int) -> None:
-            rate = (phase.done + n) / max(time.perf_counter() - t0, 1e-9)
-            phase.advance(n=n, rate=f"{rate:.1f} ex/s")
-
-        yield tick
 
 
 def _label_prefix(tokenizer, labels) -> Callable[[list[int]], bool]:
