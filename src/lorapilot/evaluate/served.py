@@ -75,24 +75,37 @@ def generation_figures(
     }
 
 
-def generation_warning(who: str, figures: dict, minimum: float = GENERATION_AGREEMENT_MIN) -> str:
-    """One paragraph for the report when a generating server would serve another classifier
-    than the one decided on; '' when generation agrees well enough."""
+def generation_warning(
+    who: str,
+    figures: dict,
+    minimum: float = GENERATION_AGREEMENT_MIN,
+    *,
+    served_as: str = "served by a runtime that generates (vLLM, TGI, Ollama, a transformers "
+    "pipeline)",
+    scorer: str = "",
+    theirs: str = "scored",
+    ours: str = "generated",
+    serve_by: str = "serve it by label scoring (`export --gguf` writes classify.py, the "
+    "pilot's rule in llama.cpp), ",
+) -> str:
+    """One paragraph for when a generating server would serve another classifier than the one
+    decided on; '' when generation agrees well enough. The torch evaluation's figures by
+    default; the GGUF check names its runtimes (`theirs`, `ours`: the figures' metric keys;
+    `scorer`: who scored) and how its folder serves label scoring."""
     if figures["agreement"] >= minimum:
         return ""
     n, odd = figures["n"], ", ".join(f"{t!r} x{k}" for t, k in figures["not_labels"][:3])
+    by = f" {scorer}" if scorer else ""
     metrics = "; ".join(
-        f"{k} {v['scored']:.3f} scored, {v['generated']:.3f} generated"
+        f"{k} {v[theirs]:.3f} scored{f' in {scorer}' if scorer else ''}, {v[ours]:.3f} generated"
         for k, v in figures["metrics"].items()
-        if isinstance(v.get("scored"), int | float) and isinstance(v.get("generated"), int | float)
+        if isinstance(v.get(theirs), int | float) and isinstance(v.get(ours), int | float)
     )
     return (
-        f"{who}: served by a runtime that generates (vLLM, TGI, Ollama, a transformers "
-        f"pipeline), {figures['n_same']} of {n} validation answers are the label scored "
-        f"({figures['agreement']:.1%} < {minimum:.0%}) and {n - figures['n_labels']} are no "
-        f"label at all{f' ({odd})' if odd else ''}; {metrics}. The decision was made on label "
-        "scoring: serve it by label scoring (`export --gguf` writes classify.py, the pilot's "
-        "rule in llama.cpp), train until the adapter answers in the "
-        "label set (more steps, a higher train.lr), or decide on what generation serves "
-        "(eval.mode: generate)"
+        f"{who}: {served_as}, {figures['n_same']} of {n} validation answers are the label"
+        f"{by} scored ({figures['agreement']:.1%} < {minimum:.0%}) and "
+        f"{n - figures['n_labels']} are no label at all{f' ({odd})' if odd else ''}; "
+        f"{metrics}. The decision was made on label scoring: to serve what was decided, "
+        f"{serve_by}train until the adapter answers in the label set (more steps, a higher "
+        "train.lr), or decide on what generation serves (eval.mode: generate)"
     )

@@ -30,7 +30,7 @@ from lorapilot.data.format import render_messages
 from lorapilot.errors import CheckFailed, LorapilotError, UsageError
 from lorapilot.evaluate.metrics import CONTENT_FREE, calibration_offsets
 from lorapilot.evaluate.runner import label_token_ids, score_predictions, stop_token_ids
-from lorapilot.evaluate.served import generation_figures
+from lorapilot.evaluate.served import generation_figures, generation_warning
 from lorapilot.export import classify as classify_module
 from lorapilot.export import gguf_files as gf
 from lorapilot.export import ollama
@@ -703,33 +703,18 @@ def generation_warnings(results: list[dict], minimum: float, classifier: bool = 
     """Where free generation (the Modelfile's way: `ollama run`, `llama-cli`) answers other
     than the scored label more often than the gate allows: the served classifier is not the
     one the decision was made on. Reported, not gated: the pilot's rule is label scoring."""
-    out = []
-    for r in results:
-        g = r.get("generation")
-        if not g or g["agreement"] >= minimum:
-            continue
-        n = r["n_examples"]
-        odd = ", ".join(f"{text!r} x{k}" for text, k in g["not_labels"][:3])
-        metrics = "; ".join(
-            f"{k} {v['lorapilot']:.3f} scored in lorapilot, {v['llama_cpp']:.3f} generated"
-            for k, v in g["metrics"].items()
-            if isinstance(v.get("lorapilot"), int | float)
-        )
-        out.append(
-            f"{r['name']}: served as the Modelfile serves it (free greedy generation, what "
-            f"`ollama run` answers), {g['n_same']} of {n} validation answers are the label "
-            f"lorapilot scored ({g['agreement']:.1%} < {minimum:.0%}) and "
-            f"{n - g['n_labels']} are no label at all{f' ({odd})' if odd else ''}; {metrics}. "
-            "The decision was made on label scoring: to serve what was decided, "
-            + (
-                f"serve it with {CLASSIFY_FILE} (the folder's label scoring), "
-                if classifier
-                else ""
-            )
-            + "train until the adapter answers in the label set (more steps, a higher "
-            "train.lr), or decide on what generation serves (eval.mode: generate)"
-        )
-    return out
+    serve_by = f"serve it with {CLASSIFY_FILE} (the folder's label scoring), " if classifier else ""
+    texts = [
+        generation_warning(
+            r["name"], r["generation"], minimum,
+            served_as="served as the Modelfile serves it (free greedy generation, what "
+            "`ollama run` answers)",
+            scorer="lorapilot", theirs="lorapilot", ours="llama_cpp", serve_by=serve_by,
+        )  # fmt: skip
+        for r in results
+        if r.get("generation")
+    ]
+    return [t for t in texts if t]
 
 
 HEADLINE = (

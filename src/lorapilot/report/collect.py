@@ -398,11 +398,10 @@ def export_warnings(exports: list[dict]) -> list[str]:
 def generation_warnings(chosen: dict | None) -> list[str]:
     """The chosen adapter served by a runtime that generates answers other labels than the
     ones it was decided on (`evaluate.served`): a limitation of the decision as deployed."""
-    g = (chosen or {}).get("generation")
-    if not g:
+    if not chosen or not chosen.get("generation"):
         return []
-    assert chosen is not None
-    text = generation_warning(f"the chosen adapter (train run {chosen['id']})", g)
+    who = f"the chosen adapter (train run {chosen['id']})"
+    text = generation_warning(who, chosen["generation"])
     return [text] if text else []
 
 
