@@ -82,3 +82,13 @@ def test_evaluation_train_and_compare_show_the_generation_check(monkeypatch):
              "generation": g}, {"id": "eval-2", "kind": "eval", "status": "completed"}]  # fmt: skip
     text = _shown(monkeypatch, views.compare, {"baseline": "b-1", "runs": rows, "decision": None})
     assert "generated = scored" in text and "116/154 (75%)" in text
+    # constrained to the labels: a line of its own, and after the free figure in compare
+    c = {"agreement": 0.974, "n": 154, "n_same": 150, "n_labels": 154, "metrics": {}}
+    held = {**ev, "generation": {**g, "constrained": c}}
+    line = ("constrained to the labels (as a server with a choice or grammar answers): 150 of "
+            "154 the scored label (97.4%)")  # fmt: skip
+    assert line in _shown(monkeypatch, views.evaluation, held)
+    assert "constrained to" not in _shown(monkeypatch, views.evaluation, ev)
+    rows[0]["generation"] = held["generation"]
+    text = _shown(monkeypatch, views.compare, {"baseline": "b-1", "runs": rows, "decision": None})
+    assert "116/154 (75%) | 150/154" in text

@@ -469,6 +469,13 @@ def _generated(g: dict | None) -> None:
         f"scored label[/] ({g['agreement']:.1%}), {g['n_labels']} a label"
         + (f"; {metrics}" if metrics else "")
     )
+    c = g.get("constrained")
+    if c:
+        colour = "green" if c["agreement"] >= GENERATION_AGREEMENT_MIN else "yellow"
+        stdout.print(
+            f"  constrained to the labels (as a server with a choice or grammar answers): "
+            f"[{colour}]{c['n_same']} of {c['n']} the scored label[/] ({c['agreement']:.1%})"
+        )
 
 
 def train(r: dict) -> None:
@@ -640,14 +647,21 @@ def _plan(r: dict) -> None:
 
 
 def _agreement(g: dict | None) -> str:
-    return f"{g['n_same']}/{g['n']} ({g['agreement']:.0%})" if g else ""
+    """Free generation's agreement with scoring, and the labels-constrained one's after it."""
+    if not g:
+        return ""
+    c = g.get("constrained")
+    return f"{g['n_same']}/{g['n']} ({g['agreement']:.0%})" + (
+        f" | {c['n_same']}/{c['n']}" if c else ""
+    )
 
 
 def compare(r: dict) -> None:
     t = Table(title="runs compared with the baseline " + str(r["baseline"]))
     generated = any(row.get("generation") for row in r["runs"])  # eval.generation_check
     cols = ("id", "kind", "status", "variant", "main metrics", "delta", "fixed/broken")
-    for col in (*cols, *(("generated = scored",) if generated else ()), "note"):
+    gen_col = ("generated = scored (free | constrained)",) if generated else ()
+    for col in (*cols, *gen_col, "note"):
         t.add_column(col)
     for row in r["runs"]:
         m = row.get("metrics") or {}

@@ -359,3 +359,49 @@ def test_best_first_with_calibration_offsets_picks_the_argmax_of_score_plus_offs
                        search="best_first", offsets=offsets)  # fmt: skip
     assert (np.nanargmax(got + offsets, axis=1) == want).all()
     assert np.isnan(got).any()  # it still pruned
+
+
+def _constrained_reference(model, prompt, choice, max_new):
+    """Constrained greedy decoding the slow way: the whole sequence again at every step."""
+    ids, said = [], b""
+    for _ in range(max_new):
+        allowed = choice.allowed(said)
+        if not allowed:
+            break
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([prompt + ids])).logits[0, -1].float()
+        t = allowed[int(logits[allowed].argmax())]
+        if t in choice.stop_ids:
+            break
+        ids.append(t)
+        said += choice.vocab[t]
+    return ids
+
+
+@pytest.mark.parametrize("prefix", [0, 12])
+def test_constrained_decoding_matches_the_slow_reference(prefix, model_and_tok):
+    """The constrained pass picks, token by token, the likeliest token that spells on towards
+    a label (labels made of this random model's own likeliest tokens, and others)."""
+    from lorapilot.evaluate.served import LabelChoice, token_bytes
+
+    model, tok = model_and_tok
+    prompts = _prompts(seed=6, prefix=prefix)
+    kw = dict(pad_id=tok.pad_token_id, batch_size=4)
+    vocab = token_bytes(tok)
+    free = generate(model, prompts, max_new_tokens=3, stop_ids=[], **kw)
+    spelled = [b"".join(vocab[t] or b"\xff" for t in w[:2]) for w in free]
+    text = [s.decode("utf-8", "ignore") for s in spelled]
+    own = [i for i, s in enumerate(spelled) if text[i].encode() == s and text[i].isprintable()]
+    own = own[:3]
+    labels = sorted({text[i] for i in own} | {"bill", "billing", "tech"})
+    stop = sorted({free[i][2] for i in own} - {t for i in own for t in free[i][:2]})
+    choice = LabelChoice(vocab, labels, stop)
+    greedy = Greedy(12, stop, choice=choice)
+    plain = score_labels(model, prompts, LABELS, **kw)
+    scored = score_labels(model, prompts, LABELS, greedy=greedy, **kw)
+    np.testing.assert_allclose(scored, plain, atol=1e-5)  # the passes' tokens were cropped
+    got = [greedy.constrained[i] for i in range(len(prompts))]
+    want = [_constrained_reference(model, p, choice, 12) for p in prompts]
+    assert got == want
+    assert all(choice.answer(g).decode() in labels for g in got)
+    assert greedy.constrained_seconds > 0

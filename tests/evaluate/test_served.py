@@ -3,7 +3,13 @@ generating server gives them, counted against the scored ones."""
 
 from __future__ import annotations
 
-from lorapilot.evaluate.served import could_be_label, generation_figures, generation_warning
+from lorapilot.evaluate.served import (
+    LabelChoice,
+    could_be_label,
+    generation_figures,
+    generation_warning,
+    token_bytes,
+)
 
 
 def _rows(parsed, raw=None):
@@ -58,3 +64,34 @@ def test_an_answer_is_alive_while_it_can_still_parse_to_a_label():
         assert could_be_label(text, labels), text
     for text in ("billing issue", "The", "billingx", "feature  request", "b\ni", "refund."):
         assert not could_be_label(text, labels), text
+
+
+def test_a_label_choice_allows_every_token_that_spells_on_towards_a_label():
+    vocab = [b"b", b"ill", b"bill", b"ing", b"billing", b"t", b"ech", None, b"x", b"illing"]
+    choice = LabelChoice(vocab, ["bill", "billing", "tech"], stop_ids=[7])
+    assert choice.allowed(b"") == [0, 2, 4, 5]  # not only each label's own first token
+    assert choice.allowed(b"b") == [1, 9]
+    assert choice.allowed(b"bill") == [3, 7]  # a label, and the start of another
+    assert choice.allowed(b"billing") == [7] and choice.complete(b"billing")
+    assert not choice.complete(b"bill") and not choice.complete(b"t")
+    assert choice.allowed(b"x") == []  # no label starts so
+    assert choice.answer([0, 1, 3]) == b"billing"
+    # a free answer that spells a label and ended at a stop token is what constrained
+    # decoding gives too; one cut short, or spelling no label, is decoded again
+    free = [[0, 1, 3], [2], [2], [8], [0, 9, 3]]
+    assert choice.to_decode(free, [True, True, False, True, True]) == [
+        False, False, True, True, True
+    ]  # fmt: skip
+
+
+def test_token_bytes_spell_the_text_back_and_leave_special_tokens_out(default_model_dir):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(default_model_dir)
+    vocab = token_bytes(tok)
+    assert len(vocab) == len(tok)
+    for text in ["billing", "feature_request", " two words", "Réclamation ✓", "Ärger\n"]:
+        ids = tok(text, add_special_tokens=False).input_ids
+        assert b"".join(vocab[i] for i in ids) == text.encode()
+    assert all(vocab[i] is None for i in tok.all_special_ids)
+    assert vocab[tok.convert_tokens_to_ids("<|im_end|>")] is None

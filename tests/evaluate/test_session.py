@@ -61,6 +61,11 @@ def test_baseline_ticket_triage_real_model(tmp_path, default_model_dir):
     assert all(v["scored"] == m[k] for k, v in g["metrics"].items())
     assert g["n_same"] == sum(r["generated_label"] == r["parsed"] for r in rows)
     assert g["n_labels"] == sum(r["generated_label"] in labels for r in rows)
+    # constrained to the labels' text, every answer is a label, counted the same way
+    c = g["constrained"]
+    assert all(r["constrained_label"] in labels for r in rows) and c["n_labels"] == c["n"]
+    assert c["n_same"] == sum(r["constrained_label"] == r["parsed"] for r in rows)
+    assert c["seconds"] >= 0 and c["metrics"]["macro_f1"]["scored"] == m["macro_f1"]
     spec = yaml.safe_load((pilot / "pilot.yaml").read_text())
     spec["eval"]["mode"] = "generate"
     (pilot / "pilot.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))

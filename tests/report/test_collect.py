@@ -175,5 +175,15 @@ def test_a_chosen_adapter_that_generates_other_labels_is_a_limitation():
     (line,) = generation_warnings({"id": "t9", "generation": g})
     assert line.startswith("the chosen adapter (train run t9): served by a runtime that generates")
     assert "104 of 154" in line and "16 are no label at all ('open_account' x3)" in line
+    assert "Constrained" not in line and "constrained to the labels, " not in line
     assert generation_warnings({"id": "t9", "generation": {**g, "agreement": 0.99}}) == []
+    # constrained decoding's figure is given, and offered as a way out when it agrees
+    held = {"agreement": 0.987, "n": 154, "n_same": 152}
+    (line,) = generation_warnings({"id": "t9", "generation": {**g, "constrained": held}})
+    assert "(vLLM guided_choice, a TGI or llama.cpp grammar), 152 of 154 are (98.7%)" in line
+    assert "serve what was decided, serve it constrained to the labels, serve it by" in line
+    (line,) = generation_warnings(
+        {"id": "t9", "generation": {**g, "constrained": {**held, "agreement": 0.9}}}
+    )
+    assert "152 of 154 are (90.0%)" in line and "constrained to the labels, " not in line
     assert generation_warnings({"id": "t9"}) == [] and generation_warnings(None) == []

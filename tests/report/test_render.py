@@ -558,9 +558,15 @@ def test_the_results_set_generated_answers_beside_the_scored_ones(state):
         "agreement": 0.95, "n": 20, "n_same": 19, "n_labels": 20, "not_labels": [],
         "metrics": {"macro_f1": {"scored": 0.9, "generated": 0.85}},
     }  # fmt: skip
+    s["chosen"]["generation"]["constrained"] = {
+        "agreement": 1.0, "n": 20, "n_same": 20, "n_labels": 20, "not_labels": [],
+        "metrics": {"macro_f1": {"scored": 0.9, "generated": 0.9}},
+    }  # fmt: skip
     results = md_section(render_markdown(s), "Results: baseline vs adapted")
     assert "As a chat server answers" in results
     assert "2 of 20 (10.0%)" in results and "19 of 20 (95.0%)" in results
     assert "0.900 \u2192 0.850" in results
+    assert "| adapted | constrained to the labels | 20 of 20 (100.0%) | 20 of 20 |" in results
+    assert results.count("constrained to the labels |") == 1  # the baseline had none
     html = render_html(s)
     assert "As a chat server answers" in html and "19 of 20 (95.0%)" in html

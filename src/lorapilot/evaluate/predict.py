@@ -20,6 +20,7 @@ import functools
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -224,14 +225,7 @@ def score_labels(
         res = _feed(model, ids, mask, pos, cache, precision)
         logp_first = torch.log_softmax(res.logits[:, -1, :].float(), dim=-1)  # [b, V]
         if greedy is not None:  # decoded on the prompts' cache, which is then cut back to them
-            t0 = time.perf_counter()
-            first_tok = res.logits[:, -1, :].float().argmax(dim=-1)
-            ids_out = greedy.decode(model, first_tok, res.past_key_values, mask, pos, precision)
-            fed = res.past_key_values.get_seq_length() - mask.shape[1]
-            if fed:  # a negative count removes that many tokens (transformers 5)
-                res.past_key_values.crop(-fed)
-            greedy.ids.update(zip(idx, ids_out, strict=True))
-            greedy.seconds += time.perf_counter() - t0
+            _generation_check(model, greedy, idx, res, mask, pos, precision)
         res.logits = None  # held through the whole search otherwise; the cache is what stays
         if best_first:
             out[idx] = _best_first(model, trie, tree, logp_first, first, res.past_key_values,
@@ -250,6 +244,36 @@ def score_labels(
         if progress:
             progress(b)
     return out
+
+
+def _generation_check(model, greedy: Greedy, idx: list[int], res, mask, pos, precision: str):
+    """`score_labels`' greedy decoding of a fed batch (free, then constrained to the labels
+    where the free answer is not already a label), each from the prompts' cache, which is
+    cut back to the prompts after each."""
+    cache, width = res.past_key_values, mask.shape[1]
+
+    def crop() -> None:
+        fed = cache.get_seq_length() - width
+        if fed:  # a negative count removes that many tokens (transformers 5)
+            cache.crop(-fed)
+
+    t0 = time.perf_counter()
+    logits = res.logits[:, -1, :].float()
+    free = greedy.decode(model, logits.argmax(dim=-1), cache, mask, pos, precision)
+    crop()
+    greedy.ids.update(zip(idx, free, strict=True))
+    t1 = time.perf_counter()
+    greedy.seconds += t1 - t0
+    if greedy.choice is None:
+        return
+    rows = greedy.choice.to_decode(free, greedy.stopped)
+    held = [None] * len(free)
+    if any(rows):
+        held = greedy.decode_constrained(model, logits, cache, mask, pos, precision, rows)
+        crop()
+    for i, ids, own in zip(idx, free, held, strict=True):
+        greedy.constrained[i] = ids if own is None else own
+    greedy.constrained_seconds += time.perf_counter() - t1
 
 
 # Nodes expanded per prompt and pass once the prompt has a complete label: a pass costs a
@@ -625,13 +649,20 @@ class Greedy:
     """Greedy decoding to a stop token, `max_new_tokens` at most; `alive(ids so far)` False
     ends a row there (its ids kept up to and including that token). Given to `score_labels`,
     it decodes every prompt from the KV cache scoring computed (the generation check: no
-    second pass over the prompts) and fills `ids` in prompt order."""
+    second pass over the prompts) and fills `ids` in prompt order; with `choice` (a
+    `served.LabelChoice`), also decodes each prompt constrained to the labels' text into
+    `constrained` (where the free answer is a label ended by a stop token, the constrained
+    one is the same: each of its tokens was allowed and the likeliest)."""
 
     max_new_tokens: int
     stop_ids: list[int]
     alive: Callable[[list[int]], bool] | None = None
+    choice: Any = None  # served.LabelChoice: the constrained pass
     ids: dict[int, list[int]] = field(default_factory=dict)  # prompt index -> generated
-    seconds: float = 0.0  # the decoding's own time, inside scoring's
+    constrained: dict[int, list[int]] = field(default_factory=dict)
+    seconds: float = 0.0  # the free decoding's own time, inside scoring's
+    constrained_seconds: float = 0.0
+    stopped: list[bool] = field(default_factory=list)  # the last decode: ended at a stop token
 
     def decode(self, model, first, cache, mask, pos, precision: str) -> list[list[int]]:
         """Continue a fed batch: `first` [b] is each row's argmax after its prompt, `cache`
@@ -660,17 +691,63 @@ class Greedy:
             ended |= stopped
             if bool(ended.all()) or step == self.max_new_tokens - 1:
                 break
-            mask = torch.cat([mask, torch.ones((b, 1), dtype=mask.dtype, device=device)], dim=1)
-            pos = pos[:, -1:] + 1
-            res = _feed(model, nxt[:, None], mask, pos, cache, precision)
-            cache, nxt = res.past_key_values, res.logits[:, -1, :].float().argmax(dim=-1)
+            mask, pos, cache, logits = _step(model, nxt, mask, pos, cache, precision)
+            nxt = logits.argmax(dim=-1)
         gen = torch.stack(steps, dim=1).tolist() if steps else [[] for _ in range(b)]
-        out = []
+        out, self.stopped = [], []
         for row in range(b):
-            toks = []
+            toks, at_stop = [], False
             for t in gen[row][: cut[row]]:
                 if t in stop_set:
+                    at_stop = True
                     break
                 toks.append(t)
             out.append(toks)
+            self.stopped.append(at_stop)
         return out
+
+    def decode_constrained(
+        self, model, logits, cache, mask, pos, precision: str, rows: list[bool]
+    ) -> list[list[int] | None]:
+        """Decode the `rows` marked True of a fed batch greedily among the tokens
+        `self.choice` allows (`logits` [b, V]: after each prompt) -> ids per row (None for
+        rows not decoded). Rows end at a stop token or once their answer is a label no
+        other label continues; `cache` grows (the caller crops it)."""
+        b, device = logits.shape[0], logits.device
+        choice, allowed_t = self.choice, {}
+        said = [b""] * b
+        out: list[list[int] | None] = [[] if r else None for r in rows]
+        open_ = list(rows)
+        for step in range(self.max_new_tokens):
+            nxt = [0] * b  # what a closed row feeds: its outputs are unused
+            for r in range(b):
+                if not open_[r]:
+                    continue
+                allowed = choice.allowed(said[r])
+                if not allowed:  # a vocabulary that cannot spell the rest: no label
+                    open_[r] = False
+                    continue
+                if said[r] not in allowed_t:
+                    allowed_t[said[r]] = torch.tensor(allowed, dtype=torch.long, device=device)
+                t = allowed[int(logits[r, allowed_t[said[r]]].argmax())]
+                if t in self.stop_ids:
+                    open_[r] = False
+                    continue
+                out[r].append(t)
+                said[r] += choice.vocab[t]
+                nxt[r] = t
+                open_[r] = not choice.complete(said[r])
+            if not any(open_) or step == self.max_new_tokens - 1:
+                break
+            ids = torch.tensor(nxt, dtype=torch.long, device=device)
+            mask, pos, cache, logits = _step(model, ids, mask, pos, cache, precision)
+        return out
+
+
+def _step(model, nxt, mask, pos, cache, precision: str):
+    """One decoding step: feed each row's token `nxt` [b] -> (mask, pos, cache, logits [b, V])."""
+    one = torch.ones((mask.shape[0], 1), dtype=mask.dtype, device=mask.device)
+    mask = torch.cat([mask, one], dim=1)
+    pos = pos[:, -1:] + 1
+    res = _feed(model, nxt[:, None], mask, pos, cache, precision)
+    return mask, pos, res.past_key_values, res.logits[:, -1, :].float()

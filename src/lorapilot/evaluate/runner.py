@@ -19,7 +19,13 @@ from lorapilot.data.format import PromptFormatter, answer_text, template_hash
 from lorapilot.data.rows import Record
 from lorapilot.evaluate import predict
 from lorapilot.evaluate.metrics import CONTENT_FREE, calibration_offsets, classification_metrics
-from lorapilot.evaluate.served import could_be_label, generation_figures
+from lorapilot.evaluate.served import (
+    CONSTRAINED,
+    LabelChoice,
+    could_be_label,
+    generation_figures,
+    token_bytes,
+)
 from lorapilot.evaluate.structured import extraction_metrics, format_metrics
 from lorapilot.fsutil import sha256_json
 from lorapilot.records.progress import Phase
@@ -168,7 +174,8 @@ def evaluate_records(
             if generation_check:  # decoded from the caches scoring computes, batch by batch
                 max_new = spec.eval.max_new_tokens or budget + GENERATION_MARGIN
                 alive = _label_prefix(tokenizer, spec.task.labels)
-                greedy = predict.Greedy(max_new, stop, alive)  # as eval.mode generate allows
+                choice = LabelChoice(token_bytes(tokenizer), spec.task.labels or [], stop)
+                greedy = predict.Greedy(max_new, stop, alive, choice)  # as eval.mode generate
             scores, calibration = _score(model, fmt, spec, prompts, protocol, pad_id, tick, greedy)
         else:
             gen = predict.generate(
@@ -190,11 +197,13 @@ def evaluate_records(
     metrics["n"] = len(records)
     generation = None
     if greedy is not None:
-        texts = [
-            tokenizer.decode(greedy.ids[i], skip_special_tokens=True) for i in range(len(prompts))
-        ]
-        generation = _generation(spec, records, prompt_texts, rows, metrics, texts)
+        texts, held = (
+            [tokenizer.decode(ids[i], skip_special_tokens=True) for i in range(len(prompts))]
+            for ids in (greedy.ids, greedy.constrained)
+        )
+        generation = _generation(spec, records, prompt_texts, rows, metrics, texts, held)
         generation["seconds"] = round(greedy.seconds, 3)  # of `seconds`: the check's cost
+        generation["constrained"]["seconds"] = round(greedy.constrained_seconds, 3)
     device = str(next(model.parameters()).device)
     return EvalResult(
         metrics, rows, seconds, len(records) / max(seconds, 1e-9), protocol, device,
@@ -241,15 +250,23 @@ def _score(
     return scores, calibration
 
 
-def _generation(spec, records, prompt_texts, rows: list[dict], metrics: dict, texts) -> dict:
-    """The generation check's figures; each prediction row gets its `generated` text and the
-    label it parses to (`generated_label`, None when it is none)."""
+def _generation(spec, records, prompt_texts, rows: list[dict], metrics: dict, texts, held) -> dict:
+    """The generation check's figures, free (`texts`) and constrained to the labels (`held`,
+    in `constrained`); each prediction row gets its `generated` text, the label it parses to
+    (`generated_label`, None when it is none) and the label constrained decoding ends in
+    (`constrained_label`)."""
     gen_metrics, gen_rows = score_predictions(spec, records, prompt_texts, None, texts)
-    for row, g in zip(rows, gen_rows, strict=True):
+    held_metrics, held_rows = score_predictions(spec, records, prompt_texts, None, held)
+    for row, g, h in zip(rows, gen_rows, held_rows, strict=True):
         row["generated"], row["generated_label"] = g["raw_output"], g["parsed"]
+        row["constrained_label"] = h["parsed"]
     keys = list(dict.fromkeys((spec.success.metric, "accuracy", "macro_f1")))
     keys = [k for k in keys if isinstance(gen_metrics.get(k), int | float)]
-    return generation_figures(rows, gen_rows, metrics, gen_metrics, keys)
+    out = generation_figures(rows, gen_rows, metrics, gen_metrics, keys)
+    out["constrained"] = generation_figures(
+        rows, held_rows, metrics, held_metrics, keys, what=CONSTRAINED
+    )
+    return out
 
 
 def calibration_record(labels: list[str], free_scores: np.ndarray, offsets: np.ndarray) -> dict:

@@ -11,13 +11,19 @@ Pure: the generated texts come from the caller (torch here, llama.cpp in the GGU
 
 from __future__ import annotations
 
-from collections import Counter
+import json
+import re
+from collections import Counter, defaultdict
 
 GENERATION_AGREEMENT_MIN = 0.98
 """Below this share of answers that are the scored label, the report says the classifier a
 generating server serves is not the one decided on (the GGUF check's default gate)."""
 
 WHAT = "greedy generation to the end of the turn, as a chat server answers"
+CONSTRAINED = (
+    "greedy decoding constrained to the labels' exact text, as a server given the labels as "
+    "a choice answers (vLLM guided_choice, a TGI or llama.cpp grammar)"
+)
 
 
 def could_be_label(text: str, labels: set[str]) -> bool:
@@ -101,11 +107,112 @@ def generation_warning(
         for k, v in figures["metrics"].items()
         if isinstance(v.get(theirs), int | float) and isinstance(v.get(ours), int | float)
     )
+    held, constrain = figures.get("constrained"), ""
+    if held:
+        held_text = (
+            f" Constrained to the labels' text (vLLM guided_choice, a TGI or llama.cpp "
+            f"grammar), {held['n_same']} of {held['n']} are ({held['agreement']:.1%})."
+        )
+        if held["agreement"] >= minimum:
+            constrain = "serve it constrained to the labels, "
     return (
         f"{who}: {served_as}, {figures['n_same']} of {n} validation answers are the label"
         f"{by} scored ({figures['agreement']:.1%} < {minimum:.0%}) and "
         f"{n - figures['n_labels']} are no label at all{f' ({odd})' if odd else ''}; "
-        f"{metrics}. The decision was made on label scoring: to serve what was decided, "
-        f"{serve_by}train until the adapter answers in the label set (more steps, a higher "
-        "train.lr), or decide on what generation serves (eval.mode: generate)"
+        f"{metrics}.{held_text if held else ''} The decision was made on label scoring: to "
+        f"serve what was decided, {constrain}{serve_by}train until the adapter answers in the "
+        "label set (more steps, a higher train.lr), or decide on what generation serves "
+        "(eval.mode: generate)"
     )
+
+
+def _byte_alphabet() -> dict[str, int]:
+    """Byte-level BPE's printable stand-in for each byte (GPT-2's table: printable Latin-1
+    bytes stand for themselves, the others are shifted past 255) -> byte value."""
+    keep = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    shifted = [b for b in range(256) if b not in keep]
+    table = {chr(b): b for b in keep}
+    table.update({chr(256 + k): b for k, b in enumerate(shifted)})
+    return table
+
+
+_SP_BYTE = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
+
+
+def token_bytes(tokenizer) -> list[bytes | None]:
+    """Each token id's bytes, as a grammar engine (xgrammar, outlines, llama.cpp) matches them
+    against the allowed text; None for special tokens, which are never part of an answer.
+    Byte-level BPE (GPT-2, Llama 3, Qwen, SmolLM2) maps its pieces back through its byte
+    table; SentencePiece (Llama 2, Mistral) writes a space as U+2581 and bytes as <0xNN>;
+    any other vocabulary is taken as the text each piece decodes to."""
+    pieces = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+    special = set(getattr(tokenizer, "all_special_ids", []) or [])
+    special |= set(getattr(tokenizer, "added_tokens_decoder", {}) or {})
+    decoder = ""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        decoder = json.dumps(json.loads(backend.to_str()).get("decoder"))
+    table = _byte_alphabet() if '"ByteLevel"' in decoder else None
+    out: list[bytes | None] = []
+    for i, piece in enumerate(pieces):
+        if i in special or piece is None:
+            out.append(None)
+        elif table is not None:
+            out.append(bytes(table[c] for c in piece) if all(c in table for c in piece) else None)
+        elif m := _SP_BYTE.match(piece):
+            out.append(bytes([int(m.group(1), 16)]))
+        elif "\u2581" in piece or '"Metaspace"' in decoder:
+            out.append(piece.replace("\u2581", " ").encode())
+        else:
+            out.append(tokenizer.decode([i]).encode())
+    return out
+
+
+class LabelChoice:
+    """The tokens a server given the labels as a choice lets the model pick next: any token
+    whose bytes continue the answer so far towards one of the labels' exact texts (not only
+    the labels' own tokenization), and the end of the turn once the answer is a label. A
+    grammar engine allows exactly these; greedy decoding then takes the likeliest of them,
+    token by token, which can end in another label than scoring whole labels picks."""
+
+    def __init__(self, vocab: list[bytes | None], labels: list[str], stop_ids: list[int]):
+        self.vocab = vocab
+        self.labels = {lab.encode(): lab for lab in labels}
+        self.stop_ids = sorted(set(stop_ids))
+        self._by_first: dict[int, list[tuple[int, bytes]]] = defaultdict(list)
+        for i, b in enumerate(vocab):
+            if b:
+                self._by_first[b[0]].append((i, b))
+        self._memo: dict[bytes, list[int]] = {}
+
+    def allowed(self, said: bytes) -> list[int]:
+        """Token ids allowed after the answer's bytes `said` (memoised: rows share states)."""
+        if said not in self._memo:
+            rests = [lab[len(said) :] for lab in self.labels if lab.startswith(said)]
+            ok = {
+                i
+                for first in {r[0] for r in rests if r}
+                for i, b in self._by_first.get(first, ())
+                if any(r.startswith(b) for r in rests)
+            }
+            if said in self.labels:
+                ok.update(self.stop_ids)
+            self._memo[said] = sorted(ok)
+        return self._memo[said]
+
+    def complete(self, said: bytes) -> bool:
+        """Whether `said` is a label that no other label continues: the turn must end."""
+        return said in self.labels and self.allowed(said) == self.stop_ids
+
+    def answer(self, ids: list[int]) -> bytes:
+        return b"".join(self.vocab[i] or b"" for i in ids)
+
+    def to_decode(self, free: list[list[int]], stopped: list[bool]) -> list[bool]:
+        """Which answers the constrained pass must decode: not a free answer that spells a
+        label and ended at a stop token, since every one of its tokens was allowed and the
+        likeliest, so constrained decoding takes the same path (a trained adapter's answers,
+        most of the time: that pass then costs nothing)."""
+        return [
+            not (ended and self.answer(ids) in self.labels)
+            for ids, ended in zip(free, stopped, strict=True)
+        ]

@@ -75,9 +75,11 @@ class EvalSpec(_Strict):
         True,
         description="Classification by scoring: also generate every answer greedily to the "
         "end of the turn, as a chat server (vLLM, TGI, Ollama, a transformers pipeline) "
-        "serves the model, and report how often that is the scored label, how often any "
-        "label, and the metrics of the generated answers (`generation` in every evaluation's "
-        "result, `generated` in predictions.jsonl; the report warns below 98% agreement). "
+        "serves the model, freely and constrained to the labels' text (vLLM guided_choice, a "
+        "grammar), and report how often that is the scored label, how often any label, and "
+        "the metrics of the generated answers (`generation` in every evaluation's result, "
+        "`generated` and `constrained_label` in predictions.jsonl; the report warns below 98% "
+        "agreement). "
         "Reported, not gated, not part of the eval protocol; false saves its time.",
     )
 

@@ -59,30 +59,41 @@ def _label_scoring(s: dict) -> str | None:
 
 def _generated(base: dict | None, chosen: dict | None) -> list:
     """eval.generation_check: the same validation answers generated greedily, as a chat server
-    (vLLM, TGI, Ollama) serves the model, beside the scored ones the decision was made on."""
+    (vLLM, TGI, Ollama) serves the model, freely and constrained to the labels, beside the
+    scored ones the decision was made on."""
     pairs = [(name, g) for name, g in (("baseline", base), ("adapted", chosen)) if g]
     if not pairs:
         return []
     keys = list(dict.fromkeys(k for _, g in pairs for k in g.get("metrics") or {}))
+    ways = [
+        (name, way, f)
+        for name, g in pairs
+        for way, f in (("free", g), ("constrained to the labels", g.get("constrained")))
+        if f
+    ]
     rows = [
         [
             name,
-            f"{g['n_same']} of {g['n']} ({g['agreement']:.1%})",
-            f"{g['n_labels']} of {g['n']}",
-            *(_pair(_get(g, "metrics", k, "scored"), _get(g, "metrics", k, "generated"))
+            way,
+            f"{f['n_same']} of {f['n']} ({f['agreement']:.1%})",
+            f"{f['n_labels']} of {f['n']}",
+            *(_pair(_get(f, "metrics", k, "scored"), _get(f, "metrics", k, "generated"))
               for k in keys),
         ]
-        for name, g in pairs
+        for name, way, f in ways
     ]  # fmt: skip
     return [
         Sub("As a chat server answers"),
         Para(
             "The decision is made on label scoring. A runtime that generates (vLLM, TGI, "
-            "Ollama, a transformers pipeline) answers greedily to the end of the turn; here "
-            "is how often that answer is the scored label, how often it is any label, and "
-            "each metric scored \u2192 generated (reported, not gated; eval.generation_check)."
+            "Ollama, a transformers pipeline) answers greedily to the end of the turn: freely, "
+            "or constrained to the labels' text where the server is given them as a choice "
+            "(vLLM guided_choice, a TGI or llama.cpp grammar), which picks the likeliest "
+            "allowed token one at a time. Here is how often that answer is the scored label, "
+            "how often it is any label, and each metric scored \u2192 generated (reported, "
+            "not gated; eval.generation_check)."
         ),
-        Table(["model", "the scored label", "a label", *keys], rows),
+        Table(["model", "generation", "the scored label", "a label", *keys], rows),
     ]
 
 
