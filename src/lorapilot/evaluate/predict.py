@@ -247,30 +247,30 @@ def score_labels(
 
 
 def _generation_check(model, greedy: Greedy, idx: list[int], res, mask, pos, precision: str):
-    """`score_labels`' greedy decoding of a fed batch (free, then constrained to the labels
-    where the free answer is not already a label), each from the prompts' cache, which is
-    cut back to the prompts after each."""
-    cache, width = res.past_key_values, mask.shape[1]
-
-    def crop() -> None:
-        fed = cache.get_seq_length() - width
-        if fed:  # a negative count removes that many tokens (transformers 5)
-            cache.crop(-fed)
-
+    """`score_labels`' greedy decoding of a fed batch: free, from the prompts' cache (then cut
+    back to the prompts), and constrained to the labels for the rows whose free answer is
+    not already one, from a copy of their rows of that cache."""
+    cache = res.past_key_values
     t0 = time.perf_counter()
     logits = res.logits[:, -1, :].float()
     free = greedy.decode(model, logits.argmax(dim=-1), cache, mask, pos, precision)
-    crop()
+    fed = cache.get_seq_length() - mask.shape[1]
+    if fed:  # a negative count removes that many tokens (transformers 5)
+        cache.crop(-fed)
     greedy.ids.update(zip(idx, free, strict=True))
     t1 = time.perf_counter()
     greedy.seconds += t1 - t0
     if greedy.choice is None:
         return
-    rows = greedy.choice.to_decode(free, greedy.stopped)
-    held = [None] * len(free)
-    if any(rows):
-        held = greedy.decode_constrained(model, logits, cache, mask, pos, precision, rows)
-        crop()
+    held: list[list[int] | None] = [None] * len(free)
+    sel = [r for r, again in enumerate(greedy.choice.to_decode(free, greedy.stopped)) if again]
+    if sel:  # those rows alone, over a copy of their cache: the others cost nothing
+        at = torch.tensor(sel, dtype=torch.long, device=mask.device)
+        got = greedy.decode_constrained(
+            model, logits[at], _rows_of(model, cache, at), mask[at], pos[at], precision
+        )
+        for r, ids in zip(sel, got, strict=True):
+            held[r] = ids
     for i, ids, own in zip(idx, free, held, strict=True):
         greedy.constrained[i] = ids if own is None else own
     greedy.constrained_seconds += time.perf_counter() - t1
@@ -707,17 +707,16 @@ class Greedy:
         return out
 
     def decode_constrained(
-        self, model, logits, cache, mask, pos, precision: str, rows: list[bool]
-    ) -> list[list[int] | None]:
-        """Decode the `rows` marked True of a fed batch greedily among the tokens
-        `self.choice` allows (`logits` [b, V]: after each prompt) -> ids per row (None for
-        rows not decoded). Rows end at a stop token or once their answer is a label no
-        other label continues; `cache` grows (the caller crops it)."""
+        self, model, logits, cache, mask, pos, precision: str
+    ) -> list[list[int]]:
+        """Decode every row of a fed batch greedily among the tokens `self.choice` allows
+        (`logits` [b, V]: after each prompt) -> ids per row. A row ends at a stop token or
+        once its answer is a label no other label continues; `cache` grows."""
         b, device = logits.shape[0], logits.device
         choice, allowed_t = self.choice, {}
         said = [b""] * b
-        out: list[list[int] | None] = [[] if r else None for r in rows]
-        open_ = list(rows)
+        out: list[list[int]] = [[] for _ in range(b)]
+        open_ = [True] * b
         for step in range(self.max_new_tokens):
             nxt = [0] * b  # what a closed row feeds: its outputs are unused
             for r in range(b):
@@ -742,6 +741,14 @@ class Greedy:
             ids = torch.tensor(nxt, dtype=torch.long, device=device)
             mask, pos, cache, logits = _step(model, ids, mask, pos, cache, precision)
         return out
+
+
+def _rows_of(model, cache, rows: torch.Tensor):
+    """A new cache holding only `rows` of `cache` (copied: the original is left as it is)."""
+    from transformers import DynamicCache
+
+    kv = [(layer.keys[rows], layer.values[rows]) for layer in cache.layers]
+    return DynamicCache(kv, config=getattr(model, "config", None))
 
 
 def _step(model, nxt, mask, pos, cache, precision: str):
