@@ -107,7 +107,7 @@ def generation_warning(
         for k, v in figures["metrics"].items()
         if isinstance(v.get(theirs), int | float) and isinstance(v.get(ours), int | float)
     )
-    held, constrain = figures.get("constrained"), ""
+    held, held_text, constrain = figures.get("constrained"), "", ""
     if held:
         held_text = (
             f" Constrained to the labels' text (vLLM guided_choice, a TGI or llama.cpp "
@@ -119,7 +119,7 @@ def generation_warning(
         f"{who}: {served_as}, {figures['n_same']} of {n} validation answers are the label"
         f"{by} scored ({figures['agreement']:.1%} < {minimum:.0%}) and "
         f"{n - figures['n_labels']} are no label at all{f' ({odd})' if odd else ''}; "
-        f"{metrics}.{held_text if held else ''} The decision was made on label scoring: to "
+        f"{metrics}.{held_text} The decision was made on label scoring: to "
         f"serve what was decided, {constrain}{serve_by}train until the adapter answers in the "
         "label set (more steps, a higher train.lr), or decide on what generation serves "
         "(eval.mode: generate)"
