@@ -158,6 +158,19 @@ def _serving(r: dict) -> None:
                 f"  {esc(c['name'])}, generated as the Modelfile serves it: "
                 f"{g['agreement']:.1%} the scored label, {g['label_rate']:.1%} a label"
             )
+        h = (g or {}).get("constrained")
+        if h:
+            own = h.get("lorapilot_constrained") or {}
+            mine = (
+                f"; lorapilot's constrained check answered the same for {own['n_same']} of "
+                f"{own['n']}"
+                if own.get("n")
+                else ""
+            )
+            stdout.print(
+                f"  {esc(c['name'])}, constrained by labels.gbnf (llama.cpp's grammar sampler): "
+                f"{h['agreement']:.1%} the scored label, {h['label_rate']:.1%} a label{mine}"
+            )
     for w in r.get("warnings") or []:
         stdout.print(f"[yellow]warning[/]: {esc(w)}")
 

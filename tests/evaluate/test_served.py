@@ -3,9 +3,12 @@ generating server gives them, counted against the scored ones."""
 
 from __future__ import annotations
 
+import pytest
+
 from lorapilot.evaluate.served import (
     LabelChoice,
     could_be_label,
+    gbnf_choice,
     generation_figures,
     generation_warning,
     token_bytes,
@@ -95,3 +98,15 @@ def test_token_bytes_spell_the_text_back_and_leave_special_tokens_out(default_mo
         assert b"".join(vocab[i] for i in ids) == text.encode()
     assert all(vocab[i] is None for i in tok.all_special_ids)
     assert vocab[tok.convert_tokens_to_ids("<|im_end|>")] is None
+
+
+def test_a_label_grammar_escapes_what_gbnf_would_read_otherwise():
+    assert gbnf_choice(["billing", "feature_request"]) == 'root ::= "billing" | "feature_request"\n'
+    text = gbnf_choice(['say "hi"', "back\\slash", "two\nlines", "tab\tx", "Réclamation ✓"])
+    assert text == (
+        'root ::= "say \\"hi\\"" | "back\\\\slash" | "two\\x0alines" | "tab\\x09x" '
+        '| "Réclamation ✓"\n'
+    )
+    for bad in ([], ["a", ""]):
+        with pytest.raises(ValueError):
+            gbnf_choice(bad)

@@ -51,7 +51,7 @@ def test_files_manifest_and_modelfile(exported):
     pilot, served, train, out = exported
     names = {p.name for p in served.iterdir()}
     assert names == {"base.gguf", "adapter.gguf", "Modelfile", "README.md", "lorapilot.json",
-                     "classify.py", "classifier.json"}  # fmt: skip
+                     "classify.py", "classifier.json", "labels.gbnf"}  # fmt: skip
     manifest = json.loads((served / "lorapilot.json").read_text())
     assert set(manifest["files"]) == names - {"lorapilot.json"}
     trained = json.loads(
@@ -96,6 +96,14 @@ def test_llama_cpp_predictions_compared_and_gated(exported):
     assert len(out["warnings"]) == (g["agreement"] < 0.98)
     for d in g["differing"]:
         assert d["generated"].strip().casefold() != d["lorapilot"].casefold()
+    # and constrained by the folder's labels.gbnf in llama.cpp's grammar sampler: every answer
+    # one of the labels, written exactly; compared with lorapilot's own constrained check
+    h = g["constrained"]
+    assert h["n_labels"] == h["n"] == n and out["constrained_label_rate"] == 1.0
+    assert out["constrained_agreement"] == pytest.approx(h["n_same"] / n)
+    assert all(d["generated"] in labels for d in h["differing"])
+    assert h["lorapilot_constrained"]["n"] == n  # the train run recorded its constrained labels
+    assert h["lorapilot_constrained"]["n_same"] >= 0.8 * n  # only arithmetic may part them
 
 
 def test_classify_py_classifies_as_the_pilot_did(exported, tmp_path):
@@ -196,8 +204,12 @@ def test_recheck_gives_the_same_agreement_under_each_minimum(exported):
     pilot, served, _, first = exported
     out = run_json("export", str(pilot), "--check", str(served), "--min-agreement", "0")
     assert out["ok"] and out["serving_agreement"] == first["serving_agreement"]
+    assert out["constrained_agreement"] == first["constrained_agreement"]  # labels.gbnf again
     proc = run_cli("export", str(pilot), "--check", str(served), "--min-agreement", "1")
     assert proc.returncode == (0 if first["serving_agreement"] == 1.0 else 1), proc.stderr
+    assert "base+adapter, constrained by labels.gbnf (llama.cpp's grammar sampler): " in (
+        proc.stdout
+    )
 
 
 def test_image_pilot_and_bad_flags_exit_2(tmp_path):

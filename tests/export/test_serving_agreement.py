@@ -94,6 +94,33 @@ def test_a_scored_label_is_also_generated_as_the_modelfile_serves_it():
     assert _compare(spec, cases, conf)["generation"] is None
 
 
+def test_the_labels_constrained_by_the_grammar_are_counted_and_named():
+    """labels.gbnf in llama.cpp: every answer a label, counted against the scored one and
+    against lorapilot's own constrained check where the train run recorded it."""
+    spec, cases, conf = _scored_case()
+    for i, held in enumerate(["billing", "technical", "account", "shipping"]):
+        cases["lorapilot_predictions"][f"t{i}"]["constrained_label"] = held
+    del cases["lorapilot_predictions"]["t3"]["constrained_label"]  # not recorded: not compared
+    conf.update(constrained=["billing", "technical", "account", "refund"],
+                constrained_seconds=1.5, generation_seconds=2.5)  # fmt: skip
+    g = _compare(spec, cases, conf)["generation"]
+    assert g["seconds"] == 2.5
+    h = g["constrained"]
+    assert "labels.gbnf in llama.cpp's grammar sampler" in h["what"] and h["seconds"] == 1.5
+    assert (h["n_same"], h["n_labels"], h["n"]) == (2, 4, 4)
+    assert [d["id"] for d in h["differing"]] == ["t2", "t3"]
+    assert h["lorapilot_constrained"] == {"n": 3, "n_same": 3}
+    (warning,) = generation_warnings([_compare(spec, cases, conf)], 0.98)
+    said = "Constrained by labels.gbnf in llama.cpp's grammar sampler, 2 of 4 are (50.0%)"
+    assert said in warning
+    assert "--grammar-file" not in warning  # constraining agrees no better: not offered
+    conf["constrained"] = ["billing", "technical", "refund", "shipping"]
+    (warning,) = generation_warnings([_compare(spec, cases, conf)], 0.98)
+    assert "serve it with --grammar-file labels.gbnf, " in warning
+    del conf["constrained"]  # an export before labels.gbnf: free generation alone
+    assert "constrained" not in _compare(spec, cases, conf)["generation"]
+
+
 def test_the_readme_and_the_failure_say_how_generation_serves_the_labels():
     spec, cases, conf = _scored_case()
     result = _compare(spec, cases, conf)
@@ -117,8 +144,21 @@ def test_the_readme_and_the_failure_say_how_generation_serves_the_labels():
                   user_template="{text}", check=check | {"configs": [tied]},
                   classifier="classify.py")  # fmt: skip
     assert "predicted for 75.0% of the examples, the others near-ties within" in text
+    text = readme(pilot="tt", train_run="r1", base_file="base.gguf", base_note="q",
+                  adapter_file="adapter.gguf", merged_file=None, system="s",
+                  user_template="{text}", grammar="labels.gbnf",
+                  check=check | {"constrained_agreement": 0.75, "constrained_label_rate": 1.0},
+                  )  # fmt: skip
+    assert "Constrained to the labels (`labels.gbnf`, below), 75.0% are the scored" in text
+    assert "## Constrained to the labels" in text and "75.0% of the answers are the label" in text
+    assert "llama-server -m base.gguf --lora adapter.gguf --grammar-file labels.gbnf" in text
+    assert "- `labels.gbnf`: the labels as a llama.cpp grammar" in text
     failed = _why(check | {"ok": False, "serving_agreement": 0.9})
     assert "generated freely as the Modelfile serves it, 50.0% of the answers" in failed
+    assert "constrained by" not in failed
+    failed = _why(check | {"ok": False, "serving_agreement": 0.9, "constrained_agreement": 0.75})
+    assert "of the answers are the scored label (the folder's README.md)" in failed
+    assert failed.endswith("; constrained by labels.gbnf, 75.0%")
 
 
 def test_classify_py_is_written_only_where_a_script_can_build_the_pilots_prompt(

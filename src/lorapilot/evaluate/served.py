@@ -93,11 +93,14 @@ def generation_warning(
     ours: str = "generated",
     serve_by: str = "serve it by label scoring (`export --gguf` writes classify.py, the "
     "pilot's rule in llama.cpp), ",
+    held_as: str = "Constrained to the labels' text (vLLM guided_choice, a TGI or llama.cpp "
+    "grammar)",
+    constrain_by: str = "serve it constrained to the labels, ",
 ) -> str:
     """One paragraph for when a generating server would serve another classifier than the one
     decided on; '' when generation agrees well enough. The torch evaluation's figures by
     default; the GGUF check names its runtimes (`theirs`, `ours`: the figures' metric keys;
-    `scorer`: who scored) and how its folder serves label scoring."""
+    `scorer`: who scored), how its folder serves label scoring and constrains the answers."""
     if figures["agreement"] >= minimum:
         return ""
     n, odd = figures["n"], ", ".join(f"{t!r} x{k}" for t, k in figures["not_labels"][:3])
@@ -109,12 +112,9 @@ def generation_warning(
     )
     held, held_text, constrain = figures.get("constrained"), "", ""
     if held:
-        held_text = (
-            f" Constrained to the labels' text (vLLM guided_choice, a TGI or llama.cpp "
-            f"grammar), {held['n_same']} of {held['n']} are ({held['agreement']:.1%})."
-        )
+        held_text = f" {held_as}, {held['n_same']} of {held['n']} are ({held['agreement']:.1%})."
         if held["agreement"] >= minimum:
-            constrain = "serve it constrained to the labels, "
+            constrain = constrain_by
     return (
         f"{who}: {served_as}, {figures['n_same']} of {n} validation answers are the label"
         f"{by} scored ({figures['agreement']:.1%} < {minimum:.0%}) and "
@@ -216,3 +216,25 @@ class LabelChoice:
             not (ended and self.answer(ids) in self.labels)
             for ids, ended in zip(free, stopped, strict=True)
         ]
+
+
+def gbnf_choice(labels: list[str]) -> str:
+    """A GBNF grammar (llama.cpp's: `llama-server --grammar-file`, `llama-cli --grammar-file`)
+    whose only sentences are the labels' exact texts: what a server constrained to the labels
+    lets the model write. Quotes, backslashes and control characters are escaped; any other
+    character stands for itself (GBNF literals are UTF-8)."""
+
+    def literal(text: str) -> str:
+        out = []
+        for ch in text:
+            if ch in '"\\':
+                out.append("\\" + ch)
+            elif ord(ch) < 0x20 or ch == "\x7f":
+                out.append(f"\\x{ord(ch):02x}")
+            else:
+                out.append(ch)
+        return '"' + "".join(out) + '"'
+
+    if not labels or any(not lab for lab in labels):
+        raise ValueError("a grammar of labels needs labels, none of them empty")
+    return "root ::= " + " | ".join(literal(lab) for lab in labels) + "\n"

@@ -3,7 +3,8 @@ model answers what the evaluated one did.
 
 The folder holds `base.gguf` (the GGUF the base was dequantized from, or one converted from
 its safetensors), `adapter.gguf`, optionally `merged.gguf`, an Ollama `Modelfile`, for a
-label-scoring classifier `classify.py` with `classifier.json`, a README and `lorapilot.json`
+label-scoring classifier `classify.py` with `classifier.json` and the labels as a llama.cpp
+grammar `labels.gbnf`, a README and `lorapilot.json`
 (every file's sha256, the base it is bound to, the check). The serving check runs in a fresh
 process that imports llama.cpp and no torch (`export.serving`): every validation prompt's
 tokens compared, every example predicted with the pilot's rule, and the
@@ -30,12 +31,12 @@ from lorapilot.data.format import render_messages
 from lorapilot.errors import CheckFailed, LorapilotError, UsageError
 from lorapilot.evaluate.metrics import CONTENT_FREE, calibration_offsets
 from lorapilot.evaluate.runner import label_token_ids, score_predictions, stop_token_ids
-from lorapilot.evaluate.served import generation_figures, generation_warning
+from lorapilot.evaluate.served import gbnf_choice, generation_figures, generation_warning
 from lorapilot.export import classify as classify_module
 from lorapilot.export import gguf_files as gf
 from lorapilot.export import ollama
 from lorapilot.export.folder import write_folder
-from lorapilot.export.serving import CLASSIFY_FILE, PROGRESS
+from lorapilot.export.serving import CLASSIFY_FILE, GRAMMAR_FILE, PROGRESS
 from lorapilot.fsutil import atomic_write_json, read_jsonl, sha256_file
 from lorapilot.records import registry
 from lorapilot.records.progress import Phase
@@ -130,6 +131,9 @@ def export_gguf(
     n_ctx = max(cases["n_ctx"], _ctx(max_length_of(pilot, tok) + 16))
     classifier, classifier_note = classifier_config(pilot, tok, cases)
     cases["classifier"] = classifier is not None
+    # label scoring: the labels as a grammar, for a server that constrains its answers
+    grammar = gbnf_choice(list(spec.task.labels or [])) if cases["mode"] == "score" else None
+    cases["grammar"] = grammar is not None
 
     def write(tmp: Path) -> dict:
         say(f"writing {ADAPTER_FILE} ({len(lora) // 2} LoRA pairs, alpha {alpha:g})")
@@ -149,6 +153,8 @@ def export_gguf(
         if classifier is not None:  # label scoring as the pilot scores, for llama.cpp
             shutil.copyfile(classify_module.__file__, tmp / CLASSIFY_FILE)
             atomic_write_json(tmp / classify_module.CONFIG, classifier | {"train_run": train_id})
+        if grammar is not None:
+            (tmp / GRAMMAR_FILE).write_text(grammar, encoding="utf-8")
         header = f"written by lorapilot export --gguf: pilot {spec.name}, train run {train_id}"
         mf = dict(template=template, system=system, stops=stops, num_ctx=n_ctx, header=header)
         (tmp / "Modelfile").write_text(
@@ -178,6 +184,7 @@ def export_gguf(
                 adapter_file=ADAPTER_FILE, merged_file=MERGED_FILE if merge else None,
                 system=system, user_template=user, check=check,
                 classifier=CLASSIFY_FILE if classifier is not None else None,
+                grammar=GRAMMAR_FILE if grammar is not None else None,
             )
         )  # fmt: skip
         return {
@@ -199,6 +206,7 @@ def export_gguf(
                 "file": CLASSIFY_FILE if classifier is not None else None,
                 "note": classifier_note,
             },
+            "grammar": {"file": GRAMMAR_FILE} if grammar is not None else None,
             "architecture": arch,
             "adapter_manifest": {
                 k: manifest.get(k) for k in ("data_version", "eval_protocol", "method")
@@ -249,6 +257,7 @@ def recheck(
     ref = reference or pilot.spec.export.reference
     cases = _cases(pilot, tok, manifest, train_id, adapter_dir, ref, lambda m: None)
     cases["classifier"] = CLASSIFY_FILE in written["files"]
+    cases["grammar"] = GRAMMAR_FILE in written["files"]  # not in exports before it was written
     configs = _served(bool(written.get("merged_gguf")))
     minimum = pilot.spec.export.min_agreement if min_agreement is None else min_agreement
     gated = written["base_gguf"]["type"] in GATED_TYPES
@@ -314,6 +323,9 @@ def _why(check: dict) -> str:
         if free is not None
         else ""
     )
+    held = check.get("constrained_agreement")
+    if held is not None:
+        generated += f"; constrained by {GRAMMAR_FILE}, {held:.1%}"
     ties = "".join(
         f"; {c['name']}: {c['n_differing'] - t['near_ties']} of {c['n_differing']} differing "
         f"examples beyond the runtimes' score noise ({t['score_noise_max']:.3f} nats)"
@@ -450,7 +462,10 @@ def _cases(
     # a scored label is also generated freely, as the Modelfile serves it: room for the
     # longest label and a few tokens more, enough to show an answer that is not a label
     label_max_new = max((len(x) for x in labels), default=0) + 8 if mode == "score" else 0
-    extra = label_max_new if mode == "score" else max_new
+    # constrained to the labels: any token spells at least one byte of a label, then the end
+    longest_label = max((len(lab.encode()) for lab in spec.task.labels or []), default=0)
+    constrained_max_new = longest_label + 1 if mode == "score" else 0
+    extra = max(label_max_new, constrained_max_new) if mode == "score" else max_new
     n_ctx = _ctx(longest + extra + 8)
     train_dir = registry.runs_dir(pilot.dir) / train_id
     theirs = {p["id"]: p for p in read_jsonl(train_dir / "predictions.jsonl")}
@@ -504,6 +519,7 @@ def _cases(
         "stop_ids": stop,
         "max_new_tokens": max_new,
         "label_max_new": label_max_new,
+        "constrained_max_new": constrained_max_new,
         "n_ctx": n_ctx,
         "lorapilot_predictions": theirs,
         "lorapilot_metrics": metrics,
@@ -639,7 +655,9 @@ def serving_check(
         "stop_ids": cases["stop_ids"],
         "max_new_tokens": cases["max_new_tokens"],
         "label_max_new": cases.get("label_max_new", 0),
+        "constrained_max_new": cases.get("constrained_max_new", 0),
         "classifier": bool(cases.get("classifier")),
+        "grammar": bool(cases.get("grammar")),
         "n_ctx": cases["n_ctx"],
         # llama.cpp's best-first knows no offsets: calibrated scoring scores every label
         "label_search": "all" if cases["content_free"] else spec.eval.label_search,
@@ -684,6 +702,7 @@ def serving_check(
     agreement = min(agreements) if agreements and not problems else None
     ok = not problems and (not gated or (agreement is not None and agreement >= minimum))
     freely = [r["generation"] for r in results if r.get("generation")]
+    held = [g["constrained"] for g in freely if g.get("constrained")]
     return base | {
         "ok": ok,
         "serving_agreement": agreement,
@@ -694,6 +713,9 @@ def serving_check(
         # label scoring: the same labels generated freely, as the Modelfile serves them
         "generation_agreement": min((g["agreement"] for g in freely), default=None),
         "generation_label_rate": min((g["label_rate"] for g in freely), default=None),
+        # and constrained by labels.gbnf in llama.cpp's grammar sampler
+        "constrained_agreement": min((g["agreement"] for g in held), default=None),
+        "constrained_label_rate": min((g["label_rate"] for g in held), default=None),
         "warnings": generation_warnings(results, minimum, bool(cases.get("classifier"))),
         "configs": results,
     }
@@ -710,6 +732,8 @@ def generation_warnings(results: list[dict], minimum: float, classifier: bool = 
             served_as="served as the Modelfile serves it (free greedy generation, what "
             "`ollama run` answers)",
             scorer="lorapilot", theirs="lorapilot", ours="llama_cpp", serve_by=serve_by,
+            held_as=f"Constrained by {GRAMMAR_FILE} in llama.cpp's grammar sampler",
+            constrain_by=f"serve it with --grammar-file {GRAMMAR_FILE}, ",
         )  # fmt: skip
         for r in results
         if r.get("generation")
@@ -779,7 +803,7 @@ def _compare(spec, cases: dict, conf: dict) -> dict:
         gated = examples
     return {
         "name": conf["name"],
-        "generation": _free_generation(spec, cases, generated, keys) if generated else None,
+        "generation": _generation(spec, cases, conf, keys) if generated else None,
         "serving_agreement": gated,
         **({"ties": ties} if ties else {}),
         "agreement_unit": "tokens" if tokens else "examples",
@@ -838,14 +862,47 @@ def near_ties(spec, cases: dict, conf: dict, rows: list[dict]) -> dict:
     }
 
 
-def _free_generation(spec, cases: dict, outputs: list[str], keys: list[str]) -> dict:
-    """A scored classification's labels as free generation answers them: parsed by the
-    pilot's rule for generated labels (the text, stripped, one of the labels by case)."""
+FREE = "free greedy generation to the stop token, as the Modelfile serves it"
+HELD = (
+    f"greedy decoding under {GRAMMAR_FILE} in llama.cpp's grammar sampler, as "
+    f"llama-server --grammar-file {GRAMMAR_FILE} --temp 0 answers"
+)
+
+
+def _generation(spec, cases: dict, conf: dict, keys: list[str]) -> dict:
+    """A scored classification's labels as llama.cpp generates them: freely, and (where the
+    folder has labels.gbnf) constrained by it, with how often the constrained answer is the
+    one lorapilot's own constrained check gave (eval.generation_check: its emulation of a
+    grammar engine, in the other runtime's arithmetic)."""
+    out, _ = _generated_figures(spec, cases, conf["generated"], keys, FREE)
+    out["seconds"] = conf.get("generation_seconds")
+    if conf.get("constrained") is not None:
+        held, rows = _generated_figures(spec, cases, conf["constrained"], keys, HELD)
+        held["seconds"] = conf.get("constrained_seconds")
+        theirs = cases["lorapilot_predictions"]
+        pairs = [
+            (theirs[r["id"]]["constrained_label"], r["parsed"])
+            for r in rows
+            if "constrained_label" in (theirs.get(r["id"]) or {})
+        ]
+        held["lorapilot_constrained"] = {
+            "n": len(pairs),
+            "n_same": sum(mine == served for mine, served in pairs),
+        }
+        out["constrained"] = held
+    return out
+
+
+def _generated_figures(
+    spec, cases: dict, outputs: list[str], keys: list[str], what: str
+) -> tuple[dict, list[dict]]:
+    """Answers generated in llama.cpp, parsed by the pilot's rule for generated labels (the
+    text, stripped, one of the labels by case), against the labels lorapilot scored."""
     records = cases["records"]
     metrics, rows = score_predictions(spec, records, cases["prompt_texts"], None, outputs)
     theirs = cases["lorapilot_predictions"]
-    return generation_figures(
+    figures = generation_figures(
         [theirs.get(r["id"], {}) for r in rows], rows, cases["lorapilot_metrics"], metrics,
-        keys, what="free greedy generation to the stop token, as the Modelfile serves it",
-        theirs="lorapilot", ours="llama_cpp",
+        keys, what=what, theirs="lorapilot", ours="llama_cpp",
     )  # fmt: skip
+    return figures, rows

@@ -67,6 +67,7 @@ def readme(
     user_template: str,
     check: dict,
     classifier: str | None = None,
+    grammar: str | None = None,
 ) -> str:
     """How to serve the export, and what its serving check found."""
     name = f"{pilot}-{train_run}".lower().replace("_", "-")
@@ -91,6 +92,8 @@ def readme(
         out.append(
             f"- `{classifier}` and `classifier.json`: classify as the pilot did (label scoring)"
         )
+    if grammar:
+        out.append(f"- `{grammar}`: the labels as a llama.cpp grammar (answers only a label)")
     out += [
         "- `Modelfile`: Ollama (base + adapter)"
         + (", `Modelfile.merged`: Ollama (merged)" if merged_file else ""),
@@ -124,6 +127,7 @@ def readme(
         f'llm = Llama(model_path="{base_file}", lora_path="{adapter_file}")',
         "```",
         "",
+        *_grammar_lines(grammar, check, base_file, adapter_file),
         *_classifier_lines(classifier, check, merged_file),
         "Check it again (the files re-hashed, the validation split predicted in llama.cpp):",
         f"`lorapilot export PILOT --gguf --check {'THIS_FOLDER'}`.",
@@ -174,6 +178,33 @@ def _classifier_lines(classifier: str | None, check: dict, merged_file: str | No
     return lines
 
 
+def _grammar_lines(grammar: str | None, check: dict, base_file: str, adapter_file: str):
+    """How to serve the labels constrained to their text, and what that answered in the check."""
+    if not grammar:
+        return []
+    rate = check.get("constrained_agreement")
+    measured = (
+        "The serving check decoded the validation split this way (greedy, in llama.cpp's "
+        f"grammar sampler over this very file): {rate:.1%} of the answers are the label "
+        "lorapilot scored. A grammar makes every answer a label, not the scored one: it lets "
+        "the model pick the likeliest allowed token one at a time, which can commit to the "
+        "first token of another label."
+        if rate is not None
+        else ""
+    )
+    return [
+        "## Constrained to the labels",
+        "",
+        f"`{grammar}` allows only the labels' exact text, then the end of the turn. {measured}",
+        "",
+        "```bash",
+        f"llama-server -m {base_file} --lora {adapter_file} --grammar-file {grammar} --temp 0",
+        f"llama-cli -m {base_file} --lora {adapter_file} --grammar-file {grammar} --temp 0",
+        "```",
+        "",
+    ]
+
+
 def _generation_lines(check: dict) -> list[str]:
     """Label scoring: how the labels fare generated freely, as this Modelfile serves them."""
     rate = check.get("generation_agreement")
@@ -186,6 +217,13 @@ def _generation_lines(check: dict) -> list[str]:
         f"{rate:.1%} of the answers are the label lorapilot scored and "
         f"{check.get('generation_label_rate', 0):.1%} are one of the labels.",
     ]
+    held = check.get("constrained_agreement")
+    if held is not None:
+        lines[-1] += (
+            " Constrained to the labels (`labels.gbnf`, below), "
+            f"{held:.1%} are the scored label and {check.get('constrained_label_rate', 0):.1%} "
+            "a label."
+        )
     for w in check.get("warnings") or []:
         lines += ["", f"**Warning**: {w}."]
     return lines

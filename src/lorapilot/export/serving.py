@@ -9,7 +9,8 @@ label scoring (the sum of the label tokens' log-probabilities, from llama.cpp's 
 greedy decoding until a stop token. Where the folder holds `classify.py` (label scoring), that
 very file builds each prompt from the input text and scores the labels. A scored label is also
 generated freely (greedy, to the stop token), as the Modelfile serves it: what `ollama run`
-would answer.
+would answer; and greedily under the folder's `labels.gbnf` in llama.cpp's own grammar
+sampler: what `llama-server --grammar-file labels.gbnf --temp 0` would answer.
 """
 
 from __future__ import annotations
@@ -72,6 +73,28 @@ class Runtime:
                 self.llm.eval([tok])
         return out
 
+    def constrained(
+        self, prompt: list[int], grammar: bytes, stop: set[int], max_new: int
+    ) -> list[int]:
+        """Greedy decoding where llama.cpp's grammar sampler allows: each step the sampler
+        masks the tokens the grammar forbids after the answer so far (the end of the turn only
+        once the answer is complete), the likeliest left is taken and fed to the grammar."""
+        held = GrammarSampler(self.llm, grammar)
+        out: list[int] = []
+        try:
+            self.feed(prompt)
+            while len(out) < max_new:
+                logits = held.mask(self.llm.scores[self.llm.n_tokens - 1])
+                tok = int(np.argmax(logits))
+                if not np.isfinite(logits[tok]) or tok in stop or held.ends(tok):
+                    break  # the end of the turn (or nothing allowed: the grammar is stuck)
+                held.accept(tok)
+                out.append(tok)
+                self.llm.eval([tok])
+        finally:
+            held.close()
+        return out
+
     def forced(self, prompt: list[int], ref: list[int], ended: bool, stop: set[int]) -> list[int]:
         """lorapilot's output `ref` fed after the prompt -> [tokens llama.cpp predicts the
         same, tokens compared]: at each position its argmax against `ref`'s next token (and,
@@ -86,6 +109,55 @@ class Runtime:
 
     def detokenize(self, ids: list[int]) -> str:
         return self.llm.detokenize(ids).decode("utf-8", errors="replace")
+
+
+class GrammarSampler:
+    """llama.cpp's own grammar sampler (what llama-server's `--grammar-file` runs) over a GBNF
+    text, for one answer: `mask` sets the logits of the tokens the grammar forbids next to
+    -inf, `accept` moves it past a token."""
+
+    _ROW = np.dtype([("id", np.intc), ("logit", np.single), ("p", np.single)], align=True)
+
+    def __init__(self, llm, grammar: bytes):
+        import llama_cpp
+
+        self._lib = llama_cpp
+        self.vocab = llama_cpp.llama_model_get_vocab(llm.model)
+        self.smpl = llama_cpp.llama_sampler_init_grammar(self.vocab, grammar, b"root")
+        if not self.smpl:
+            raise ValueError(f"llama.cpp cannot parse the grammar {grammar[:200]!r}")
+        n = llm.n_vocab()
+        self.rows = np.zeros(n, dtype=self._ROW)
+        self.rows["id"] = np.arange(n, dtype=np.intc)
+        self.array = llama_cpp.llama_token_data_array(
+            data=self.rows.ctypes.data_as(llama_cpp.llama_token_data_p),
+            size=n,
+            selected=-1,
+            sorted=False,
+        )
+
+    def mask(self, logits: np.ndarray) -> np.ndarray:
+        import ctypes
+
+        self.rows["logit"] = logits
+        self.array.size, self.array.selected, self.array.sorted = len(self.rows), -1, False
+        self._lib.llama_sampler_apply(self.smpl, ctypes.byref(self.array))
+        out = np.full(len(self.rows), -np.inf, dtype=np.float32)
+        kept = self.rows[: self.array.size]
+        out[kept["id"]] = kept["logit"]
+        return out
+
+    def ends(self, tok: int) -> bool:
+        """Whether `tok` ends the turn (llama.cpp's end-of-generation tokens)."""
+        return bool(self._lib.llama_vocab_is_eog(self.vocab, tok))
+
+    def accept(self, tok: int) -> None:
+        self._lib.llama_sampler_accept(self.smpl, tok)
+
+    def close(self) -> None:
+        if self.smpl:
+            self._lib.llama_sampler_free(self.smpl)
+            self.smpl = None
 
 
 def file_problems(folder: Path, files: dict[str, str]) -> list[str]:
@@ -104,6 +176,8 @@ def file_problems(folder: Path, files: dict[str, str]) -> list[str]:
 
 CLASSIFY_FILE = "classify.py"
 """The exported classifier script (a copy of lorapilot/export/classify.py)."""
+GRAMMAR_FILE = "labels.gbnf"
+"""The labels as a llama.cpp grammar (served.gbnf_choice), for a label-scoring pilot."""
 
 
 def _module(path: Path):
@@ -187,6 +261,10 @@ def check(cases: dict) -> dict:
             # and as the Modelfile serves it: free greedy generation to the stop token
             free_max = int(cases.get("label_max_new") or 0)
             entry["scores"], entry["reference_scores"], gens, gen_s = [], [], [], 0.0
+            # and under the folder's labels.gbnf, as llama-server --grammar-file serves it
+            grammar = (folder / GRAMMAR_FILE).read_bytes() if cases.get("grammar") else None
+            held_max = int(cases.get("constrained_max_new") or 0)
+            held, held_s = [], 0.0
             for p in prompts:
                 got = scorer.score(p["ids"], cases["labels"], best_first)
                 entry["scores"].append(got)
@@ -201,10 +279,17 @@ def check(cases: dict) -> dict:
                     t_gen = time.perf_counter()
                     gens.append(rt.generate(p["ids"], stop, free_max))
                     gen_s += time.perf_counter() - t_gen
+                if grammar is not None:
+                    t_held = time.perf_counter()
+                    held.append(rt.constrained(p["ids"], grammar, stop, held_max))
+                    held_s += time.perf_counter() - t_held
                 tick()
             if free_max:
                 entry["generated"] = [rt.detokenize(g) for g in gens]
                 entry["generation_seconds"] = round(gen_s, 3)
+            if grammar is not None:
+                entry["constrained"] = [rt.detokenize(g) for g in held]
+                entry["constrained_seconds"] = round(held_s, 3)
             free = cases.get("content_free") or []
             if free:  # calibrated scoring: every label after each content-free input
                 entry["content_free_scores"] = [
@@ -218,7 +303,12 @@ def check(cases: dict) -> dict:
             entry["output_ids"] = gens
             entry["outputs"] = [rt.detokenize(g) for g in gens]
         # serving the split by the pilot's rule: its rate is the one shown
-        seconds = time.perf_counter() - t0 - entry.get("generation_seconds", 0.0)
+        seconds = (
+            time.perf_counter()
+            - t0
+            - entry.get("generation_seconds", 0.0)
+            - entry.get("constrained_seconds", 0.0)
+        )
         if refs:  # lorapilot's answers, teacher-forced
             t1 = time.perf_counter()
             entry["forced"] = []

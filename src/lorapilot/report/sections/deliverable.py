@@ -85,6 +85,13 @@ def _deliverable(s: dict) -> list:
                     f"{_share(free)} of the validation answers are the scored label, "
                     f"{_share(check.get('generation_label_rate'))} are a label"
                 )
+            held = check.get("constrained_agreement")
+            if held is not None:
+                notes.append(
+                    "gguf, constrained by labels.gbnf (`llama-server --grammar-file`, greedy): "
+                    f"{_share(held)} of the validation answers are the scored label, "
+                    f"{_share(check.get('constrained_label_rate'))} are a label"
+                )
         elif e.get("format") == "merged":
             agree = e.get("merge_agreement")
             diff = e.get("merge_max_logit_diff")
