@@ -578,11 +578,12 @@ def test_the_deliverable_says_how_the_gguf_serves_the_labels(state):
              "n_examples": 154, "generation_agreement": 0.708, "generation_label_rate": 0.877,
              "constrained_agreement": 0.812, "constrained_label_rate": 1.0}  # fmt: skip
     s["exports"] = [{"format": "gguf", "folder": "deliverable/gguf", "serving_check": check}]
-    text = md_section(render_markdown(s), "Deliverable: formats and their checks")
+    deliverable = "Deliverable: formats and their checks"
+    text = md_section(render_markdown(s), deliverable)
     assert "70.8% of the validation answers are the scored label, 87.7% are a label" in text
     assert (
         "constrained by labels.gbnf (`llama-server --grammar-file`, greedy): 81.2% of the "
         "validation answers are the scored label, 100.0% are a label"
     ) in text
     del check["constrained_agreement"]  # an export before labels.gbnf
-    assert "labels.gbnf" not in md_section(render_markdown(s), "Deliverable: formats and their checks")
+    assert "labels.gbnf" not in md_section(render_markdown(s), deliverable)
