@@ -153,6 +153,7 @@ def test_the_readme_and_the_failure_say_how_generation_serves_the_labels():
     assert "## Constrained to the labels" in text and "75.0% of the answers are the label" in text
     assert "llama-server -m base.gguf --lora adapter.gguf --grammar-file labels.gbnf" in text
     assert "- `labels.gbnf`: the labels as a llama.cpp grammar" in text
+    assert "Ollama takes no grammar file" in text
     failed = _why(check | {"ok": False, "serving_agreement": 0.9})
     assert "generated freely as the Modelfile serves it, 50.0% of the answers" in failed
     assert "constrained by" not in failed

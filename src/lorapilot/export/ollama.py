@@ -202,6 +202,9 @@ def _grammar_lines(grammar: str | None, check: dict, base_file: str, adapter_fil
         f"llama-cli -m {base_file} --lora {adapter_file} --grammar-file {grammar} --temp 0",
         "```",
         "",
+        "Ollama takes no grammar file: its `format` (a JSON schema) answers in JSON, through "
+        "another grammar, which this check does not decode.",
+        "",
     ]
 
 
