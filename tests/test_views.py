@@ -48,7 +48,20 @@ def test_export_and_run_show_how_generation_serves_a_scored_classifier(monkeypat
                 "configs": [conf], "warnings": [warning]}  # fmt: skip
     text = _shown(monkeypatch, views.export, exported)
     assert "generated as the Modelfile serves it: 67.5% the scored label, 89.6% a label" in text
-    assert f"warning: {warning}" in text
+    assert f"warning: {warning}" in text and "constrained by" not in text
+    assert "base.gguf:" not in text
+    conf["generation"]["constrained"] = {"agreement": 0.812, "label_rate": 1.0,
+                                         "lorapilot_constrained": {"n": 154, "n_same": 143}}
+    note = "original.gguf, not the weights the adapter was trained on"
+    untrained = {**exported, "base_gguf": {"trained_on": False, "note": note}}
+    text = " ".join(_shown(monkeypatch, views.export, untrained).split())
+    assert (
+        "base+adapter, constrained by labels.gbnf (llama.cpp's grammar sampler): 81.2% the "
+        "scored label, 100.0% a label; lorapilot's constrained check answered the same for "
+        "143 of 154"
+    ) in text
+    assert f"base.gguf: {note}" in text  # why its agreement is reported, not gated
+    del conf["generation"]["constrained"]
     ran = {"decision": "GO", "selected": "base", "train_run": "train-1", "wall_s": 60.0,
            "reasons": [], "html": "report/index.html", "exports": [exported]}  # fmt: skip
     assert f"warning (gguf export): {warning}" in _shown(monkeypatch, views.run, ran)

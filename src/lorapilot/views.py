@@ -132,6 +132,9 @@ def _serving(r: dict) -> None:
         f"{r.get('serving_agreement_min', 0):.0%}"
         f"{'' if r.get('gated', True) else ', reported, not gated'})"
     )
+    base = r.get("base_gguf") or {}
+    if base.get("trained_on") is False:  # why the figure is reported, not gated
+        stdout.print(f"  base.gguf: {esc(str(base.get('note')))}")
     for p in r.get("problems") or []:
         stdout.print(f"  - {esc(p)}")
     for c in r.get("configs") or []:

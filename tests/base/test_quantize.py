@@ -11,7 +11,7 @@ import shutil
 import pytest
 import torch
 import yaml
-from conftest import EXAMPLES, run_cli, run_json
+from conftest import EXAMPLES, need_llama_cpp, run_cli, run_json
 
 from lorapilot.base import quantize
 from lorapilot.sizing.memory import ModelShape, decoder_linear_params, estimate_step_memory
@@ -308,3 +308,39 @@ def test_a_dequantized_model_is_no_longer_quantized(tiny_model_dir):
     assert is_quantized(model)
     plain = model.dequantize()
     assert getattr(plain, "is_loaded_in_4bit", False) and not is_quantized(plain)
+
+
+
+def test_gguf_export_serves_the_dequantized_weights_the_adapter_was_trained_on(
+    trained, tmp_path, tiny_model_dir
+):
+    """A 4-bit adapter learned against the dequantized 4-bit weights, not the original ones:
+    base.gguf holds those (f16), so the served model is the trained one and the check gates."""
+    need_llama_cpp()
+    import gguf
+    import numpy as np
+    from safetensors.numpy import load_file
+
+    from lorapilot.base.models import load_base
+    from lorapilot.spec import load_pilot
+
+    pilot, _ = trained
+    proc = run_cli("export", str(pilot), "--gguf", "--out", str(tmp_path / "g"), "--json")
+    assert proc.returncode in (0, 1), proc.stderr
+    out = json.loads(proc.stdout)
+    base = out["base_gguf"]
+    assert base["type"] == "f16" and base["trained_on"] is True and out["gated"] is True
+    assert base["quantization"]["bits"] == 4 and "4-bit nf4 weights dequantized" in base["note"]
+    key = "model.layers.0.mlp.down_proj.weight"  # not rope-permuted: compared as it is
+    (tensor,) = [t for t in gguf.GGUFReader(str(tmp_path / "g" / "base.gguf")).tensors
+                 if t.name == "blk.0.ffn_down.weight"]  # fmt: skip
+    served = np.asarray(tensor.data, dtype=np.float32)
+    _, model, _ = load_base(load_pilot(pilot), use="exact")
+    trained_on = model.dequantize().state_dict()[key].float().numpy()
+    original = load_file(str(tiny_model_dir / "model.safetensors"))[key].astype(np.float32)
+    assert served.shape == trained_on.shape
+    scale = np.abs(original).max()
+    assert np.abs(served - trained_on).max() < 1e-3 * scale  # f16 of the trained-on weights
+    assert np.abs(served - original).max() > 1e-2 * scale  # not the unquantized original
+    (conf,) = out["configs"]
+    assert conf["ties"]["score_noise_max"] < 0.05  # the same model, up to f16 and the runtime

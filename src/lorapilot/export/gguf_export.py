@@ -26,6 +26,7 @@ from pathlib import Path
 
 from lorapilot.base.manifest import MANIFEST, read_manifest, weights_sha256
 from lorapilot.base.models import load_tokenizer, original_gguf
+from lorapilot.base.quantize import identity, identity_differences
 from lorapilot.data.dataset import formatter_for, max_length_of, prepare_data
 from lorapilot.data.format import render_messages
 from lorapilot.errors import CheckFailed, LorapilotError, UsageError
@@ -45,7 +46,9 @@ from lorapilot.spec.requirements import require_serving
 BASE_FILE, ADAPTER_FILE, MERGED_FILE = "base.gguf", "adapter.gguf", "merged.gguf"
 GATED_TYPES = ("original", "f32", "f16")
 """Base files that hold the trained-on weights (or a rounding of them no coarser than f16):
-the agreement gates. A q8_0 base is quantized further than the one trained on: reported."""
+the agreement gates. A q8_0 base is quantized further than the one trained on: reported. For
+an adapter trained on a 4-bit/8-bit base, f32 and f16 are written from its dequantized weights
+(the trained-on ones) and gate; the original GGUF is not those weights: reported."""
 PROBE_TEXT = (
     "Hello world! 3.14159 + 2,718 = 5.86 ... ¿Qué tal? Ünïcödé — 日本語 \t tabs  and   spaces\n"
     "new line {\"json\": [1, 2, null]} <tag> don't it's CAPS camelCase snake_case 12345678"
@@ -71,9 +74,9 @@ def _refuse_unsupported(pilot, manifest: dict) -> None:
         )
 
 
-def _base_type(requested: str, original: Path | None, source: dict) -> str:
-    if requested == "auto":
-        return "original" if original is not None else "f16"
+def _base_type(requested: str, original: Path | None, source: dict, quantized=None) -> str:
+    if requested == "auto":  # a quantized base's weights are not the original GGUF's
+        return "original" if original is not None and not quantized else "f16"
     if requested == "original" and original is None:
         why = (
             f"{source.get('gguf_file')} (from {source.get('package')} {source.get('version')}) "
@@ -117,7 +120,12 @@ def export_gguf(
     adapter_w = load_file(str(adapter_dir / "adapter_model.safetensors"))
     alpha, lora = gf.lora_tensors(adapter_w, adapter_cfg, config, str(adapter_dir))
     original, source = original_gguf(resolved.path)
-    kind = _base_type(base_type or spec.export.gguf_base, original, source)
+    quantized = _quantization(spec, manifest)
+    kind = _base_type(base_type or spec.export.gguf_base, original, source, quantized)
+    # a 4-bit/8-bit base: the weights its matmuls computed with, dequantized (the GGUF it
+    # came from is not them); else the safetensors as they are
+    weights = _dequantized_weights(pilot, resolved, say) if quantized else None
+    trained_on = kind in GATED_TYPES and not (quantized and kind == "original")
     minimum = spec.export.min_agreement if min_agreement is None else min_agreement
     ref = reference or spec.export.reference
     cases = _cases(pilot, tok, manifest, train_id, adapter_dir, ref, say)
@@ -138,10 +146,12 @@ def export_gguf(
     def write(tmp: Path) -> dict:
         say(f"writing {ADAPTER_FILE} ({len(lora) // 2} LoRA pairs, alpha {alpha:g})")
         gf.write_adapter_gguf(tmp / ADAPTER_FILE, arch, alpha, lora, name)
-        base_note = _write_base(tmp / BASE_FILE, kind, original, resolved.path, config, tok, say)
+        base_note = _write_base(
+            tmp / BASE_FILE, kind, original, resolved.path, config, tok, say, weights, quantized
+        )
         if merge:
             say(f"writing {MERGED_FILE} (the adapter merged in, {_merged_type(kind)})")
-            merged = _merged_weights(resolved.path, adapter_w, adapter_cfg, config)
+            merged = _merged_weights(resolved.path, adapter_w, adapter_cfg, config, weights)
             tensors = gf.model_tensors(merged, config, str(resolved.path))
             if original is not None:
                 gf.rewrite_gguf(original, tensors, tmp / MERGED_FILE, _merged_type(kind))
@@ -167,9 +177,7 @@ def export_gguf(
         configs = _served(merge)
         files = {p.name: sha256_file(p) for p in sorted(tmp.iterdir()) if p.is_file()}
         say(f"serving check: {len(cases['records'])} validation examples in llama.cpp")
-        check = serving_check(
-            pilot, tmp, files, configs, cases, minimum, kind in GATED_TYPES, say=say
-        )
+        check = serving_check(pilot, tmp, files, configs, cases, minimum, trained_on, say=say)
         matches = None
         if template is not None and cases["records"]:
             first = cases["records"][0].text
@@ -199,6 +207,9 @@ def export_gguf(
                 "type": kind,
                 "note": base_note,
                 "original": source if kind == "original" else None,
+                # whether it holds the weights the adapter was trained on: the gate's condition
+                "trained_on": trained_on,
+                "quantization": quantized,
             },
             "adapter_gguf": {"file": ADAPTER_FILE, "alpha": alpha, "pairs": len(lora) // 2},
             "merged_gguf": {"file": MERGED_FILE, "type": _merged_type(kind)} if merge else None,
@@ -260,7 +271,8 @@ def recheck(
     cases["grammar"] = GRAMMAR_FILE in written["files"]  # not in exports before it was written
     configs = _served(bool(written.get("merged_gguf")))
     minimum = pilot.spec.export.min_agreement if min_agreement is None else min_agreement
-    gated = written["base_gguf"]["type"] in GATED_TYPES
+    base_gguf = written["base_gguf"]
+    gated = base_gguf.get("trained_on", base_gguf["type"] in GATED_TYPES)
     check = serving_check(
         pilot, folder, written["files"], configs, cases, minimum, gated, say=progress
     )
@@ -347,22 +359,79 @@ def _merged_type(kind: str) -> str:
 
 
 def _write_base(
-    dest: Path, kind: str, original: Path | None, folder: Path, config: dict, tok, say: Progress
+    dest: Path,
+    kind: str,
+    original: Path | None,
+    folder: Path,
+    config: dict,
+    tok,
+    say: Progress,
+    weights: dict | None = None,
+    quantized: dict | None = None,
 ) -> str:
+    """base.gguf, and what it holds. `weights`: the dequantized weights of a `quantized` base
+    (the trained-on ones), else the folder's safetensors are."""
     if kind == "original":
         assert original is not None
         say(f"copying {original.name} (the GGUF the base was dequantized from)")
         shutil.copyfile(original, dest)
+        if quantized:
+            return (
+                f"{original.name}, the GGUF the base was dequantized from; not the weights the "
+                f"adapter was trained on ({_quant_text(quantized)} of them): reported, not gated"
+            )
         return f"{original.name}, the GGUF the trained-on weights were dequantized from"
-    tensors = gf.model_tensors(_base_weights(folder), config, str(folder))
+    source = "the safetensors"
+    if weights is None:
+        weights = _base_weights(folder)
+    else:
+        source = f"the {_quant_text(quantized)} weights dequantized"
+    what = f"{kind}, converted from the trained-on weights ({source})"
+    tensors = gf.model_tensors(weights, config, str(folder))
     if original is not None:
-        say(f"writing {BASE_FILE} as {kind} from the safetensors, metadata from {original.name}")
+        say(f"writing {BASE_FILE} as {kind} from {source}, metadata from {original.name}")
         gf.rewrite_gguf(original, tensors, dest, kind)
-        return f"{kind}, converted from the trained-on safetensors; metadata of {original.name}"
+        return f"{what}; metadata of {original.name}"
     pre = choose_pre_tokenizer(folder, config, tok, say)
-    say(f"writing {BASE_FILE} as {kind} from the safetensors (pre-tokenizer {pre})")
+    say(f"writing {BASE_FILE} as {kind} from {source} (pre-tokenizer {pre})")
     gf.convert_hf(folder, tensors, dest, kind, pre, config.get("_name_or_path") or folder.name)
-    return f"{kind}, converted from the trained-on safetensors (pre-tokenizer {pre})"
+    return f"{what} (pre-tokenizer {pre})"
+
+
+def _quant_text(q: dict | None) -> str:
+    q = q or {}
+    return f"{q.get('bits')}-bit{' ' + q['type'] if q.get('type') else ''}"
+
+
+def _quantization(spec, manifest: dict) -> dict | None:
+    """The quantization the adapter was trained on (refused if the base is not that one now:
+    weights, quantization, bitsandbytes, as verify and the merge test it)."""
+    trained = manifest.get("base_identity") or identity(manifest["base"]["sha256"], None)
+    differs = identity_differences(
+        trained, identity(manifest["base"]["sha256"], spec.model.quantization)
+    )
+    if differs:
+        raise CheckFailed(
+            "the base is not the one the adapter was trained on: " + "; ".join(differs)
+            + "; export with the spec it was trained with"
+        )  # fmt: skip
+    return trained.get("quantization")
+
+
+def _dequantized_weights(pilot, resolved, say: Progress) -> dict:
+    """A quantized base's weights as its matmuls computed with: loaded quantized as the adapter
+    was trained on it, and transformers' dequantize() (what `export --merge` merges onto),
+    in float32; the tensors it does not hold (none that a GGUF needs) from the safetensors."""
+    from lorapilot.base.models import load_base
+
+    say("dequantizing the quantized base: the weights the adapter was trained on")
+    _, model, _ = load_base(pilot, resolved, use="exact")
+    state = model.dequantize().state_dict()
+    weights = _base_weights(resolved.path)
+    for key in weights:
+        if key in state:
+            weights[key] = state[key].float().numpy()
+    return weights
 
 
 def _pre_of(gguf_path: Path) -> str:
@@ -405,11 +474,15 @@ def _base_weights(folder: Path) -> dict:
     return weights
 
 
-def _merged_weights(folder: Path, adapter_w: dict, adapter_cfg: dict, config: dict) -> dict:
-    """Base weights plus every LoRA update B @ A * scale, in float32 (what PEFT's merge adds)."""
+def _merged_weights(
+    folder: Path, adapter_w: dict, adapter_cfg: dict, config: dict, base: dict | None = None
+) -> dict:
+    """Base weights (`base`: a quantized base's, dequantized) plus every LoRA update
+    B @ A * scale, in float32 (what PEFT's merge adds)."""
     import numpy as np
 
-    weights = {k: v.astype(np.float32) for k, v in _base_weights(folder).items()}
+    base = _base_weights(folder) if base is None else base
+    weights = {k: v.astype(np.float32) for k, v in base.items()}
     for module, ab in gf.lora_pairs(adapter_w, str(folder)).items():
         scale = np.float32(gf.module_scale(module, ab["A"].shape[0], adapter_cfg))
         weights[module + ".weight"] = weights[module + ".weight"] + (ab["B"] @ ab["A"]) * scale
