@@ -87,6 +87,22 @@ def identity_differences(trained: dict, now: dict) -> list[str]:
     return out
 
 
+def require_trained_base(manifest: dict, q: QuantizationSpec | None) -> dict | None:
+    """An export's test that the base is the one the adapter was trained on (as verify's:
+    weights, quantization, bitsandbytes), raising CheckFailed naming what differs -> the
+    quantization it was trained on (None: not quantized)."""
+    from lorapilot.errors import CheckFailed
+
+    trained = manifest.get("base_identity") or identity(manifest["base"]["sha256"], None)
+    differs = identity_differences(trained, identity(manifest["base"]["sha256"], q))
+    if differs:
+        raise CheckFailed(
+            "the base is not the one the adapter was trained on: " + "; ".join(differs)
+            + "; export with the spec it was trained with"
+        )  # fmt: skip
+    return trained.get("quantization")
+
+
 def is_quantized(model) -> bool:
     """A base (or PEFT model over one) loaded through bitsandbytes that still holds its
     quantized layers: transformers' `dequantize()` leaves `is_loaded_in_4bit` set on the

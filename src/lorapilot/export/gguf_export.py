@@ -26,7 +26,7 @@ from pathlib import Path
 
 from lorapilot.base.manifest import MANIFEST, read_manifest, weights_sha256
 from lorapilot.base.models import load_tokenizer, original_gguf
-from lorapilot.base.quantize import identity, identity_differences
+from lorapilot.base.quantize import require_trained_base
 from lorapilot.data.dataset import formatter_for, max_length_of, prepare_data
 from lorapilot.data.format import render_messages
 from lorapilot.errors import CheckFailed, LorapilotError, UsageError
@@ -74,7 +74,9 @@ def _refuse_unsupported(pilot, manifest: dict) -> None:
         )
 
 
-def _base_type(requested: str, original: Path | None, source: dict, quantized=None) -> str:
+def _base_type(
+    requested: str, original: Path | None, source: dict, quantized: dict | None = None
+) -> str:
     if requested == "auto":  # a quantized base's weights are not the original GGUF's
         return "original" if original is not None and not quantized else "f16"
     if requested == "original" and original is None:
@@ -120,11 +122,15 @@ def export_gguf(
     adapter_w = load_file(str(adapter_dir / "adapter_model.safetensors"))
     alpha, lora = gf.lora_tensors(adapter_w, adapter_cfg, config, str(adapter_dir))
     original, source = original_gguf(resolved.path)
-    quantized = _quantization(spec, manifest)
+    quantized = require_trained_base(manifest, spec.model.quantization)
     kind = _base_type(base_type or spec.export.gguf_base, original, source, quantized)
     # a 4-bit/8-bit base: the weights its matmuls computed with, dequantized (the GGUF it
     # came from is not them); else the safetensors as they are
-    weights = _dequantized_weights(pilot, resolved, say) if quantized else None
+    weights = (
+        _dequantized_weights(pilot, resolved, say)
+        if quantized and (kind != "original" or merge)
+        else None
+    )
     trained_on = kind in GATED_TYPES and not (quantized and kind == "original")
     minimum = spec.export.min_agreement if min_agreement is None else min_agreement
     ref = reference or spec.export.reference
@@ -401,21 +407,6 @@ def _write_base(
 def _quant_text(q: dict | None) -> str:
     q = q or {}
     return f"{q.get('bits')}-bit{' ' + q['type'] if q.get('type') else ''}"
-
-
-def _quantization(spec, manifest: dict) -> dict | None:
-    """The quantization the adapter was trained on (refused if the base is not that one now:
-    weights, quantization, bitsandbytes, as verify and the merge test it)."""
-    trained = manifest.get("base_identity") or identity(manifest["base"]["sha256"], None)
-    differs = identity_differences(
-        trained, identity(manifest["base"]["sha256"], spec.model.quantization)
-    )
-    if differs:
-        raise CheckFailed(
-            "the base is not the one the adapter was trained on: " + "; ".join(differs)
-            + "; export with the spec it was trained with"
-        )  # fmt: skip
-    return trained.get("quantization")
 
 
 def _dequantized_weights(pilot, resolved, say: Progress) -> dict:

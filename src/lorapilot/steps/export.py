@@ -14,7 +14,7 @@ from lorapilot.base.manifest import (
     weights_sha256,
 )
 from lorapilot.base.models import attach_adapter, load_base
-from lorapilot.base.quantize import describe, identity, identity_differences
+from lorapilot.base.quantize import describe, require_trained_base
 from lorapilot.data.dataset import formatter_for, prepare_data
 from lorapilot.decision.plan import pilot_of_run
 from lorapilot.errors import CheckFailed, UsageError
@@ -112,15 +112,7 @@ def _merge_text(pilot, train_id: str, adapter_dir: Path, manifest: dict, out: Pa
         raise CheckFailed(
             f"the base weights in {resolved.path} are not the ones the adapter was trained on"
         )
-    # The same test as verify's: weights, quantization and bitsandbytes version.
-    trained = manifest.get("base_identity") or identity(manifest["base"]["sha256"], None)
-    now = identity(manifest["base"]["sha256"], pilot.spec.model.quantization)
-    differs = identity_differences(trained, now)
-    if differs:
-        raise CheckFailed(
-            "the base is not the one the adapter was trained on: " + "; ".join(differs)
-            + "; export with the spec it was trained with"
-        )  # fmt: skip
+    require_trained_base(manifest, pilot.spec.model.quantization)  # as verify tests it
     prepared = prepare_data(pilot, tok)
     fmt = formatter_for(pilot, tok)
     prompts = [
