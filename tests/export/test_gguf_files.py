@@ -126,3 +126,24 @@ def test_model_tensors_leave_out_a_tied_head_and_permute_q():
     np.testing.assert_allclose(
         got["blk.0.attn_q.weight"], w["model.layers.0.self_attn.q_proj.weight"][perm]
     )
+
+
+def test_a_bf16_checkpoint_is_read_as_float32_exactly(tmp_path):
+    """Most 1-8B bases ship bf16 safetensors, which numpy has no dtype for: they are read
+    through torch and widened (exactly), so `export --gguf` converts them (it failed before)."""
+    import torch
+    from safetensors.torch import save_file
+
+    from lorapilot.export.gguf_export import _base_weights, read_safetensors
+
+    w = torch.randn(4, 6).to(torch.bfloat16)
+    save_file({"model.embed_tokens.weight": w, "step": torch.tensor([3])},
+              str(tmp_path / "model-00001.safetensors"))  # fmt: skip
+    save_file({"lm_head.weight": w.half()}, str(tmp_path / "model-00002.safetensors"))
+    got = read_safetensors(tmp_path / "model-00001.safetensors")
+    assert got["model.embed_tokens.weight"].dtype == np.float32
+    assert np.array_equal(got["model.embed_tokens.weight"], w.float().numpy())
+    assert got["step"].dtype == np.int64 and got["step"].tolist() == [3]
+    both = _base_weights(tmp_path)
+    assert set(both) == {"model.embed_tokens.weight", "step", "lm_head.weight"}
+    assert np.array_equal(both["lm_head.weight"], w.half().float().numpy())

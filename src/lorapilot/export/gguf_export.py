@@ -116,10 +116,8 @@ def export_gguf(
         )
     config = json.loads((resolved.path / "config.json").read_text(encoding="utf-8"))
     arch = gf.gguf_architecture(config, str(resolved.path / "config.json"))
-    from safetensors.numpy import load_file
-
     adapter_cfg = json.loads((adapter_dir / "adapter_config.json").read_text(encoding="utf-8"))
-    adapter_w = load_file(str(adapter_dir / "adapter_model.safetensors"))
+    adapter_w = read_safetensors(adapter_dir / "adapter_model.safetensors")
     alpha, lora = gf.lora_tensors(adapter_w, adapter_cfg, config, str(adapter_dir))
     original, source = original_gguf(resolved.path)
     quantized = require_trained_base(manifest, spec.model.quantization)
@@ -457,12 +455,23 @@ def choose_pre_tokenizer(folder: Path, config: dict, tok, say: Progress) -> str:
 
 
 def _base_weights(folder: Path) -> dict:
-    from safetensors.numpy import load_file
-
     weights: dict = {}
     for f in sorted(folder.glob("*.safetensors")):
-        weights.update(load_file(str(f)))
+        weights.update(read_safetensors(f))
     return weights
+
+
+def read_safetensors(path: Path) -> dict:
+    """A safetensors file as numpy arrays, floating tensors widened to float32 (exactly):
+    bf16, the dtype of most 1-8B checkpoints, has no numpy dtype, so it is read through torch."""
+    from safetensors import safe_open
+
+    out = {}
+    with safe_open(str(path), framework="pt") as f:
+        for key in f.keys():  # noqa: SIM118 - safe_open is not a mapping
+            t = f.get_tensor(key)
+            out[key] = (t.float() if t.is_floating_point() else t).numpy()
+    return out
 
 
 def _merged_weights(
