@@ -61,38 +61,34 @@ class Runtime:
         code the exported classify.py runs)."""
         return self.scorer.score(prompt, labels, best_first)
 
-    def generate(self, prompt: list[int], stop: set[int], max_new: int) -> list[int]:
-        self.feed(prompt)
-        out: list[int] = []
-        while len(out) < max_new:
-            tok = int(np.argmax(self.llm.scores[self.llm.n_tokens - 1]))
-            if tok in stop:
-                break
-            out.append(tok)
-            if len(out) < max_new:
-                self.llm.eval([tok])
-        return out
-
-    def constrained(
-        self, prompt: list[int], grammar: bytes, stop: set[int], max_new: int
+    def generate(
+        self, prompt: list[int], stop: set[int], max_new: int, grammar: bytes | None = None
     ) -> list[int]:
-        """Greedy decoding where llama.cpp's grammar sampler allows: each step the sampler
-        masks the tokens the grammar forbids after the answer so far (the end of the turn only
-        once the answer is complete), the likeliest left is taken and fed to the grammar."""
-        held = GrammarSampler(self.llm, grammar)
+        """Greedy decoding to a stop token. With `grammar`, where llama.cpp's grammar sampler
+        allows: each step it masks the tokens the grammar forbids after the answer so far (the
+        end of the turn only once the answer is complete), the likeliest left is taken and
+        fed to the grammar."""
+        held = GrammarSampler(self.llm, grammar) if grammar is not None else None
         out: list[int] = []
         try:
             self.feed(prompt)
             while len(out) < max_new:
-                logits = held.mask(self.llm.scores[self.llm.n_tokens - 1])
+                logits = self.llm.scores[self.llm.n_tokens - 1]
+                if held is not None:
+                    logits = held.mask(logits)
                 tok = int(np.argmax(logits))
-                if not np.isfinite(logits[tok]) or tok in stop or held.ends(tok):
-                    break  # the end of the turn (or nothing allowed: the grammar is stuck)
-                held.accept(tok)
+                if tok in stop:
+                    break
+                if held is not None:
+                    if not np.isfinite(logits[tok]) or held.ends(tok):
+                        break  # the end of the turn (or nothing allowed: the grammar is stuck)
+                    held.accept(tok)
                 out.append(tok)
-                self.llm.eval([tok])
+                if len(out) < max_new:
+                    self.llm.eval([tok])
         finally:
-            held.close()
+            if held is not None:
+                held.close()
         return out
 
     def forced(self, prompt: list[int], ref: list[int], ended: bool, stop: set[int]) -> list[int]:
@@ -281,7 +277,7 @@ def check(cases: dict) -> dict:
                     gen_s += time.perf_counter() - t_gen
                 if grammar is not None:
                     t_held = time.perf_counter()
-                    held.append(rt.constrained(p["ids"], grammar, stop, held_max))
+                    held.append(rt.generate(p["ids"], stop, held_max, grammar))
                     held_s += time.perf_counter() - t_held
                 tick()
             if free_max:
