@@ -344,3 +344,27 @@ def test_gguf_export_serves_the_dequantized_weights_the_adapter_was_trained_on(
     assert np.abs(served - original).max() > 1e-2 * scale  # not the unquantized original
     (conf,) = out["configs"]
     assert conf["ties"]["score_noise_max"] < 0.05  # the same model, up to f16 and the runtime
+
+
+def test_the_gguf_weights_are_transformers_dequantize_tensor_by_tensor(trained):
+    """`export --gguf` dequantizes a 4-bit base one linear at a time (an 8B base whole in
+    float32 is 32 GB): every tensor is exactly what `model.dequantize()` gives."""
+    import numpy as np
+
+    from lorapilot.base.models import load_base, load_tokenizer
+    from lorapilot.export.gguf_export import _dequantized_weights
+    from lorapilot.spec import load_pilot
+
+    p = load_pilot(trained[0])
+    resolved, _ = load_tokenizer(p)
+    lazy = _dequantized_weights(p, resolved, lambda m: None)
+    _, model, _ = load_base(p, resolved, use="exact")
+    want = model.dequantize().state_dict()
+    compared = 0
+    for key in lazy:
+        got = lazy[key]
+        assert got.shape == lazy.shape(key)
+        if key in want:
+            assert np.array_equal(got, want[key].float().numpy()), key
+            compared += 1
+    assert compared == len(lazy) and any("down_proj" in k for k in lazy)

@@ -8,6 +8,7 @@ import pytest
 
 from lorapilot.errors import UsageError
 from lorapilot.export import gguf_files as gf
+from lorapilot.export.weights import Weights, of_folder, read_safetensors
 
 CONFIG = {
     "architectures": ["LlamaForCausalLM"],
@@ -120,7 +121,7 @@ def test_model_tensors_leave_out_a_tied_head_and_permute_q():
         "model.layers.0.self_attn.q_proj.weight": rng.normal(size=(16, 16)),
         "model.norm.weight": np.ones(16),
     }
-    got = dict(gf.model_tensors(w, CONFIG, "base"))
+    got = {t.name: t.load() for t in gf.model_tensors(Weights.of(w), CONFIG, "base")}
     assert set(got) == {"token_embd.weight", "blk.0.attn_q.weight", "output_norm.weight"}
     perm = np.concatenate([h * 4 + np.array([0, 2, 1, 3]) for h in range(4)])
     np.testing.assert_allclose(
@@ -134,8 +135,6 @@ def test_a_bf16_checkpoint_is_read_as_float32_exactly(tmp_path):
     import torch
     from safetensors.torch import save_file
 
-    from lorapilot.export.gguf_export import _base_weights, read_safetensors
-
     w = torch.randn(4, 6).to(torch.bfloat16)
     save_file({"model.embed_tokens.weight": w, "step": torch.tensor([3])},
               str(tmp_path / "model-00001.safetensors"))  # fmt: skip
@@ -144,6 +143,84 @@ def test_a_bf16_checkpoint_is_read_as_float32_exactly(tmp_path):
     assert got["model.embed_tokens.weight"].dtype == np.float32
     assert np.array_equal(got["model.embed_tokens.weight"], w.float().numpy())
     assert got["step"].dtype == np.int64 and got["step"].tolist() == [3]
-    both = _base_weights(tmp_path)
+    both = of_folder(tmp_path)
     assert set(both) == {"model.embed_tokens.weight", "step", "lm_head.weight"}
+    assert both.shape("lm_head.weight") == (4, 6)
     assert np.array_equal(both["lm_head.weight"], w.half().float().numpy())
+
+
+def _tiny_llama(tmp_path):
+    """A Hugging Face folder of random float32 weights (2 blocks), for the writers."""
+    rng = np.random.default_rng(0)
+    w = {"model.embed_tokens.weight": rng.normal(size=(10, 64)), "model.norm.weight": np.ones(64)}
+    for i in range(2):
+        w[f"model.layers.{i}.self_attn.q_proj.weight"] = rng.normal(size=(64, 64))
+        w[f"model.layers.{i}.mlp.down_proj.weight"] = rng.normal(size=(64, 96))
+        w[f"model.layers.{i}.mlp.up_proj.weight"] = rng.normal(size=(96, 40))  # rows not q8-able
+    return {k: v.astype(np.float32) for k, v in w.items()}
+
+
+CONFIG64 = {**CONFIG, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 4,
+            "num_hidden_layers": 2}  # fmt: skip
+
+
+@pytest.mark.parametrize("base_type", ["f32", "f16"])
+def test_the_streamed_writer_writes_what_ggufs_own_writer_writes(tmp_path, base_type):
+    """Tensors are written one at a time (infos first): the file is byte for byte the one
+    gguf's in-memory writer makes of the same tensors."""
+    import gguf
+
+    w = _tiny_llama(tmp_path)
+    tensors = gf.model_tensors(Weights.of(w), CONFIG64, "base")
+    streamed = gguf.GGUFWriter(str(tmp_path / "streamed.gguf"), "llama")
+    gf._write_model_tensors(streamed, tensors, base_type)
+    whole = gguf.GGUFWriter(str(tmp_path / "whole.gguf"), "llama")
+    for t in tensors:
+        data = t.load()
+        whole.add_tensor(
+            t.name, data if data.ndim < 2 or base_type == "f32" else data.astype(np.float16)
+        )
+    gf._finish(whole)
+    assert (tmp_path / "streamed.gguf").read_bytes() == (tmp_path / "whole.gguf").read_bytes()
+
+
+def test_a_q8_0_base_is_written_with_its_real_shapes(tmp_path):
+    """`--gguf-base q8_0` stopped with a ValueError before (the float shape was passed where
+    gguf wants the byte shape): rows of whole 32-blocks are Q8_0, the rest F16, vectors F32."""
+    import gguf
+
+    w = _tiny_llama(tmp_path)
+    writer = gguf.GGUFWriter(str(tmp_path / "q8.gguf"), "llama")
+    gf._write_model_tensors(writer, gf.model_tensors(Weights.of(w), CONFIG64, "b"), "q8_0")
+    r = {t.name: t for t in gguf.GGUFReader(str(tmp_path / "q8.gguf")).tensors}
+    q8 = r["blk.0.ffn_down.weight"]
+    assert q8.tensor_type == gguf.GGMLQuantizationType.Q8_0
+    assert tuple(int(x) for x in reversed(q8.shape)) == (64, 96)
+    back = gguf.quants.dequantize(q8.data, q8.tensor_type)
+    want = w["model.layers.0.mlp.down_proj.weight"]
+    assert back.shape == want.shape and np.abs(back - want).max() < 0.02 * np.abs(want).max()
+    assert r["blk.0.ffn_up.weight"].tensor_type == gguf.GGMLQuantizationType.F16  # 40: no block
+    assert r["output_norm.weight"].tensor_type == gguf.GGMLQuantizationType.F32
+
+
+def test_a_conversion_holds_one_tensor_at_a_time(tmp_path):
+    """The writer reads each tensor only after every tensor's info is written and drops it
+    before the next: what keeps an 8B export inside a 24 GB machine (bench/gguf_memory.py)."""
+    import weakref
+
+    import gguf
+
+    w = _tiny_llama(tmp_path)
+    alive: list = []
+    most = [0]
+
+    def read(key):
+        a = w[key].copy()
+        alive.append(weakref.ref(a))
+        most[0] = max(most[0], sum(r() is not None for r in alive))
+        return a
+
+    weights = Weights({k: v.shape for k, v in w.items()}, read)
+    writer = gguf.GGUFWriter(str(tmp_path / "m.gguf"), "llama")
+    gf._write_model_tensors(writer, gf.model_tensors(weights, CONFIG64, "b"), "f16")
+    assert len(alive) == len(w) and most[0] == 1

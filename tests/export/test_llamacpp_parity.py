@@ -12,6 +12,7 @@ import pytest
 from conftest import need_llama_cpp
 
 from lorapilot.export import gguf_files as gf
+from lorapilot.export.weights import of_folder
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -38,7 +39,7 @@ def converted(tmp_path_factory, tiny_model_dir):
     peft.save_pretrained(root / "adapter")
     adapter_w = load_file(str(root / "adapter" / "adapter_model.safetensors"))
     adapter_cfg = json.loads((root / "adapter" / "adapter_config.json").read_text())
-    base_w = load_file(str(tiny_model_dir / "model.safetensors"))
+    base_w = of_folder(tiny_model_dir)
     pre = choose_pre_tokenizer(tiny_model_dir, config, tok, lambda m: None)
     gf.convert_hf(
         tiny_model_dir, gf.model_tensors(base_w, config, "b"), root / "base.gguf", "f32", pre, "t"
@@ -110,6 +111,21 @@ def test_merged_gguf_computes_the_adapted_model(converted, tiny_model_dir):
     served = _llama_logits(path, None, c["ids"])
     moved = np.abs(c["adapted"] - c["plain"]).max()
     assert np.abs(served - c["adapted"]).max() < 0.02 * moved
+
+
+def test_a_q8_0_base_computes_the_base_in_llama_cpp(converted, tiny_model_dir):
+    """`--gguf-base q8_0` (it stopped with a ValueError before): llama.cpp loads the file and
+    computes the base's logits up to 8-bit rounding, far inside what the adapter moves."""
+    c = converted
+    path = c["root"] / "base-q8_0.gguf"
+    tensors = gf.model_tensors(of_folder(tiny_model_dir), c["config"], "q")
+    gf.convert_hf(tiny_model_dir, tensors, path, "q8_0", c["pre"], "q")
+    served = _llama_logits(path, None, c["ids"])
+    moved = np.abs(c["adapted"] - c["plain"]).max()
+    assert np.abs(served - c["plain"]).max() < 0.05 * moved, (
+        np.abs(served - c["plain"]).max(),
+        moved,
+    )
 
 
 def test_label_scores_in_llama_cpp_are_lorapilots_scoring_rule(converted, tiny_model_dir):

@@ -24,6 +24,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
+
 from lorapilot.base.manifest import MANIFEST, read_manifest, weights_sha256
 from lorapilot.base.models import load_tokenizer, original_gguf
 from lorapilot.base.quantize import require_trained_base
@@ -36,8 +38,10 @@ from lorapilot.evaluate.served import gbnf_choice, generation_figures, generatio
 from lorapilot.export import classify as classify_module
 from lorapilot.export import gguf_files as gf
 from lorapilot.export import ollama
+from lorapilot.export import weights as wt
 from lorapilot.export.folder import write_folder
 from lorapilot.export.serving import CLASSIFY_FILE, GRAMMAR_FILE, PROGRESS
+from lorapilot.export.weights import Weights, read_safetensors
 from lorapilot.fsutil import atomic_write_json, read_jsonl, sha256_file
 from lorapilot.records import registry
 from lorapilot.records.progress import Phase
@@ -387,7 +391,7 @@ def _write_base(
         return f"{original.name}, the GGUF the trained-on weights were dequantized from"
     source = "the safetensors"
     if weights is None:
-        weights = _base_weights(folder)
+        weights = wt.of_folder(folder)
     else:
         source = f"the {_quant_text(quantized)} weights dequantized"
     what = f"{kind}, converted from the trained-on weights ({source})"
@@ -407,20 +411,32 @@ def _quant_text(q: dict | None) -> str:
     return f"{q.get('bits')}-bit{' ' + q['type'] if q.get('type') else ''}"
 
 
-def _dequantized_weights(pilot, resolved, say: Progress) -> dict:
+def _dequantized_weights(pilot, resolved, say: Progress) -> Weights:
     """A quantized base's weights as its matmuls computed with: loaded quantized as the adapter
-    was trained on it, and transformers' dequantize() (what `export --merge` merges onto),
-    in float32; the tensors it does not hold (none that a GGUF needs) from the safetensors."""
+    was trained on it, each quantized linear dequantized by transformers' own function (what its
+    `dequantize()`, and so `export --merge`, does) when its tensor is written, every other
+    tensor as loaded; float32. One dequantized tensor is held at a time, not the model."""
+    import torch
+    from transformers.integrations.bitsandbytes import dequantize_bnb_weight
+
     from lorapilot.base.models import load_base
 
-    say("dequantizing the quantized base: the weights the adapter was trained on")
+    say("loading the quantized base: the weights the adapter was trained on, dequantized")
     _, model, _ = load_base(pilot, resolved, use="exact")
-    state = model.dequantize().state_dict()
-    weights = _base_weights(resolved.path)
-    for key in weights:
+    state = model.state_dict(keep_vars=True)
+
+    def exact(key: str, stored: np.ndarray) -> np.ndarray:
+        module_name, _, leaf = key.rpartition(".")
+        module = model.get_submodule(module_name) if module_name else model
+        if leaf == "weight" and type(module.weight).__name__ in ("Params4bit", "Int8Params"):
+            with torch.no_grad():
+                t = dequantize_bnb_weight(module.weight, getattr(module, "state", None))
+            return t.float().cpu().numpy()
         if key in state:
-            weights[key] = state[key].float().numpy()
-    return weights
+            return state[key].detach().float().cpu().numpy()
+        return stored
+
+    return wt.of_folder(resolved.path).replaced(exact)
 
 
 def _pre_of(gguf_path: Path) -> str:
@@ -454,39 +470,26 @@ def choose_pre_tokenizer(folder: Path, config: dict, tok, say: Progress) -> str:
     )
 
 
-def _base_weights(folder: Path) -> dict:
-    weights: dict = {}
-    for f in sorted(folder.glob("*.safetensors")):
-        weights.update(read_safetensors(f))
-    return weights
-
-
-def read_safetensors(path: Path) -> dict:
-    """A safetensors file as numpy arrays, floating tensors widened to float32 (exactly):
-    bf16, the dtype of most 1-8B checkpoints, has no numpy dtype, so it is read through torch."""
-    from safetensors import safe_open
-
-    out = {}
-    with safe_open(str(path), framework="pt") as f:
-        for key in f.keys():  # noqa: SIM118 - safe_open is not a mapping
-            t = f.get_tensor(key)
-            out[key] = (t.float() if t.is_floating_point() else t).numpy()
-    return out
-
-
 def _merged_weights(
-    folder: Path, adapter_w: dict, adapter_cfg: dict, config: dict, base: dict | None = None
-) -> dict:
+    folder: Path, adapter_w: dict, adapter_cfg: dict, config: dict, base: Weights | None = None
+) -> Weights:
     """Base weights (`base`: a quantized base's, dequantized) plus every LoRA update
-    B @ A * scale, in float32 (what PEFT's merge adds)."""
-    import numpy as np
+    B @ A * scale, in float32 (what PEFT's merge adds), each tensor merged when it is read."""
+    base = wt.of_folder(folder) if base is None else base
+    pairs = gf.lora_pairs(adapter_w, str(folder))
+    scales = {m: gf.module_scale(m, ab["A"].shape[0], adapter_cfg) for m, ab in pairs.items()}
+    missing = sorted(m + ".weight" for m in pairs if m + ".weight" not in base)
+    if missing:
+        raise UsageError(f"{folder}: the adapter's modules have no base weight: {missing[:5]}")
 
-    base = _base_weights(folder) if base is None else base
-    weights = {k: v.astype(np.float32) for k, v in base.items()}
-    for module, ab in gf.lora_pairs(adapter_w, str(folder)).items():
-        scale = np.float32(gf.module_scale(module, ab["A"].shape[0], adapter_cfg))
-        weights[module + ".weight"] = weights[module + ".weight"] + (ab["B"] @ ab["A"]) * scale
-    return weights
+    def merge(key: str, w: np.ndarray) -> np.ndarray:
+        module = key.removesuffix(".weight")
+        if key.endswith(".weight") and module in pairs:
+            ab = pairs[module]
+            return w.astype(np.float32) + (ab["B"] @ ab["A"]) * np.float32(scales[module])
+        return w
+
+    return base.replaced(merge)
 
 
 # --- the check -----------------------------------------------------------------------------

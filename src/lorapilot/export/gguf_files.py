@@ -17,13 +17,15 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from lorapilot.errors import UsageError
+from lorapilot.export.weights import Weights
 
 ARCHITECTURES = {
     "LlamaForCausalLM": "llama",  # SmolLM2, Llama 2/3
@@ -195,13 +197,22 @@ def _finish(writer) -> None:
 # --- base and merged models ------------------------------------------------------------------
 
 
-def model_tensors(
-    weights: dict[str, np.ndarray], config: dict, where: str
-) -> Iterable[tuple[str, np.ndarray]]:
-    """(gguf name, float32 array) for every tensor of a Hugging Face causal LM, q/k permuted;
-    a tied lm_head is left out (llama.cpp reuses the token embeddings)."""
+@dataclass(frozen=True)
+class Tensor:
+    """A model tensor to write: its GGUF name and shape now, its float32 data when written
+    (the writer streams: one tensor in memory at a time)."""
+
+    name: str
+    shape: tuple[int, ...]
+    load: Callable[[], np.ndarray]
+
+
+def model_tensors(weights: Weights, config: dict, where: str) -> list[Tensor]:
+    """Every tensor of a Hugging Face causal LM as llama.cpp names it, q/k rows permuted when
+    loaded; a tied lm_head is left out (llama.cpp reuses the token embeddings)."""
     arch = gguf_architecture(config, where)
     names = NameMap(arch, int(config["num_hidden_layers"]))
+    out = []
     for key in sorted(weights):
         if key == "lm_head.weight" and config.get("tie_word_embeddings"):
             continue
@@ -210,32 +221,62 @@ def model_tensors(
         target = names(key)
         if target is None:
             raise UsageError(f"{where}: llama.cpp has no tensor for {key}")
-        data = np.asarray(weights[key], dtype=np.float32)
         heads = _rope_heads(key, config, arch)
-        if heads is not None:
-            data = _permute_rows(data, heads)
-        yield target, data
+
+        def load(key: str = key, heads: int | None = heads) -> np.ndarray:
+            data = np.asarray(weights[key], dtype=np.float32)
+            return _permute_rows(data, heads) if heads is not None else data
+
+        out.append(Tensor(target, weights.shape(key), load))
+    return out
 
 
-def _add_model_tensor(writer, name: str, data: np.ndarray, base_type: str) -> None:
+def _stored_as(shape: tuple[int, ...], base_type: str) -> str:
+    """The GGUF type a tensor is written in: vectors F32; q8_0 only for rows of whole blocks."""
+    if len(shape) < 2 or base_type == "f32":
+        return "f32"
+    if base_type == "q8_0" and shape[-1] % 32 == 0:
+        return "q8_0"
+    return "f16"
+
+
+def _write_model_tensors(writer, tensors: list[Tensor], base_type: str) -> None:
+    """The tensor infos first (shapes and types, known without the data), then each tensor's
+    data loaded, converted and written in turn: memory holds one tensor, not the model."""
     import gguf
 
-    if data.ndim < 2 or base_type == "f32":
-        writer.add_tensor(name, data.astype(np.float32))
-    elif base_type == "q8_0" and data.shape[-1] % 32 == 0:
-        q = gguf.quants.quantize(data, gguf.GGMLQuantizationType.Q8_0)
-        writer.add_tensor(name, q, raw_shape=data.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
-    else:
-        writer.add_tensor(name, data.astype(np.float16))
+    q8 = gguf.GGMLQuantizationType.Q8_0
+    for t in tensors:
+        kind = _stored_as(t.shape, base_type)
+        if kind == "q8_0":
+            byte_shape = gguf.quant_shape_to_byte_shape(t.shape, q8)
+            writer.add_tensor_info(
+                t.name, byte_shape, np.dtype(np.uint8), int(np.prod(byte_shape)), raw_dtype=q8
+            )
+        else:
+            dtype = np.dtype(np.float32 if kind == "f32" else np.float16)
+            writer.add_tensor_info(t.name, t.shape, dtype, int(np.prod(t.shape)) * dtype.itemsize)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    for t in tensors:
+        data = t.load()
+        if tuple(data.shape) != t.shape:
+            raise UsageError(f"tensor {t.name}: read {tuple(data.shape)}, expected {t.shape}")
+        kind = _stored_as(t.shape, base_type)
+        if kind == "q8_0":
+            writer.write_tensor_data(gguf.quants.quantize(data, q8))
+        else:
+            writer.write_tensor_data(data.astype(np.float32 if kind == "f32" else np.float16))
+        del data
+    writer.close()
 
 
 FILE_TYPES = {"f32": 0, "f16": 1, "q8_0": 7}
 """GGUF `general.file_type` (llama.cpp's LLAMA_FTYPE) per base type."""
 
 
-def rewrite_gguf(
-    original: Path, tensors: Iterable[tuple[str, np.ndarray]], out: Path, base_type: str
-) -> None:
+def rewrite_gguf(original: Path, tensors: list[Tensor], out: Path, base_type: str) -> None:
     """A GGUF model with `original`'s metadata (architecture, tokenizer, chat template) and the
     given tensors in `base_type`: a base converted from a quantized GGUF, or a merged model.
     The tensors must be exactly the original's, by name and shape."""
@@ -247,20 +288,17 @@ def rewrite_gguf(
     w = gguf.GGUFWriter(str(out), arch)
     _copy_metadata(reader, w, skip={"general.architecture", "general.file_type"})
     w.add_file_type(FILE_TYPES[base_type])
-    seen = set()
-    for name, data in tensors:
-        shape = want.get(name)
-        if shape is None or tuple(data.shape) != shape:
+    for t in tensors:
+        shape = want.get(t.name)
+        if shape is None or t.shape != shape:
             raise UsageError(
-                f"{original.name}: tensor {name} {tuple(data.shape)} does not match the GGUF's "
+                f"{original.name}: tensor {t.name} {t.shape} does not match the GGUF's "
                 f"({shape}); the base folder and its GGUF are not the same model"
             )
-        _add_model_tensor(w, name, data, base_type)
-        seen.add(name)
-    missing = sorted(set(want) - seen)
+    missing = sorted(set(want) - {t.name for t in tensors})
     if missing:
         raise UsageError(f"{original.name}: the base has no weights for {missing[:5]}")
-    _finish(w)
+    _write_model_tensors(w, tensors, base_type)
 
 
 def _copy_metadata(reader, writer, skip: set[str]) -> None:
@@ -278,7 +316,7 @@ def _copy_metadata(reader, writer, skip: set[str]) -> None:
 
 def convert_hf(
     folder: Path,
-    tensors: Iterable[tuple[str, np.ndarray]],
+    tensors: list[Tensor],
     out: Path,
     base_type: str,
     pre: str,
@@ -297,9 +335,7 @@ def convert_hf(
     add_hparams(w, config, str(folder / "config.json"))
     w.add_file_type(FILE_TYPES[base_type])
     add_tokenizer(w, folder, pre, int(config["vocab_size"]))
-    for tname, data in tensors:
-        _add_model_tensor(w, tname, data, base_type)
-    _finish(w)
+    _write_model_tensors(w, tensors, base_type)
 
 
 def add_hparams(w, config: dict, where: str) -> None:
