@@ -85,6 +85,7 @@ def make_base(dest: Path, shape: str) -> None:
             index += 1
             save_file(shard, str(dest / f"model-{index:05d}.safetensors"))
             shard = {}
+    write_index(dest)
     adir = dest / "adapter"
     adir.mkdir(exist_ok=True)
     save_file(adapter, str(adir / "adapter_model.safetensors"))
@@ -92,6 +93,25 @@ def make_base(dest: Path, shape: str) -> None:
     (adir / "adapter_config.json").write_text(
         json.dumps({"peft_type": "LORA", "r": 16, "lora_alpha": 32, "target_modules": targets})
     )
+
+
+def write_index(dest: Path) -> None:
+    """model.safetensors.index.json, as a sharded Hugging Face checkpoint has (transformers
+    loads the shards through it)."""
+    from safetensors import safe_open
+
+    weight_map, total = {}, 0
+    for f in sorted(dest.glob("model-*.safetensors")):
+        with safe_open(str(f), framework="pt") as st:
+            for key in st.keys():  # noqa: SIM118 - safe_open is not a mapping
+                weight_map[key] = f.name
+                sl = st.get_slice(key)
+                n = 1
+                for d in sl.get_shape():
+                    n *= d
+                total += n * 2  # bf16
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (dest / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
 
 
 def child(folder: Path, what: str, kind: str, out: Path) -> None:

@@ -174,6 +174,19 @@ def _serving(r: dict) -> None:
                 f"  {esc(c['name'])}, constrained by labels.gbnf (llama.cpp's grammar sampler): "
                 f"{h['agreement']:.1%} the scored label, {h['label_rate']:.1%} a label{mine}"
             )
+        f = c.get("constrained")  # an extraction's answers held to fields.gbnf
+        if f:
+            shown = "; ".join(
+                f"{k} {v['llama_cpp_constrained']:.3f} (free {v['llama_cpp']:.3f})"
+                for k, v in f["metrics"].items()
+                if isinstance(v.get("llama_cpp_constrained"), int | float)
+                and isinstance(v.get("llama_cpp"), int | float)
+            )
+            stdout.print(
+                f"  {esc(c['name'])}, constrained by {esc(f['file'])} (llama.cpp's grammar "
+                f"sampler): {f['n_same']} of {f['n']} lorapilot's answer, {f['n_same_as_free']} "
+                f"the free one; {esc(shown)}"
+            )
     for w in r.get("warnings") or []:
         stdout.print(f"[yellow]warning[/]: {esc(w)}")
 

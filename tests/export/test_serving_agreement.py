@@ -240,3 +240,50 @@ def test_a_difference_within_the_runtimes_score_noise_is_a_near_tie():
     conf["reference_scores"][0] = -1.5
     loud = _compare(spec, cases, conf)
     assert loud["ties"]["near_ties"] == 0 and loud["serving_agreement"] == 0.5
+
+
+def test_an_extractions_answers_held_to_fields_gbnf_are_scored_beside_the_free_ones():
+    """fields.gbnf in llama.cpp: the constrained answers scored with the pilot's metrics,
+    counted against lorapilot's and the free ones; named in the README, reported not gated."""
+    import json
+
+    pilot = load_pilot(EXAMPLES / "invoice-fields")
+    spec = pilot.spec
+    rows = [json.loads(x) for x in (pilot.dir / "data" / "invoices.jsonl").open()][:3]
+    records = [Record(id=r["id"], text=r["text"], label=None, target=r["target"], source="f",
+                      split="val", category="all") for r in rows]  # fmt: skip
+    from lorapilot.data.format import answer_text
+
+    good = [answer_text(spec.task, None, r["target"]) for r in rows]
+    cases = {
+        "records": records,
+        "prompt_texts": ["q"] * 3,
+        "grammar_file": "fields.gbnf",
+        "mode": "generate",
+        "lorapilot_predictions": {r["id"]: {"parsed": r["target"]} for r in rows},
+        "lorapilot_metrics": {"json_valid_rate": 1.0, "leaf_f1": 1.0},
+    }
+    free = [good[0], good[1][:-9], good[2]]  # the second cut short: not JSON
+    held = [good[0], good[1], good[2].replace(rows[2]["target"]["vendor"], "Someone")]
+    conf = {"name": "base+adapter", "outputs": free, "forced": [[9, 9]] * 3,
+            "constrained": held, "constrained_seconds": 4.0}  # fmt: skip
+    out = _compare(spec, cases, conf)
+    h = out["constrained"]
+    assert h["file"] == "fields.gbnf" and "--grammar-file fields.gbnf" in h["what"]
+    assert (h["n_same"], h["n_same_as_free"], h["n"]) == (2, 1, 3) and h["agreement"] == 2 / 3
+    assert h["metrics"]["json_valid_rate"] == {
+        "lorapilot": 1.0, "llama_cpp": 2 / 3, "llama_cpp_constrained": 1.0
+    }  # fmt: skip
+    assert [d["id"] for d in h["differing"]] == [rows[2]["id"]] and h["seconds"] == 4.0
+    assert out["serving_agreement"] == 1.0  # the gate stays the free answers' tokens
+    check = {"n_examples": 3, "agreement_unit": "tokens", "serving_agreement": 1.0,
+             "serving_agreement_min": 0.98, "configs": [out], "reference": {}}  # fmt: skip
+    text = readme(pilot="p", train_run="t", base_file="base.gguf", base_note="n",
+                  adapter_file="adapter.gguf", merged_file=None, system=None,
+                  user_template="{text}", check=check, grammar="fields.gbnf",
+                  schema="schema.json")  # fmt: skip
+    assert "## Constrained to the fields" in text and "2 of 3 answers are lorapilot's" in text
+    assert "--grammar-file fields.gbnf" in text and "`schema.json`" in text
+    assert "json_valid_rate 1.000 (free 0.667, lorapilot 1.000)" in text
+    del conf["constrained"]  # an export before fields.gbnf
+    assert "constrained" not in _compare(spec, cases, conf)

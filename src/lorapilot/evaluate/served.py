@@ -218,23 +218,24 @@ class LabelChoice:
         ]
 
 
+def gbnf_literal(text: str) -> str:
+    """A GBNF literal of `text`: quotes, backslashes and control characters escaped; any other
+    character stands for itself (GBNF literals are UTF-8)."""
+    out = []
+    for ch in text:
+        if ch in '"\\':
+            out.append("\\" + ch)
+        elif ord(ch) < 0x20 or ch == "\x7f":
+            out.append(f"\\x{ord(ch):02x}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
 def gbnf_choice(labels: list[str]) -> str:
     """A GBNF grammar (llama.cpp's: `llama-server --grammar-file`, `llama-cli --grammar-file`)
     whose only sentences are the labels' exact texts: what a server constrained to the labels
-    lets the model write. Quotes, backslashes and control characters are escaped; any other
-    character stands for itself (GBNF literals are UTF-8)."""
-
-    def literal(text: str) -> str:
-        out = []
-        for ch in text:
-            if ch in '"\\':
-                out.append("\\" + ch)
-            elif ord(ch) < 0x20 or ch == "\x7f":
-                out.append(f"\\x{ord(ch):02x}")
-            else:
-                out.append(ch)
-        return '"' + "".join(out) + '"'
-
+    lets the model write."""
     if not labels or any(not lab for lab in labels):
         raise ValueError("a grammar of labels needs labels, none of them empty")
-    return "root ::= " + " | ".join(literal(lab) for lab in labels) + "\n"
+    return "root ::= " + " | ".join(gbnf_literal(lab) for lab in labels) + "\n"

@@ -4,8 +4,10 @@ model answers what the evaluated one did.
 The folder holds `base.gguf` (the GGUF the base was dequantized from, or one converted from
 its safetensors), `adapter.gguf`, optionally `merged.gguf`, an Ollama `Modelfile`, for a
 label-scoring classifier `classify.py` with `classifier.json` and the labels as a llama.cpp
-grammar `labels.gbnf`, a README and `lorapilot.json`
-(every file's sha256, the base it is bound to, the check). The serving check runs in a fresh
+grammar `labels.gbnf`, for an extraction its fields as a grammar `fields.gbnf` and a JSON
+Schema `schema.json`, a README and `lorapilot.json` (every file's sha256, the base it is bound
+to, the check). Converted files are written one tensor at a time (export.weights): an 8B base
+is never held whole in float32. The serving check runs in a fresh
 process that imports llama.cpp and no torch (`export.serving`): every validation prompt's
 tokens compared, every example predicted with the pilot's rule, and the
 predictions compared with the ones lorapilot made for the same adapter.
@@ -40,7 +42,8 @@ from lorapilot.export import gguf_files as gf
 from lorapilot.export import ollama
 from lorapilot.export import weights as wt
 from lorapilot.export.folder import write_folder
-from lorapilot.export.serving import CLASSIFY_FILE, GRAMMAR_FILE, PROGRESS
+from lorapilot.export.serving import CLASSIFY_FILE, FIELDS_GRAMMAR_FILE, GRAMMAR_FILE, PROGRESS
+from lorapilot.export.target_grammar import gbnf_of, json_schema_of
 from lorapilot.export.weights import Weights, read_safetensors
 from lorapilot.fsutil import atomic_write_json, read_jsonl, sha256_file
 from lorapilot.records import registry
@@ -48,6 +51,7 @@ from lorapilot.records.progress import Phase
 from lorapilot.spec.requirements import require_serving
 
 BASE_FILE, ADAPTER_FILE, MERGED_FILE = "base.gguf", "adapter.gguf", "merged.gguf"
+SCHEMA_FILE = "schema.json"
 GATED_TYPES = ("original", "f32", "f16")
 """Base files that hold the trained-on weights (or a rounding of them no coarser than f16):
 the agreement gates. A q8_0 base is quantized further than the one trained on: reported. For
@@ -147,9 +151,10 @@ def export_gguf(
     n_ctx = max(cases["n_ctx"], _ctx(max_length_of(pilot, tok) + 16))
     classifier, classifier_note = classifier_config(pilot, tok, cases)
     cases["classifier"] = classifier is not None
-    # label scoring: the labels as a grammar, for a server that constrains its answers
-    grammar = gbnf_choice(list(spec.task.labels or [])) if cases["mode"] == "score" else None
-    cases["grammar"] = grammar is not None
+    # the answers as a grammar, for a server that constrains them: the labels of a scored
+    # classification; an extraction's fields (and their JSON Schema, for Ollama's `format`)
+    grammar_file, grammar, schema = _grammar_of(spec, cases["mode"])
+    cases["grammar"], cases["grammar_file"] = grammar is not None, grammar_file
 
     def write(tmp: Path) -> dict:
         say(f"writing {ADAPTER_FILE} ({len(lora) // 2} LoRA pairs, alpha {alpha:g})")
@@ -172,7 +177,9 @@ def export_gguf(
             shutil.copyfile(classify_module.__file__, tmp / CLASSIFY_FILE)
             atomic_write_json(tmp / classify_module.CONFIG, classifier | {"train_run": train_id})
         if grammar is not None:
-            (tmp / GRAMMAR_FILE).write_text(grammar, encoding="utf-8")
+            (tmp / grammar_file).write_text(grammar, encoding="utf-8")
+        if schema is not None:
+            atomic_write_json(tmp / SCHEMA_FILE, schema)
         header = f"written by lorapilot export --gguf: pilot {spec.name}, train run {train_id}"
         mf = dict(template=template, system=system, stops=stops, num_ctx=n_ctx, header=header)
         (tmp / "Modelfile").write_text(
@@ -200,7 +207,8 @@ def export_gguf(
                 adapter_file=ADAPTER_FILE, merged_file=MERGED_FILE if merge else None,
                 system=system, user_template=user, check=check,
                 classifier=CLASSIFY_FILE if classifier is not None else None,
-                grammar=GRAMMAR_FILE if grammar is not None else None,
+                grammar=grammar_file if grammar is not None else None,
+                schema=SCHEMA_FILE if schema is not None else None,
             )
         )  # fmt: skip
         return {
@@ -225,7 +233,8 @@ def export_gguf(
                 "file": CLASSIFY_FILE if classifier is not None else None,
                 "note": classifier_note,
             },
-            "grammar": {"file": GRAMMAR_FILE} if grammar is not None else None,
+            "grammar": {"file": grammar_file} if grammar is not None else None,
+            "schema": {"file": SCHEMA_FILE} if schema is not None else None,
             "architecture": arch,
             "adapter_manifest": {
                 k: manifest.get(k) for k in ("data_version", "eval_protocol", "method")
@@ -276,7 +285,9 @@ def recheck(
     ref = reference or pilot.spec.export.reference
     cases = _cases(pilot, tok, manifest, train_id, adapter_dir, ref, lambda m: None)
     cases["classifier"] = CLASSIFY_FILE in written["files"]
-    cases["grammar"] = GRAMMAR_FILE in written["files"]  # not in exports before it was written
+    # a grammar: not in exports before it was written
+    cases["grammar_file"] = (written.get("grammar") or {}).get("file", GRAMMAR_FILE)
+    cases["grammar"] = cases["grammar_file"] in written["files"]
     configs = _served(bool(written.get("merged_gguf")))
     minimum = pilot.spec.export.min_agreement if min_agreement is None else min_agreement
     base_gguf = written["base_gguf"]
@@ -288,6 +299,13 @@ def recheck(
     if not check["ok"]:
         raise CheckFailed(_why(check), result)
     return result
+
+
+def _grammar_of(spec, mode: str) -> tuple[str, str | None, dict | None]:
+    """(file name, GBNF text, JSON Schema) of the answers a server may constrain to."""
+    if mode == "score":
+        return GRAMMAR_FILE, gbnf_choice(list(spec.task.labels or [])), None
+    return FIELDS_GRAMMAR_FILE, gbnf_of(spec.task), json_schema_of(spec.task)
 
 
 def _served(merged: bool) -> list[dict]:
@@ -345,7 +363,7 @@ def _why(check: dict) -> str:
     )
     held = check.get("constrained_agreement")
     if held is not None:
-        generated += f"; constrained by {GRAMMAR_FILE}, {held:.1%}"
+        generated += f"; constrained by {check.get('grammar_file', GRAMMAR_FILE)}, {held:.1%}"
     ties = "".join(
         f"; {c['name']}: {c['n_differing'] - t['near_ties']} of {c['n_differing']} differing "
         f"examples beyond the runtimes' score noise ({t['score_noise_max']:.3f} nats)"
@@ -734,6 +752,7 @@ def serving_check(
         "constrained_max_new": cases.get("constrained_max_new", 0),
         "classifier": bool(cases.get("classifier")),
         "grammar": bool(cases.get("grammar")),
+        "grammar_file": cases.get("grammar_file", GRAMMAR_FILE),
         "n_ctx": cases["n_ctx"],
         # llama.cpp's best-first knows no offsets: calibrated scoring scores every label
         "label_search": "all" if cases["content_free"] else spec.eval.label_search,
@@ -779,6 +798,7 @@ def serving_check(
     ok = not problems and (not gated or (agreement is not None and agreement >= minimum))
     freely = [r["generation"] for r in results if r.get("generation")]
     held = [g["constrained"] for g in freely if g.get("constrained")]
+    held += [r["constrained"] for r in results if r.get("constrained")]  # an extraction's
     return base | {
         "ok": ok,
         "serving_agreement": agreement,
@@ -789,9 +809,12 @@ def serving_check(
         # label scoring: the same labels generated freely, as the Modelfile serves them
         "generation_agreement": min((g["agreement"] for g in freely), default=None),
         "generation_label_rate": min((g["label_rate"] for g in freely), default=None),
-        # and constrained by labels.gbnf in llama.cpp's grammar sampler
+        # and constrained by labels.gbnf (fields.gbnf) in llama.cpp's grammar sampler
+        "grammar_file": cases.get("grammar_file") if cases.get("grammar") else None,
         "constrained_agreement": min((g["agreement"] for g in held), default=None),
-        "constrained_label_rate": min((g["label_rate"] for g in held), default=None),
+        "constrained_label_rate": min(
+            (g["label_rate"] for g in held if "label_rate" in g), default=None
+        ),
         "warnings": generation_warnings(results, minimum, bool(cases.get("classifier"))),
         "configs": results,
     }
@@ -880,6 +903,11 @@ def _compare(spec, cases: dict, conf: dict) -> dict:
     return {
         "name": conf["name"],
         "generation": _generation(spec, cases, conf, keys) if generated else None,
+        **(
+            {"constrained": _constrained_answers(spec, cases, conf, rows, metrics, keys)}
+            if cases.get("mode") == "generate" and conf.get("constrained") is not None
+            else {}
+        ),
         "serving_agreement": gated,
         **({"ties": ties} if ties else {}),
         "agreement_unit": "tokens" if tokens else "examples",
@@ -967,6 +995,51 @@ def _generation(spec, cases: dict, conf: dict, keys: list[str]) -> dict:
         }
         out["constrained"] = held
     return out
+
+
+def _constrained_answers(
+    spec, cases: dict, conf: dict, free_rows: list, free_metrics: dict, keys: list
+) -> dict:
+    """An extraction's answers decoded under fields.gbnf in llama.cpp, scored by the pilot's
+    metrics beside lorapilot's and llama.cpp's free answers: how many are lorapilot's answer
+    and the free one, and what the metrics become. Reported, never gated (the pilot decided on
+    free generation)."""
+    file = cases.get("grammar_file", FIELDS_GRAMMAR_FILE)
+    metrics, rows = score_predictions(
+        spec, cases["records"], cases["prompt_texts"], None, conf["constrained"]
+    )
+    theirs = cases["lorapilot_predictions"]
+    same = _agrees(theirs, rows)
+    n = len(rows)
+    lp = cases["lorapilot_metrics"]
+    return {
+        "what": (
+            f"greedy decoding under {file} in llama.cpp's grammar sampler, as llama-server "
+            f"--grammar-file {file} --temp 0 answers"
+        ),
+        "file": file,
+        "agreement": sum(same) / n if n else 1.0,
+        "n_same": sum(same),
+        "n_same_as_free": sum(
+            a["parsed"] == b["parsed"] for a, b in zip(rows, free_rows, strict=True)
+        ),
+        "n": n,
+        "metrics": {
+            k: {
+                "lorapilot": lp.get(k),
+                "llama_cpp": free_metrics.get(k),
+                "llama_cpp_constrained": metrics.get(k),
+            }
+            for k in keys
+        },
+        "differing": [
+            {"id": r["id"], "lorapilot": theirs.get(r["id"], {}).get("parsed"),
+             "llama_cpp_constrained": r["parsed"], "raw": r["raw_output"]}
+            for r, ok in zip(rows, same, strict=True)
+            if not ok
+        ][:20],  # fmt: skip
+        "seconds": conf.get("constrained_seconds"),
+    }
 
 
 def _generated_figures(

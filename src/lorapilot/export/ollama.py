@@ -68,6 +68,7 @@ def readme(
     check: dict,
     classifier: str | None = None,
     grammar: str | None = None,
+    schema: str | None = None,
 ) -> str:
     """How to serve the export, and what its serving check found."""
     name = f"{pilot}-{train_run}".lower().replace("_", "-")
@@ -92,7 +93,11 @@ def readme(
         out.append(
             f"- `{classifier}` and `classifier.json`: classify as the pilot did (label scoring)"
         )
-    if grammar:
+    if grammar and schema:
+        out.append(f"- `{grammar}`: the answer's fields as a llama.cpp grammar (as trained)")
+    if schema:
+        out.append(f"- `{schema}`: the answer's JSON Schema (Ollama's `format`)")
+    elif grammar:
         out.append(f"- `{grammar}`: the labels as a llama.cpp grammar (answers only a label)")
     out += [
         "- `Modelfile`: Ollama (base + adapter)"
@@ -127,7 +132,11 @@ def readme(
         f'llm = Llama(model_path="{base_file}", lora_path="{adapter_file}")',
         "```",
         "",
-        *_grammar_lines(grammar, check, base_file, adapter_file),
+        *(
+            _fields_lines(grammar, schema, check, base_file, adapter_file)
+            if schema
+            else _grammar_lines(grammar, check, base_file, adapter_file)
+        ),
         *_classifier_lines(classifier, check, merged_file),
         "Check it again (the files re-hashed, the validation split predicted in llama.cpp):",
         f"`lorapilot export PILOT --gguf --check {'THIS_FOLDER'}`.",
@@ -204,6 +213,50 @@ def _grammar_lines(grammar: str | None, check: dict, base_file: str, adapter_fil
         "",
         "Ollama takes no grammar file: its `format` (a JSON schema) answers in JSON, through "
         "another grammar, which this check does not decode.",
+        "",
+    ]
+
+
+def _fields_lines(grammar, schema: str, check: dict, base_file: str, adapter_file: str):
+    """How to serve an extraction's answers held to their fields, and what that gave."""
+    outside = (
+        f"`{schema}` states the answer as a JSON Schema, for Ollama "
+        f"(`\"format\": <{schema}>` in /api/chat) or an OpenAI-style `response_format`. Those "
+        "servers convert it with their own rules (whitespace, key order), which this check "
+        "does not decode."
+    )
+    if not grammar:
+        return ["## Constrained to the schema", "", outside, ""]
+    held = [c["constrained"] for c in check.get("configs") or [] if c.get("constrained")]
+    measured = []
+    for h in held[:1]:
+        shown = "; ".join(
+            f"{k} {v['llama_cpp_constrained']:.3f} (free {v['llama_cpp']:.3f}, lorapilot "
+            f"{v['lorapilot']:.3f})"
+            for k, v in h["metrics"].items()
+            if all(isinstance(v.get(x), int | float) for x in ("lorapilot", "llama_cpp"))
+            and isinstance(v.get("llama_cpp_constrained"), int | float)
+        )
+        measured = [
+            f"The serving check decoded the validation split under `{grammar}` (greedy, in "
+            f"llama.cpp's grammar sampler over this very file): {h['n_same']} of {h['n']} "
+            f"answers are lorapilot's, {h['n_same_as_free']} the free answer; {shown}.",
+            "",
+        ]
+    return [
+        "## Constrained to the fields",
+        "",
+        f"`{grammar}` allows one JSON object with the pilot's fields in the order, types and "
+        "layout the adapter was trained on (an absent optional field as null). The pilot was "
+        "decided on free generation; a grammar changes no answer the model already writes "
+        "validly, and forces the others into shape.",
+        "",
+        *measured,
+        "```bash",
+        f"llama-server -m {base_file} --lora {adapter_file} --grammar-file {grammar} --temp 0",
+        "```",
+        "",
+        outside,
         "",
     ]
 

@@ -74,9 +74,12 @@ class Runtime:
             self.feed(prompt)
             while len(out) < max_new:
                 logits = self.llm.scores[self.llm.n_tokens - 1]
-                if held is not None:
-                    logits = held.mask(logits)
                 tok = int(np.argmax(logits))
+                # the grammar masks the whole vocabulary only where the likeliest token is
+                # not allowed (as llama.cpp's own sampling does): the same greedy answer
+                if held is not None and not held.allows(tok):
+                    logits = held.mask(logits)
+                    tok = int(np.argmax(logits))
                 if tok in stop:
                     break
                 if held is not None:
@@ -143,6 +146,19 @@ class GrammarSampler:
         out[kept["id"]] = kept["logit"]
         return out
 
+    def allows(self, tok: int) -> bool:
+        """Whether the grammar allows `tok` next (one token checked, not the vocabulary)."""
+        import ctypes
+
+        one = np.zeros(1, dtype=self._ROW)
+        one["id"] = tok
+        arr = self._lib.llama_token_data_array(
+            data=one.ctypes.data_as(self._lib.llama_token_data_p), size=1, selected=-1,
+            sorted=False,
+        )  # fmt: skip
+        self._lib.llama_sampler_apply(self.smpl, ctypes.byref(arr))
+        return bool(arr.size == 1 and np.isfinite(one["logit"][0]))
+
     def ends(self, tok: int) -> bool:
         """Whether `tok` ends the turn (llama.cpp's end-of-generation tokens)."""
         return bool(self._lib.llama_vocab_is_eog(self.vocab, tok))
@@ -173,6 +189,8 @@ def file_problems(folder: Path, files: dict[str, str]) -> list[str]:
 CLASSIFY_FILE = "classify.py"
 """The exported classifier script (a copy of lorapilot/export/classify.py)."""
 GRAMMAR_FILE = "labels.gbnf"
+FIELDS_GRAMMAR_FILE = "fields.gbnf"
+"""An extraction pilot's answers as a grammar (export.target_grammar), beside schema.json."""
 """The labels as a llama.cpp grammar (served.gbnf_choice), for a label-scoring pilot."""
 
 
@@ -213,6 +231,9 @@ def check(cases: dict) -> dict:
         print(f"{PROGRESS} {done} {total}", file=sys.stderr, flush=True)
 
     delivered = _module(folder / CLASSIFY_FILE) if cases.get("classifier") else None
+    # the folder's grammar (labels, or an extraction's fields), as --grammar-file serves it
+    grammar_path = folder / cases.get("grammar_file", GRAMMAR_FILE)
+    grammar = grammar_path.read_bytes() if cases.get("grammar") else None
     for conf in cases["configs"]:
         t_load = time.perf_counter()
         rt = Runtime(
@@ -258,7 +279,6 @@ def check(cases: dict) -> dict:
             free_max = int(cases.get("label_max_new") or 0)
             entry["scores"], entry["reference_scores"], gens, gen_s = [], [], [], 0.0
             # and under the folder's labels.gbnf, as llama-server --grammar-file serves it
-            grammar = (folder / GRAMMAR_FILE).read_bytes() if cases.get("grammar") else None
             held_max = int(cases.get("constrained_max_new") or 0)
             held, held_s = [], 0.0
             for p in prompts:
@@ -292,12 +312,19 @@ def check(cases: dict) -> dict:
                     rt.score(p["ids"], cases["labels"], False) for p in free
                 ]
         else:
-            gens = []
+            gens, held, held_s = [], [], 0.0
             for p in prompts:
                 gens.append(rt.generate(p["ids"], stop, int(cases["max_new_tokens"])))
+                if grammar is not None:  # an extraction's answer held to fields.gbnf
+                    t_held = time.perf_counter()
+                    held.append(rt.generate(p["ids"], stop, int(cases["max_new_tokens"]), grammar))
+                    held_s += time.perf_counter() - t_held
                 tick()
             entry["output_ids"] = gens
             entry["outputs"] = [rt.detokenize(g) for g in gens]
+            if grammar is not None:
+                entry["constrained"] = [rt.detokenize(g) for g in held]
+                entry["constrained_seconds"] = round(held_s, 3)
         # serving the split by the pilot's rule: its rate is the one shown
         seconds = (
             time.perf_counter()

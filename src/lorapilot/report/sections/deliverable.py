@@ -86,11 +86,17 @@ def _deliverable(s: dict) -> list:
                     f"{_share(check.get('generation_label_rate'))} are a label"
                 )
             held = check.get("constrained_agreement")
-            if held is not None:
+            grammar = check.get("grammar_file") or "labels.gbnf"
+            if held is not None and check.get("constrained_label_rate") is not None:
                 notes.append(
-                    "gguf, constrained by labels.gbnf (`llama-server --grammar-file`, greedy): "
+                    f"gguf, constrained by {grammar} (`llama-server --grammar-file`, greedy): "
                     f"{_share(held)} of the validation answers are the scored label, "
                     f"{_share(check.get('constrained_label_rate'))} are a label"
+                )
+            elif held is not None:
+                notes.append(
+                    f"gguf, constrained by {grammar} (`llama-server --grammar-file`, greedy): "
+                    f"{_share(held)} of the validation answers are lorapilot's"
                 )
         elif e.get("format") == "merged":
             agree = e.get("merge_agreement")

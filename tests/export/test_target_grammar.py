@@ -1,0 +1,195 @@
+"""An extraction pilot's answer shape as a GBNF grammar and a JSON Schema (`fields.gbnf`,
+`schema.json` of `export --gguf`): every gold answer of examples/invoice-fields, as the
+adapter was trained to write it, passes llama.cpp's own grammar sampler token by token on the
+real default vocabulary and may end there; a wrong date, a null where a field is required, a
+missing key and a stray space are refused; the schema accepts the gold targets."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from conftest import EXAMPLES, need_llama_cpp
+
+from lorapilot.data.format import answer_text
+from lorapilot.export.serving import GrammarSampler
+from lorapilot.export.target_grammar import gbnf_of, json_schema_of
+from lorapilot.spec import load_pilot, spec_from_dict
+
+
+def _invoices(n: int = 40):
+    pilot = load_pilot(EXAMPLES / "invoice-fields")
+    rows = [json.loads(line) for line in (pilot.dir / "data" / "invoices.jsonl").open()][:n]
+    return pilot.spec.task, rows
+
+
+def test_only_a_task_with_fields_has_a_grammar():
+    assert gbnf_of(load_pilot(EXAMPLES / "ticket-triage").spec.task) is None
+    assert json_schema_of(load_pilot(EXAMPLES / "ticket-triage").spec.task) is None
+    task, _ = _invoices(1)
+    g = gbnf_of(task)
+    assert g.startswith('root ::= "{\\"vendor\\": " string ')
+    assert '", \\"due_date\\": " (date | "null")' in g  # optional: nullable
+    assert "line-items-item ::= " in g
+
+
+def test_the_schema_accepts_the_gold_targets_and_refuses_a_wrong_type():
+    import jsonschema
+
+    task, rows = _invoices()
+    schema = json_schema_of(task)
+    jsonschema.Draft202012Validator.check_schema(schema)
+    v = jsonschema.Draft202012Validator(schema)
+    for r in rows:
+        target = json.loads(answer_text(task, None, r["target"]))
+        assert not list(v.iter_errors(target)), r["id"]
+    bad = json.loads(answer_text(task, None, rows[0]["target"])) | {"total": "12.50"}
+    assert list(v.iter_errors(bad))
+
+
+@pytest.fixture(scope="module")
+def llama_vocab(default_model_dir):
+    need_llama_cpp()
+    from llama_cpp import Llama
+    from transformers import AutoTokenizer
+
+    from lorapilot.base.models import original_gguf
+
+    gguf, _ = original_gguf(default_model_dir)
+    llm = Llama(model_path=str(gguf), vocab_only=True, verbose=False)
+    return llm, AutoTokenizer.from_pretrained(default_model_dir)
+
+
+def _walk(llm, grammar: bytes, ids: list[int]) -> tuple[int | None, bool]:
+    """(the first token llama.cpp's sampler refuses, or None; whether it may end after all)."""
+    held = GrammarSampler(llm, grammar)
+    try:
+        for i, t in enumerate(ids):  # `allows` is `mask` for one token (tested below)
+            if not held.allows(t):
+                return i, False
+            held.accept(t)
+        allowed = np.flatnonzero(np.isfinite(held.mask(np.zeros(llm.n_vocab()))))
+        return None, any(held.ends(int(t)) for t in allowed)
+    finally:
+        held.close()
+
+
+def test_every_gold_answer_passes_llama_cpps_sampler_and_may_end(llama_vocab):
+    llm, tok = llama_vocab
+    task, rows = _invoices()
+    grammar = gbnf_of(task).encode()
+    with_items = 0
+    for r in rows:
+        text = answer_text(task, None, r["target"])
+        with_items += '"line_items": [' in text
+        refused, ends = _walk(llm, grammar, tok(text, add_special_tokens=False).input_ids)
+        assert refused is None and ends, (r["id"], text)
+    assert with_items >= 5  # nested lists of objects among them
+
+
+@pytest.mark.parametrize(
+    ("change", "why"),
+    [
+        (lambda t: t | {"date": t["date"].replace("-", "/")}, "a date not YYYY-MM-DD"),
+        (lambda t: t | {"vendor": None}, "null for a required field"),
+        (lambda t: {k: v for k, v in t.items() if k != "currency"}, "a missing key"),
+        (lambda t: t | {"total": str(t["total"])}, "a number written as a string"),
+    ],
+)
+def test_a_wrong_answer_is_refused_on_its_way(llama_vocab, change, why):
+    llm, tok = llama_vocab
+    task, rows = _invoices(1)
+    target = json.loads(answer_text(task, None, rows[0]["target"]))
+    text = json.dumps(change(target), ensure_ascii=False, separators=(", ", ": "))
+    refused, _ = _walk(llm, gbnf_of(task).encode(), tok(text, add_special_tokens=False).input_ids)
+    assert refused is not None, why
+    spaced = answer_text(task, None, rows[0]["target"]).replace(": ", ":  ", 1)
+    assert _walk(llm, gbnf_of(task).encode(), tok(spaced, add_special_tokens=False).input_ids)[0]
+
+
+def test_nested_types_enums_maps_and_escapes_parse_in_llama_cpp(llama_vocab):
+    llm, tok = llama_vocab
+    task = spec_from_dict(
+        {
+            "name": "t",
+            "hypothesis": "h",
+            "task": {
+                "kind": "extraction",
+                "fields": [
+                    {"name": 'say "hi"', "type": "string", "enum": ["a\\b", "Réclamation ✓"]},
+                    {"name": "slots", "type": "map", "values": "string | list"},
+                    {"name": "tags", "type": "list", "required": False},
+                    {"name": "ok", "type": "boolean"},
+                    {"name": "n", "type": "integer", "required": False},
+                ],
+            },
+            "data": {"file": "d.jsonl"},
+        }
+    ).task
+    grammar = gbnf_of(task).encode()
+    good = {'say "hi"': "Réclamation ✓", "slots": {"a": "x", "b": ["y", "z"]},
+            "tags": [1, "two", {"3": None}], "ok": True, "n": None}  # fmt: skip
+    text = json.dumps(good, ensure_ascii=False, separators=(", ", ": "))
+    assert _walk(llm, grammar, tok(text, add_special_tokens=False).input_ids) == (None, True)
+    bad = json.dumps(good | {'say "hi"': "other"}, ensure_ascii=False, separators=(", ", ": "))
+    assert _walk(llm, grammar, tok(bad, add_special_tokens=False).input_ids)[0] is not None
+
+
+def test_one_token_checked_is_the_whole_vocabulary_masked(llama_vocab):
+    """`Runtime.generate` asks the grammar about its likeliest token first and masks the
+    vocabulary only when it is refused: `allows` must say what `mask` leaves, token by token."""
+    llm, tok = llama_vocab
+    task, rows = _invoices(1)
+    ids = tok(answer_text(task, None, rows[0]["target"]), add_special_tokens=False).input_ids
+    for k in (0, 3, len(ids)):  # the start, inside the first string, the complete answer
+        held = GrammarSampler(llm, gbnf_of(task).encode())
+        try:
+            for t in ids[:k]:
+                held.accept(t)
+            masked = np.isfinite(held.mask(np.zeros(llm.n_vocab())))
+            some = np.r_[np.flatnonzero(masked)[:300], np.flatnonzero(~masked)[:300]]
+            assert [held.allows(int(t)) for t in some] == masked[some].tolist(), k
+        finally:
+            held.close()
+
+
+def test_export_gguf_of_an_extraction_writes_and_decodes_fields_gbnf(tmp_path, tiny_model_dir):
+    """End to end on a tiny model: `export --gguf` of an invoice-fields adapter writes
+    fields.gbnf and schema.json (hashed in the manifest), decodes every validation prompt under
+    the grammar in llama.cpp, scores those answers and names them in the README; reported, the
+    gate stays the free answers'. `--check` decodes them again."""
+    import shutil
+
+    import yaml
+    from conftest import run_cli, run_json
+
+    need_llama_cpp()
+    pilot = tmp_path / "inv"
+    shutil.copytree(EXAMPLES / "invoice-fields", pilot, ignore=shutil.ignore_patterns("runs"))
+    spec = yaml.safe_load((pilot / "pilot.yaml").read_text())
+    spec["model"] = {"base": str(tiny_model_dir)}
+    spec["train"].update(max_steps=2, precision="fp32", threads=1)
+    spec["eval"].update(precision="fp32", max_new_tokens=24)  # short answers: seconds
+    spec["data"]["split"].update(val=0.02)  # ~9 invoices
+    (pilot / "pilot.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    run_json("train", str(pilot), "--no-progress")
+    out_dir = tmp_path / "served"
+    proc = run_cli("export", str(pilot), "--gguf", "--out", str(out_dir), "--json")
+    assert proc.returncode in (0, 1), proc.stderr
+    out = json.loads(proc.stdout)
+    assert {"fields.gbnf", "schema.json"} <= set(out["files"])
+    assert (out_dir / "fields.gbnf").read_text() == gbnf_of(load_pilot(pilot).spec.task)
+    manifest = json.loads((out_dir / "lorapilot.json").read_text())
+    assert manifest["grammar"] == {"file": "fields.gbnf"}
+    assert manifest["schema"] == {"file": "schema.json"}
+    assert out["grammar_file"] == "fields.gbnf"
+    (conf,) = out["configs"]
+    held = conf["constrained"]
+    assert held["n"] == out["n_examples"] > 0 and held["seconds"] is not None
+    assert set(held["metrics"]) >= {"json_valid_rate", "leaf_f1"}
+    assert out["constrained_agreement"] == held["agreement"]
+    assert out["constrained_label_rate"] is None
+    assert "## Constrained to the fields" in (out_dir / "README.md").read_text()
+    again = run_cli("export", str(pilot), "--check", str(out_dir), "--json")
+    assert json.loads(again.stdout)["configs"][0]["constrained"]["n"] == held["n"]
