@@ -122,6 +122,11 @@ def test_nested_types_enums_maps_and_escapes_parse_in_llama_cpp(llama_vocab):
                     {"name": "tags", "type": "list", "required": False},
                     {"name": "ok", "type": "boolean"},
                     {"name": "n", "type": "integer", "required": False},
+                    {
+                        "name": "prénom",  # a rule name is ASCII: pr-nom
+                        "type": "object",
+                        "fields": [{"name": "x", "type": "number"}],
+                    },
                 ],
             },
             "data": {"file": "d.jsonl"},
@@ -129,7 +134,8 @@ def test_nested_types_enums_maps_and_escapes_parse_in_llama_cpp(llama_vocab):
     ).task
     grammar = gbnf_of(task).encode()
     good = {'say "hi"': "Réclamation ✓", "slots": {"a": "x", "b": ["y", "z"]},
-            "tags": [1, "two", {"3": None}], "ok": True, "n": None}  # fmt: skip
+            "tags": [1, "two", {"3": None}], "ok": True, "n": None,
+            "prénom": {"x": -1.5e-05}}  # fmt: skip
     text = json.dumps(good, ensure_ascii=False, separators=(", ", ": "))
     assert _walk(llm, grammar, tok(text, add_special_tokens=False).input_ids) == (None, True)
     bad = json.dumps(good | {'say "hi"': "other"}, ensure_ascii=False, separators=(", ", ": "))

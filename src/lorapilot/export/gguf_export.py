@@ -443,7 +443,7 @@ def _dequantized_weights(pilot, resolved, say: Progress) -> Weights:
     _, model, _ = load_base(pilot, resolved, use="exact")
     state = model.state_dict(keep_vars=True)
 
-    def exact(key: str, stored: np.ndarray) -> np.ndarray:
+    def exact(key: str, stored) -> np.ndarray:
         module_name, _, leaf = key.rpartition(".")
         module = model.get_submodule(module_name) if module_name else model
         if leaf == "weight" and type(module.weight).__name__ in ("Params4bit", "Int8Params"):
@@ -452,7 +452,7 @@ def _dequantized_weights(pilot, resolved, say: Progress) -> Weights:
             return t.float().cpu().numpy()
         if key in state:
             return state[key].detach().float().cpu().numpy()
-        return stored
+        return stored()  # a tensor the loaded model does not hold: the file's
 
     return wt.of_folder(resolved.path).replaced(exact)
 
@@ -500,12 +500,12 @@ def _merged_weights(
     if missing:
         raise UsageError(f"{folder}: the adapter's modules have no base weight: {missing[:5]}")
 
-    def merge(key: str, w: np.ndarray) -> np.ndarray:
+    def merge(key: str, read) -> np.ndarray:
         module = key.removesuffix(".weight")
         if key.endswith(".weight") and module in pairs:
             ab = pairs[module]
-            return w.astype(np.float32) + (ab["B"] @ ab["A"]) * np.float32(scales[module])
-        return w
+            return read().astype(np.float32) + (ab["B"] @ ab["A"]) * np.float32(scales[module])
+        return read()
 
     return base.replaced(merge)
 

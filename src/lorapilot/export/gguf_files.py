@@ -246,8 +246,8 @@ def _write_model_tensors(writer, tensors: list[Tensor], base_type: str) -> None:
     import gguf
 
     q8 = gguf.GGMLQuantizationType.Q8_0
-    for t in tensors:
-        kind = _stored_as(t.shape, base_type)
+    kinds = [_stored_as(t.shape, base_type) for t in tensors]
+    for t, kind in zip(tensors, kinds, strict=True):
         if kind == "q8_0":
             byte_shape = gguf.quant_shape_to_byte_shape(t.shape, q8)
             writer.add_tensor_info(
@@ -259,11 +259,10 @@ def _write_model_tensors(writer, tensors: list[Tensor], base_type: str) -> None:
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
-    for t in tensors:
+    for t, kind in zip(tensors, kinds, strict=True):
         data = t.load()
         if tuple(data.shape) != t.shape:
             raise UsageError(f"tensor {t.name}: read {tuple(data.shape)}, expected {t.shape}")
-        kind = _stored_as(t.shape, base_type)
         if kind == "q8_0":
             writer.write_tensor_data(gguf.quants.quantize(data, q8))
         else:

@@ -189,9 +189,9 @@ def file_problems(folder: Path, files: dict[str, str]) -> list[str]:
 CLASSIFY_FILE = "classify.py"
 """The exported classifier script (a copy of lorapilot/export/classify.py)."""
 GRAMMAR_FILE = "labels.gbnf"
+"""The labels as a llama.cpp grammar (served.gbnf_choice), for a label-scoring pilot."""
 FIELDS_GRAMMAR_FILE = "fields.gbnf"
 """An extraction pilot's answers as a grammar (export.target_grammar), beside schema.json."""
-"""The labels as a llama.cpp grammar (served.gbnf_choice), for a label-scoring pilot."""
 
 
 def _module(path: Path):

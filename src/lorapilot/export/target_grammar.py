@@ -44,7 +44,9 @@ class _Rules:
         self.rules: dict[str, str] = {}
 
     def name(self, path: str) -> str:
-        base = "".join(c if c.isalnum() else "-" for c in path.lower()).strip("-") or "field"
+        # GBNF rule names are ASCII letters, digits and dashes
+        base = "".join(c if c.isascii() and c.isalnum() else "-" for c in path.lower())
+        base = base.strip("-") or "field"
         name, n = base, 1
         while name in self.rules or name in _RESERVED:
             n += 1

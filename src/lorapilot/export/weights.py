@@ -37,9 +37,10 @@ class Weights(Mapping[str, np.ndarray]):
     def __len__(self) -> int:
         return len(self._shapes)
 
-    def replaced(self, fn: Callable[[str, np.ndarray], np.ndarray]) -> Weights:
-        """The same names and shapes, each tensor passed through fn(name, tensor) when read."""
-        return Weights(self._shapes, lambda k: fn(k, self._read(k)))
+    def replaced(self, fn: Callable[[str, Callable[[], np.ndarray]], np.ndarray]) -> Weights:
+        """The same names and shapes, each tensor given by fn(name, read) when asked for, where
+        read() reads this mapping's tensor (called only if fn needs it)."""
+        return Weights(self._shapes, lambda k: fn(k, lambda: self._read(k)))
 
 
 def _float32(a) -> np.ndarray:
