@@ -287,3 +287,29 @@ def test_an_extractions_answers_held_to_fields_gbnf_are_scored_beside_the_free_o
     assert "json_valid_rate 1.000 (free 0.667, lorapilot 1.000)" in text
     del conf["constrained"]  # an export before fields.gbnf
     assert "constrained" not in _compare(spec, cases, conf)
+
+
+def test_a_generated_classification_is_held_to_labels_gbnf_too():
+    """A classification evaluated by generation (eval.mode: generate) gets labels.gbnf as well,
+    its answers under it scored beside the free ones, in lorapilot's words ("generated")."""
+    from lorapilot.export.gguf_export import _grammar_of
+
+    spec, cases, conf = _scored_case()
+    assert _grammar_of(spec)[0] == "labels.gbnf" and _grammar_of(spec)[2] is None
+    assert _grammar_of(load_pilot(EXAMPLES / "invoice-fields").spec)[0] == "fields.gbnf"
+    cases.update(mode="generate", grammar_file="labels.gbnf")  # as export_gguf sets them
+    del conf["scores"], conf["generated"]
+    conf.update(outputs=["billing", "nothing", "refund", "shipping address"],
+                constrained=["billing", "technical", "refund", "shipping"])  # fmt: skip
+    held = _compare(spec, cases, conf)["constrained"]
+    assert (held["n_same"], held["n_same_as_free"], held["file"]) == (4, 2, "labels.gbnf")
+    assert held["metrics"]["accuracy"] == {
+        "lorapilot": 1.0, "llama_cpp": 0.5, "llama_cpp_constrained": 1.0
+    }  # fmt: skip
+    check = {"n_examples": 4, "serving_agreement": 1.0, "serving_agreement_min": 0.98,
+             "constrained_agreement": 1.0, "constrained_label_rate": None,
+             "configs": [], "reference": {}}  # fmt: skip
+    text = readme(pilot="p", train_run="t", base_file="base.gguf", base_note="n",
+                  adapter_file="adapter.gguf", merged_file=None, system=None,
+                  user_template="{text}", check=check, grammar="labels.gbnf")  # fmt: skip
+    assert "100.0% of the answers are the label lorapilot generated." in text

@@ -199,3 +199,36 @@ def test_export_gguf_of_an_extraction_writes_and_decodes_fields_gbnf(tmp_path, t
     assert "## Constrained to the fields" in (out_dir / "README.md").read_text()
     again = run_cli("export", str(pilot), "--check", str(out_dir), "--json")
     assert json.loads(again.stdout)["configs"][0]["constrained"]["n"] == held["n"]
+
+
+def test_a_generated_classification_is_decoded_under_labels_gbnf(tmp_path, tiny_model_dir):
+    """ticket-triage evaluated by generation (eval.mode: generate) on a tiny model: the export
+    writes labels.gbnf, no schema, and the check scores the answers decoded under it."""
+    import shutil
+
+    import yaml
+    from conftest import run_cli, run_json
+
+    need_llama_cpp()
+    pilot = tmp_path / "tt"
+    shutil.copytree(EXAMPLES / "ticket-triage", pilot, ignore=shutil.ignore_patterns("runs"))
+    spec = yaml.safe_load((pilot / "pilot.yaml").read_text())
+    spec["model"] = {"base": str(tiny_model_dir)}
+    spec["train"].update(max_steps=2, precision="fp32", threads=1)
+    spec["eval"] = {"mode": "generate", "precision": "fp32", "max_new_tokens": 6}
+    spec["data"]["split"].update(val=0.03)
+    (pilot / "pilot.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    run_json("train", str(pilot), "--no-progress")
+    proc = run_cli("export", str(pilot), "--gguf", "--out", str(tmp_path / "g"), "--json")
+    assert proc.returncode in (0, 1), proc.stderr
+    out = json.loads(proc.stdout)
+    assert "labels.gbnf" in out["files"] and "schema.json" not in out["files"]
+    (conf,) = out["configs"]
+    held = conf["constrained"]
+    assert held["file"] == "labels.gbnf" and held["n"] == out["n_examples"] > 0
+    labels = set(load_pilot(pilot).spec.task.labels)
+    # an answer decoded under the grammar is a label, or one cut short by max_new_tokens
+    assert held["differing"] and all(
+        any(lab.startswith(d["raw"]) for lab in labels) for d in held["differing"]
+    )
+    assert {"accuracy", "macro_f1"} <= set(held["metrics"])

@@ -153,7 +153,7 @@ def export_gguf(
     cases["classifier"] = classifier is not None
     # the answers as a grammar, for a server that constrains them: the labels of a scored
     # classification; an extraction's fields (and their JSON Schema, for Ollama's `format`)
-    grammar_file, grammar, schema = _grammar_of(spec, cases["mode"])
+    grammar_file, grammar, schema = _grammar_of(spec)
     cases["grammar"], cases["grammar_file"] = grammar is not None, grammar_file
 
     def write(tmp: Path) -> dict:
@@ -301,10 +301,11 @@ def recheck(
     return result
 
 
-def _grammar_of(spec, mode: str) -> tuple[str, str | None, dict | None]:
-    """(file name, GBNF text, JSON Schema) of the answers a server may constrain to."""
-    if mode == "score":
-        return GRAMMAR_FILE, gbnf_choice(list(spec.task.labels or [])), None
+def _grammar_of(spec) -> tuple[str, str | None, dict | None]:
+    """(file name, GBNF text, JSON Schema) of the answers a server may constrain to: a
+    classification's labels (scored or generated), an extraction's fields."""
+    if spec.task.kind == "classification" and spec.task.labels:
+        return GRAMMAR_FILE, gbnf_choice(list(spec.task.labels)), None
     return FIELDS_GRAMMAR_FILE, gbnf_of(spec.task), json_schema_of(spec.task)
 
 

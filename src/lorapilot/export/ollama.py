@@ -192,12 +192,17 @@ def _grammar_lines(grammar: str | None, check: dict, base_file: str, adapter_fil
     if not grammar:
         return []
     rate = check.get("constrained_agreement")
+    scored = check.get("constrained_label_rate") is not None  # label scoring, not generation
     measured = (
         "The serving check decoded the validation split this way (greedy, in llama.cpp's "
         f"grammar sampler over this very file): {rate:.1%} of the answers are the label "
-        "lorapilot scored. A grammar makes every answer a label, not the scored one: it lets "
-        "the model pick the likeliest allowed token one at a time, which can commit to the "
-        "first token of another label."
+        + (
+            "lorapilot scored. A grammar makes every answer a label, not the scored one: it "
+            "lets the model pick the likeliest allowed token one at a time, which can commit "
+            "to the first token of another label."
+            if scored
+            else "lorapilot generated."
+        )
         if rate is not None
         else ""
     )
