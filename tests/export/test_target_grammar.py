@@ -184,6 +184,8 @@ def test_export_gguf_of_an_extraction_writes_and_decodes_fields_gbnf(tmp_path, t
     proc = run_cli("export", str(pilot), "--gguf", "--out", str(out_dir), "--json")
     assert proc.returncode in (0, 1), proc.stderr
     out = json.loads(proc.stdout)
+    # the converted base written tensor by tensor, shown as a phase (an 8B base takes minutes)
+    assert "writing base.gguf: 20/20 (100%)" in proc.stderr, proc.stderr
     assert {"fields.gbnf", "schema.json"} <= set(out["files"])
     assert (out_dir / "fields.gbnf").read_text() == gbnf_of(load_pilot(pilot).spec.task)
     manifest = json.loads((out_dir / "lorapilot.json").read_text())

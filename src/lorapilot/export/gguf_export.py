@@ -15,6 +15,7 @@ predictions compared with the ones lorapilot made for the same adapter.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -166,13 +167,16 @@ def export_gguf(
             say(f"writing {MERGED_FILE} (the adapter merged in, {_merged_type(kind)})")
             merged = _merged_weights(resolved.path, adapter_w, adapter_cfg, config, weights)
             tensors = gf.model_tensors(merged, config, str(resolved.path))
-            if original is not None:
-                gf.rewrite_gguf(original, tensors, tmp / MERGED_FILE, _merged_type(kind))
-            else:
-                gf.convert_hf(
-                    resolved.path, tensors, tmp / MERGED_FILE, _merged_type(kind),
-                    _pre_of(tmp / BASE_FILE), name,
-                )  # fmt: skip
+            with _tensor_phase(MERGED_FILE, tensors, say) as tick:
+                if original is not None:
+                    gf.rewrite_gguf(
+                        original, tensors, tmp / MERGED_FILE, _merged_type(kind), tick
+                    )
+                else:
+                    gf.convert_hf(
+                        resolved.path, tensors, tmp / MERGED_FILE, _merged_type(kind),
+                        _pre_of(tmp / BASE_FILE), name, tick,
+                    )  # fmt: skip
         if classifier is not None:  # label scoring as the pilot scores, for llama.cpp
             shutil.copyfile(classify_module.__file__, tmp / CLASSIFY_FILE)
             atomic_write_json(tmp / classify_module.CONFIG, classifier | {"train_run": train_id})
@@ -417,12 +421,26 @@ def _write_base(
     tensors = gf.model_tensors(weights, config, str(folder))
     if original is not None:
         say(f"writing {BASE_FILE} as {kind} from {source}, metadata from {original.name}")
-        gf.rewrite_gguf(original, tensors, dest, kind)
+        with _tensor_phase(BASE_FILE, tensors, say) as tick:
+            gf.rewrite_gguf(original, tensors, dest, kind, tick)
         return f"{what}; metadata of {original.name}"
     pre = choose_pre_tokenizer(folder, config, tok, say)
     say(f"writing {BASE_FILE} as {kind} from {source} (pre-tokenizer {pre})")
-    gf.convert_hf(folder, tensors, dest, kind, pre, config.get("_name_or_path") or folder.name)
+    name = config.get("_name_or_path") or folder.name
+    with _tensor_phase(BASE_FILE, tensors, say) as tick:
+        gf.convert_hf(folder, tensors, dest, kind, pre, name, tick)
     return f"{what} (pre-tokenizer {pre})"
+
+
+@contextlib.contextmanager
+def _tensor_phase(file: str, tensors: list, say: Progress):
+    """A converted file's tensors written, as a phase (a line every 30 s and at the end: an
+    8B base takes minutes)."""
+    phase = Phase(f"writing {file}", len(tensors), bar=False, log=_plain(say))
+    try:
+        yield lambda: phase.advance()
+    finally:
+        phase.close()
 
 
 def _quant_text(q: dict | None) -> str:

@@ -240,9 +240,12 @@ def _stored_as(shape: tuple[int, ...], base_type: str) -> str:
     return "f16"
 
 
-def _write_model_tensors(writer, tensors: list[Tensor], base_type: str) -> None:
+def _write_model_tensors(
+    writer, tensors: list[Tensor], base_type: str, tick: Callable[[], None] | None = None
+) -> None:
     """The tensor infos first (shapes and types, known without the data), then each tensor's
-    data loaded, converted and written in turn: memory holds one tensor, not the model."""
+    data loaded, converted and written in turn (`tick` after each): memory holds one tensor,
+    not the model."""
     import gguf
 
     q8 = gguf.GGMLQuantizationType.Q8_0
@@ -268,6 +271,8 @@ def _write_model_tensors(writer, tensors: list[Tensor], base_type: str) -> None:
         else:
             writer.write_tensor_data(data.astype(np.float32 if kind == "f32" else np.float16))
         del data
+        if tick is not None:
+            tick()
     writer.close()
 
 
@@ -275,7 +280,13 @@ FILE_TYPES = {"f32": 0, "f16": 1, "q8_0": 7}
 """GGUF `general.file_type` (llama.cpp's LLAMA_FTYPE) per base type."""
 
 
-def rewrite_gguf(original: Path, tensors: list[Tensor], out: Path, base_type: str) -> None:
+def rewrite_gguf(
+    original: Path,
+    tensors: list[Tensor],
+    out: Path,
+    base_type: str,
+    tick: Callable[[], None] | None = None,
+) -> None:
     """A GGUF model with `original`'s metadata (architecture, tokenizer, chat template) and the
     given tensors in `base_type`: a base converted from a quantized GGUF, or a merged model.
     The tensors must be exactly the original's, by name and shape."""
@@ -297,7 +308,7 @@ def rewrite_gguf(original: Path, tensors: list[Tensor], out: Path, base_type: st
     missing = sorted(set(want) - {t.name for t in tensors})
     if missing:
         raise UsageError(f"{original.name}: the base has no weights for {missing[:5]}")
-    _write_model_tensors(w, tensors, base_type)
+    _write_model_tensors(w, tensors, base_type, tick)
 
 
 def _copy_metadata(reader, writer, skip: set[str]) -> None:
@@ -320,6 +331,7 @@ def convert_hf(
     base_type: str,
     pre: str,
     name: str,
+    tick: Callable[[], None] | None = None,
 ) -> None:
     """A GGUF model from a Hugging Face folder: hyperparameters from config.json, a byte-level
     BPE tokenizer from tokenizer.json (the only kind converted here) with `pre` as llama.cpp's
@@ -334,7 +346,7 @@ def convert_hf(
     add_hparams(w, config, str(folder / "config.json"))
     w.add_file_type(FILE_TYPES[base_type])
     add_tokenizer(w, folder, pre, int(config["vocab_size"]))
-    _write_model_tensors(w, tensors, base_type)
+    _write_model_tensors(w, tensors, base_type, tick)
 
 
 def add_hparams(w, config: dict, where: str) -> None:
