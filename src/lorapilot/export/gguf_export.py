@@ -131,13 +131,6 @@ def export_gguf(
     original, source = original_gguf(resolved.path)
     quantized = require_trained_base(manifest, spec.model.quantization)
     kind = _base_type(base_type or spec.export.gguf_base, original, source, quantized)
-    # a 4-bit/8-bit base: the weights its matmuls computed with, dequantized (the GGUF it
-    # came from is not them); else the safetensors as they are
-    weights = (
-        _dequantized_weights(pilot, resolved, say)
-        if quantized and (kind != "original" or merge)
-        else None
-    )
     trained_on = kind in GATED_TYPES and not (quantized and kind == "original")
     minimum = spec.export.min_agreement if min_agreement is None else min_agreement
     ref = reference or spec.export.reference
@@ -160,23 +153,10 @@ def export_gguf(
     def write(tmp: Path) -> dict:
         say(f"writing {ADAPTER_FILE} ({len(lora) // 2} LoRA pairs, alpha {alpha:g})")
         gf.write_adapter_gguf(tmp / ADAPTER_FILE, arch, alpha, lora, name)
-        base_note = _write_base(
-            tmp / BASE_FILE, kind, original, resolved.path, config, tok, say, weights, quantized
-        )
-        if merge:
-            say(f"writing {MERGED_FILE} (the adapter merged in, {_merged_type(kind)})")
-            merged = _merged_weights(resolved.path, adapter_w, adapter_cfg, config, weights)
-            tensors = gf.model_tensors(merged, config, str(resolved.path))
-            with _tensor_phase(MERGED_FILE, tensors, say) as tick:
-                if original is not None:
-                    gf.rewrite_gguf(
-                        original, tensors, tmp / MERGED_FILE, _merged_type(kind), tick
-                    )
-                else:
-                    gf.convert_hf(
-                        resolved.path, tensors, tmp / MERGED_FILE, _merged_type(kind),
-                        _pre_of(tmp / BASE_FILE), name, tick,
-                    )  # fmt: skip
+        base_note = _write_models(
+            tmp, pilot, resolved, kind, original, config, tok, say, quantized,
+            (adapter_w, adapter_cfg) if merge else None, name,
+        )  # fmt: skip
         if classifier is not None:  # label scoring as the pilot scores, for llama.cpp
             shutil.copyfile(classify_module.__file__, tmp / CLASSIFY_FILE)
             atomic_write_json(tmp / classify_module.CONFIG, classifier | {"train_run": train_id})
@@ -382,6 +362,37 @@ def _why(check: dict) -> str:
 
 
 # --- the base file -------------------------------------------------------------------------
+
+
+def _write_models(
+    tmp: Path, pilot, resolved, kind: str, original, config: dict, tok, say: Progress,
+    quantized: dict | None, merge: tuple[dict, dict] | None, name: str,
+) -> str:  # fmt: skip
+    """base.gguf, and with `merge` (the adapter's weights and config) merged.gguf; the note
+    on the base. A 4-bit/8-bit base is loaded here to be dequantized (the weights its matmuls
+    computed with; the GGUF it came from is not them), and let go on return, before llama.cpp
+    loads the files."""
+    weights = (
+        _dequantized_weights(pilot, resolved, say)
+        if quantized and (kind != "original" or merge)
+        else None
+    )
+    base_note = _write_base(
+        tmp / BASE_FILE, kind, original, resolved.path, config, tok, say, weights, quantized
+    )
+    if merge:
+        say(f"writing {MERGED_FILE} (the adapter merged in, {_merged_type(kind)})")
+        merged = _merged_weights(resolved.path, *merge, config, weights)
+        tensors = gf.model_tensors(merged, config, str(resolved.path))
+        with _tensor_phase(MERGED_FILE, tensors, say) as tick:
+            if original is not None:
+                gf.rewrite_gguf(original, tensors, tmp / MERGED_FILE, _merged_type(kind), tick)
+            else:
+                gf.convert_hf(
+                    resolved.path, tensors, tmp / MERGED_FILE, _merged_type(kind),
+                    _pre_of(tmp / BASE_FILE), name, tick,
+                )  # fmt: skip
+    return base_note
 
 
 def _merged_type(kind: str) -> str:
