@@ -160,26 +160,35 @@ def test_one_token_checked_is_the_whole_vocabulary_masked(llama_vocab):
             held.close()
 
 
+def _trained_tiny(tmp_path, tiny_model_dir, example: str, eval_: dict, val: float):
+    """A copy of an example on the tiny model, its split's val share `val`, trained 2 steps."""
+    import shutil
+
+    import yaml
+    from conftest import run_json
+
+    need_llama_cpp()
+    pilot = tmp_path / example
+    shutil.copytree(EXAMPLES / example, pilot, ignore=shutil.ignore_patterns("runs"))
+    spec = yaml.safe_load((pilot / "pilot.yaml").read_text())
+    spec["model"] = {"base": str(tiny_model_dir)}
+    spec["train"].update(max_steps=2, precision="fp32", threads=1)
+    spec["eval"] = eval_
+    spec["data"]["split"].update(val=val)
+    (pilot / "pilot.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    run_json("train", str(pilot), "--no-progress")
+    return pilot
+
+
 def test_export_gguf_of_an_extraction_writes_and_decodes_fields_gbnf(tmp_path, tiny_model_dir):
     """End to end on a tiny model: `export --gguf` of an invoice-fields adapter writes
     fields.gbnf and schema.json (hashed in the manifest), decodes every validation prompt under
     the grammar in llama.cpp, scores those answers and names them in the README; reported, the
     gate stays the free answers'. `--check` decodes them again."""
-    import shutil
+    from conftest import run_cli
 
-    import yaml
-    from conftest import run_cli, run_json
-
-    need_llama_cpp()
-    pilot = tmp_path / "inv"
-    shutil.copytree(EXAMPLES / "invoice-fields", pilot, ignore=shutil.ignore_patterns("runs"))
-    spec = yaml.safe_load((pilot / "pilot.yaml").read_text())
-    spec["model"] = {"base": str(tiny_model_dir)}
-    spec["train"].update(max_steps=2, precision="fp32", threads=1)
-    spec["eval"].update(precision="fp32", max_new_tokens=24)  # short answers: seconds
-    spec["data"]["split"].update(val=0.02)  # ~9 invoices
-    (pilot / "pilot.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
-    run_json("train", str(pilot), "--no-progress")
+    eval_ = {"mode": "generate", "precision": "fp32", "max_new_tokens": 24}  # seconds
+    pilot = _trained_tiny(tmp_path, tiny_model_dir, "invoice-fields", eval_, val=0.02)
     out_dir = tmp_path / "served"
     proc = run_cli("export", str(pilot), "--gguf", "--out", str(out_dir), "--json")
     assert proc.returncode in (0, 1), proc.stderr
@@ -206,21 +215,10 @@ def test_export_gguf_of_an_extraction_writes_and_decodes_fields_gbnf(tmp_path, t
 def test_a_generated_classification_is_decoded_under_labels_gbnf(tmp_path, tiny_model_dir):
     """ticket-triage evaluated by generation (eval.mode: generate) on a tiny model: the export
     writes labels.gbnf, no schema, and the check scores the answers decoded under it."""
-    import shutil
+    from conftest import run_cli
 
-    import yaml
-    from conftest import run_cli, run_json
-
-    need_llama_cpp()
-    pilot = tmp_path / "tt"
-    shutil.copytree(EXAMPLES / "ticket-triage", pilot, ignore=shutil.ignore_patterns("runs"))
-    spec = yaml.safe_load((pilot / "pilot.yaml").read_text())
-    spec["model"] = {"base": str(tiny_model_dir)}
-    spec["train"].update(max_steps=2, precision="fp32", threads=1)
-    spec["eval"] = {"mode": "generate", "precision": "fp32", "max_new_tokens": 6}
-    spec["data"]["split"].update(val=0.03)
-    (pilot / "pilot.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
-    run_json("train", str(pilot), "--no-progress")
+    eval_ = {"mode": "generate", "precision": "fp32", "max_new_tokens": 6}
+    pilot = _trained_tiny(tmp_path, tiny_model_dir, "ticket-triage", eval_, val=0.03)
     proc = run_cli("export", str(pilot), "--gguf", "--out", str(tmp_path / "g"), "--json")
     assert proc.returncode in (0, 1), proc.stderr
     out = json.loads(proc.stdout)
