@@ -15,7 +15,6 @@ predictions compared with the ones lorapilot made for the same adapter.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -384,14 +383,10 @@ def _write_models(
         say(f"writing {MERGED_FILE} (the adapter merged in, {_merged_type(kind)})")
         merged = _merged_weights(resolved.path, *merge, config, weights)
         tensors = gf.model_tensors(merged, config, str(resolved.path))
-        with _tensor_phase(MERGED_FILE, tensors, say) as tick:
-            if original is not None:
-                gf.rewrite_gguf(original, tensors, tmp / MERGED_FILE, _merged_type(kind), tick)
-            else:
-                gf.convert_hf(
-                    resolved.path, tensors, tmp / MERGED_FILE, _merged_type(kind),
-                    _pre_of(tmp / BASE_FILE), name, tick,
-                )  # fmt: skip
+        pre = _pre_of(tmp / BASE_FILE) if original is None else None
+        _write_model(
+            tmp / MERGED_FILE, tensors, _merged_type(kind), original, resolved.path, pre, name, say
+        )
     return base_note
 
 
@@ -408,7 +403,7 @@ def _write_base(
     config: dict,
     tok,
     say: Progress,
-    weights: dict | None = None,
+    weights: Weights | None = None,
     quantized: dict | None = None,
 ) -> str:
     """base.gguf, and what it holds. `weights`: the dequantized weights of a `quantized` base
@@ -432,24 +427,29 @@ def _write_base(
     tensors = gf.model_tensors(weights, config, str(folder))
     if original is not None:
         say(f"writing {BASE_FILE} as {kind} from {source}, metadata from {original.name}")
-        with _tensor_phase(BASE_FILE, tensors, say) as tick:
-            gf.rewrite_gguf(original, tensors, dest, kind, tick)
+        _write_model(dest, tensors, kind, original, folder, None, None, say)
         return f"{what}; metadata of {original.name}"
     pre = choose_pre_tokenizer(folder, config, tok, say)
     say(f"writing {BASE_FILE} as {kind} from {source} (pre-tokenizer {pre})")
     name = config.get("_name_or_path") or folder.name
-    with _tensor_phase(BASE_FILE, tensors, say) as tick:
-        gf.convert_hf(folder, tensors, dest, kind, pre, name, tick)
+    _write_model(dest, tensors, kind, None, folder, pre, name, say)
     return f"{what} (pre-tokenizer {pre})"
 
 
-@contextlib.contextmanager
-def _tensor_phase(file: str, tensors: list, say: Progress):
-    """A converted file's tensors written, as a phase (a line every 30 s and at the end: an
-    8B base takes minutes)."""
-    phase = Phase(f"writing {file}", len(tensors), bar=False, log=_plain(say))
+def _write_model(
+    dest: Path, tensors: list, kind: str, original: Path | None, folder: Path,
+    pre: str | None, name: str | None, say: Progress,
+) -> None:  # fmt: skip
+    """One GGUF model file (base or merged): `original`'s metadata where the base has its own
+    GGUF, else converted from the folder with llama.cpp pre-tokenizer `pre`; its tensors
+    written as a phase (a line every 30 s and at the end: an 8B base takes minutes)."""
+    phase = Phase(f"writing {dest.name}", len(tensors), bar=False, log=_plain(say))
     try:
-        yield lambda: phase.advance()
+        if original is not None:
+            gf.rewrite_gguf(original, tensors, dest, kind, phase.advance)
+        else:
+            assert pre is not None and name is not None
+            gf.convert_hf(folder, tensors, dest, kind, pre, name, phase.advance)
     finally:
         phase.close()
 
