@@ -24,6 +24,7 @@ EXT = TaskSpec(
         FieldSpec(name="vendor"),
         FieldSpec(name="total", type="number"),
         FieldSpec(name="discount", type="number", required=False),
+        FieldSpec(name="currency", enum=["EUR", "USD"], required=False),
     ],
 )
 
@@ -84,6 +85,11 @@ RULES = [
         "target: 'total' is a required property",
     ),
     (EXT, jline(id="b", text="x"), "missing field 'target'"),
+    (
+        EXT,
+        jline(id="b", text="x", target={"vendor": "ACME", "total": 1, "currency": "usd"}),
+        "target.currency: 'usd' is not one of ['EUR', 'USD', None] (not one of the field's `enum`",
+    ),
     (CLF, jline(id="a", text="again", label="bug"), "duplicate id 'a' (first at data.jsonl:1)"),
     (CLF, jline(id=[1], text="x", label="bug"), "field 'id' must be a string or an integer"),
     (CLF, DEEP, "JSON nested too deeply"),

@@ -128,3 +128,25 @@ def test_a_map_value_that_is_sometimes_a_list():
         {"name": "city", "type": "list | string", "required": False}])  # fmt: skip
     assert validate_target({"city": None}, optional) == []
     assert validate_target({"city": ["a", "b"]}, optional) == []
+
+
+def test_an_enum_is_a_closed_set_in_the_schema():
+    """A field's `enum` was only used by grounding and the grammar: a target with an intent
+    outside it loaded, and a predicted one counted as schema-valid. The schema holds it now,
+    at every place a string can be (a nullable field: the set or null; `string | list`)."""
+    task = TaskSpec(kind="extraction", fields=[
+        {"name": "intent", "enum": ["PlayMusic", "GetWeather"]},
+        {"name": "status", "enum": ["open"], "required": False},
+        {"name": "slots", "type": "map", "values": {"type": "string | list", "enum": ["a"]}},
+    ])  # fmt: skip
+    props = target_schema(task)["properties"]
+    assert props["intent"] == {"type": "string", "enum": ["PlayMusic", "GetWeather"]}
+    assert props["status"] == {"type": ["string", "null"], "enum": ["open", None]}
+    ok = {"intent": "GetWeather", "status": None, "slots": {"k": ["a", "a"]}}
+    assert validate_target(ok, task) == []
+    assert validate_target({**ok, "status": "open", "slots": {"k": "a"}}, task) == []
+    (problem,) = validate_target({**ok, "intent": "PutMusic"}, task)
+    assert problem.startswith("target.intent: 'PutMusic' is not one of ['PlayMusic', 'GetW")
+    assert "not one of the field's `enum` in the spec" in problem
+    assert validate_target({**ok, "status": "closed"}, task)
+    assert validate_target({**ok, "slots": {"k": ["a", "b"]}}, task)

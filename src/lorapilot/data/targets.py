@@ -61,6 +61,8 @@ def _object_schema(fields: list[FieldSpec]) -> dict:
             prop["anyOf"] = [*prop["anyOf"], {"type": "null"}]
         else:
             prop["type"] = [prop["type"], "null"]
+            if "enum" in prop:  # a closed set, or nothing
+                prop["enum"] = [*prop["enum"], None]
         if field.description:
             prop["description"] = field.description
         properties[field.name] = prop
@@ -81,9 +83,18 @@ def _value_schema(spec: ValueSpec) -> dict:
     if spec.type == "list" and spec.items is not None:
         return {"type": "array", "items": _value_schema(spec.items)}
     if spec.or_list:  # `string | list`: one value or a non-empty list of them
-        one = dict(_TYPES[spec.type])
+        one = _scalar_schema(spec)
         return {"anyOf": [one, {"type": "array", "items": one, "minItems": 1}]}
-    return dict(_TYPES[spec.type])
+    return _scalar_schema(spec)
+
+
+def _scalar_schema(spec: ValueSpec) -> dict:
+    """A scalar's type; a string's `enum` is its closed set (a target outside it is refused
+    by the data step, a prediction outside it is not schema-valid)."""
+    out = dict(_TYPES[spec.type])
+    if spec.enum:
+        out["enum"] = list(spec.enum)
+    return out
 
 
 def _where(path: Any) -> str:
@@ -138,8 +149,14 @@ def target_validator(task: TaskSpec) -> Callable[[Any], list[str]]:
 
 def _hint(error: Any) -> str:
     """What to write in the spec when a map's scalar value comes as a list (a slot named
-    twice in one example: 4 of the 2,800 SNIPS train/validate rows)."""
+    twice in one example: 4 of the 2,800 SNIPS train/validate rows), or a value is not one of
+    its field's `enum`."""
     path = list(error.schema_path)
+    if error.validator == "enum":
+        return (
+            " (not one of the field's `enum` in the spec: add the value there if it is a "
+            "category, else correct the row)"
+        )
     if (
         error.validator == "type"
         and isinstance(error.instance, list)

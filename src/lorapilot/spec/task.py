@@ -46,8 +46,10 @@ class ValueSpec(_Strict):
     description: str = Field("", description="Shown to the model in the prompt.")
     enum: list[str] | None = Field(
         None,
-        description="A string value's closed set of allowed values (an intent, a status). A "
-        "closed-set value is not free text: task.grounded does not count it.",
+        description="A string value's closed set of allowed values (an intent, a status): a "
+        "target outside it is refused by `data`, a prediction outside it is not schema-valid, "
+        "and the exported schema.json and fields.gbnf hold answers to it. A closed-set value "
+        "is not free text: task.grounded does not count it.",
     )
     grounded: bool | None = Field(
         None,
