@@ -174,8 +174,14 @@ def _serving(r: dict) -> None:
                 f"  {esc(c['name'])}, constrained by labels.gbnf (llama.cpp's grammar sampler): "
                 f"{h['agreement']:.1%} the scored label, {h['label_rate']:.1%} a label{mine}"
             )
-        f = c.get("constrained")  # an extraction's answers held to fields.gbnf
-        if f:
+        # an extraction's answers held to fields.gbnf, and to schema.json as converted
+        for key, how in (
+            ("constrained", "llama.cpp's grammar sampler"),
+            ("schema_constrained", "llama-cpp-python's converter, as its server's response_format"),
+        ):
+            f = c.get(key)
+            if not f:
+                continue
             shown = "; ".join(
                 f"{k} {v['llama_cpp_constrained']:.3f} (free {v['llama_cpp']:.3f})"
                 for k, v in f["metrics"].items()
@@ -183,9 +189,8 @@ def _serving(r: dict) -> None:
                 and isinstance(v.get("llama_cpp"), int | float)
             )
             stdout.print(
-                f"  {esc(c['name'])}, constrained by {esc(f['file'])} (llama.cpp's grammar "
-                f"sampler): {f['n_same']} of {f['n']} lorapilot's answer, {f['n_same_as_free']} "
-                f"the free one; {esc(shown)}"
+                f"  {esc(c['name'])}, constrained by {esc(f['file'])} ({how}): {f['n_same']} of "
+                f"{f['n']} lorapilot's answer, {f['n_same_as_free']} the free one; {esc(shown)}"
             )
     for w in r.get("warnings") or []:
         stdout.print(f"[yellow]warning[/]: {esc(w)}")

@@ -13,6 +13,7 @@ import pytest
 from conftest import EXAMPLES, need_llama_cpp
 
 from lorapilot.data.format import answer_text
+from lorapilot.data.targets import target_schema
 from lorapilot.export.serving import GrammarSampler
 from lorapilot.export.target_grammar import gbnf_of, json_schema_of
 from lorapilot.spec import load_pilot, spec_from_dict
@@ -160,8 +161,9 @@ def test_one_token_checked_is_the_whole_vocabulary_masked(llama_vocab):
             held.close()
 
 
-def _trained_tiny(tmp_path, tiny_model_dir, example: str, eval_: dict, val: float):
-    """A copy of an example on the tiny model, its split's val share `val`, trained 2 steps."""
+def _trained_tiny(tmp_path, tiny_model_dir, example: str, eval_: dict, val: float, task=None):
+    """A copy of an example on the tiny model, its split's val share `val`, trained 2 steps
+    (`task`: the spec's task replaced)."""
     import shutil
 
     import yaml
@@ -175,6 +177,7 @@ def _trained_tiny(tmp_path, tiny_model_dir, example: str, eval_: dict, val: floa
     spec["train"].update(max_steps=2, precision="fp32", threads=1)
     spec["eval"] = eval_
     spec["data"]["split"].update(val=val)
+    spec["task"] = task or spec["task"]
     (pilot / "pilot.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
     run_json("train", str(pilot), "--no-progress")
     return pilot
@@ -207,9 +210,42 @@ def test_export_gguf_of_an_extraction_writes_and_decodes_fields_gbnf(tmp_path, t
     assert set(held["metrics"]) >= {"json_valid_rate", "leaf_f1"}
     assert out["constrained_agreement"] == held["agreement"]
     assert out["constrained_label_rate"] is None
-    assert "## Constrained to the fields" in (out_dir / "README.md").read_text()
+    readme = (out_dir / "README.md").read_text()
+    assert "## Constrained to the fields" in readme
+    # and under schema.json as llama-cpp-python's server converts a response_format schema
+    by_schema = conf["schema_constrained"]
+    assert by_schema["file"] == "schema.json" and by_schema["n"] == held["n"]
+    assert "json_schema_to_gbnf" in by_schema["what"] and by_schema["seconds"] is not None
+    assert out["schema_constrained_agreement"] == by_schema["agreement"]
+    assert "`schema.json` as llama-cpp-python's `json_schema_to_gbnf` converts it" in readme
+    assert not [w for w in out["warnings"] if "schema.json" in w]
     again = run_cli("export", str(pilot), "--check", str(out_dir), "--json")
-    assert json.loads(again.stdout)["configs"][0]["constrained"]["n"] == held["n"]
+    configs = json.loads(again.stdout)["configs"]
+    assert configs[0]["constrained"]["n"] == held["n"]
+    assert configs[0]["schema_constrained"]["n_same"] == by_schema["n_same"]
+    shown = run_cli("export", str(pilot), "--check", str(out_dir), "--min-agreement", "0").stdout
+    assert "constrained by schema.json (llama-cpp-python's converter" in shown
+
+
+def test_a_task_given_by_its_json_schema_is_decoded_under_schema_json(tmp_path, tiny_model_dir):
+    """A format task given by its `task.json_schema` gets no fields.gbnf (its answers keep
+    the data's key order) but its schema.json, decoded as llama-cpp-python's server converts
+    it, and said in the README."""
+    from conftest import run_cli
+
+    spec = load_pilot(EXAMPLES / "invoice-fields").spec
+    task = {"kind": "format", "json_schema": json_schema_of(spec.task),
+            "system": "Return the invoice as JSON.", "template": spec.task.template}  # fmt: skip
+    eval_ = {"mode": "generate", "precision": "fp32", "max_new_tokens": 24}
+    pilot = _trained_tiny(tmp_path, tiny_model_dir, "invoice-fields", eval_, 0.02, task)
+    proc = run_cli("export", str(pilot), "--gguf", "--out", str(tmp_path / "g"), "--json")
+    assert proc.returncode in (0, 1), proc.stderr
+    out = json.loads(proc.stdout)
+    assert "schema.json" in out["files"] and "fields.gbnf" not in out["files"]
+    (conf,) = out["configs"]
+    assert "constrained" not in conf and conf["schema_constrained"]["n"] == out["n_examples"]
+    readme = (tmp_path / "g" / "README.md").read_text()
+    assert "## Constrained to the schema" in readme and "json_schema_to_gbnf" in readme
 
 
 def test_a_generated_classification_is_decoded_under_labels_gbnf(tmp_path, tiny_model_dir):
@@ -232,3 +268,43 @@ def test_a_generated_classification_is_decoded_under_labels_gbnf(tmp_path, tiny_
         any(lab.startswith(d["raw"]) for lab in labels) for d in held["differing"]
     )
     assert {"accuracy", "macro_f1"} <= set(held["metrics"])
+
+
+def test_the_schema_as_llama_cpp_pythons_server_converts_it_holds_the_gold_answers(llama_vocab):
+    """schema.json through llama-cpp-python's own converter (what its server runs for a
+    `response_format` schema): every gold invoice answer, in the layout trained on, passes
+    llama.cpp's sampler and may end (the converter puts required keys first: every key of an
+    answer is required, as the adapter writes them all, so it keeps the spec's order); a date
+    not YYYY-MM-DD and an intent outside its enum are refused."""
+    from lorapilot.export.serving import schema_grammar
+
+    llm, tok = llama_vocab
+    task, rows = _invoices()
+    schema = json_schema_of(task)
+    assert schema["required"] == list(schema["properties"])  # optional ones nullable
+    assert target_schema(task)["required"] == ["vendor", "invoice_number", "date", "total",
+                                                "currency"]  # fmt: skip
+    grammar = schema_grammar(json.dumps(schema))
+    for r in rows:
+        text = answer_text(task, None, r["target"])
+        refused, ends = _walk(llm, grammar, tok(text, add_special_tokens=False).input_ids)
+        assert refused is None and ends, (r["id"], text)
+    slashed = answer_text(task, None, rows[0]["target"])
+    day = rows[0]["target"]["date"]
+    slashed = slashed.replace(day, day.replace("-", "/"))
+    assert _walk(llm, grammar, tok(slashed, add_special_tokens=False).input_ids)[0] is not None
+    snips = spec_from_dict({
+        "name": "s", "hypothesis": "h", "model": {"base": "x"}, "data": {"file": "d.jsonl"},
+        "task": {"kind": "extraction", "fields": [
+            {"name": "intent", "enum": ["PlayMusic", "GetWeather"]},
+            {"name": "slots", "type": "map", "values": "string | list"}]},
+    }).task  # fmt: skip
+    grammar = schema_grammar(json.dumps(json_schema_of(snips)))
+    for text, ok in (
+        ('{"intent": "PlayMusic", "slots": {"artist": ["adele", "sia"]}}', True),
+        ('{"intent": "PutMusic", "slots": {}}', False),
+    ):
+        refused, ends = _walk(llm, grammar, tok(text, add_special_tokens=False).input_ids)
+        assert (refused is None and ends) == ok, text
+    with pytest.raises(ValueError, match="Error resolving ref"):
+        schema_grammar(json.dumps({"$ref": "#/definitions/missing"}))

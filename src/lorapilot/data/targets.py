@@ -17,7 +17,8 @@ from jsonschema.exceptions import SchemaError
 from lorapilot.errors import UsageError
 from lorapilot.spec import FieldSpec, TaskSpec, ValueSpec
 
-DATE_PATTERN = r"^\d{4}-\d{2}-\d{2}$"
+DATE_PATTERN = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$"  # `\d` is any Unicode digit, and converters
+# of schemas to grammars (llama-cpp-python's) do not all read it
 _TYPES = {
     "string": {"type": "string"},
     "number": {"type": "number"},
@@ -46,23 +47,33 @@ def target_schema(task: TaskSpec) -> dict:
         return task.json_schema
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
-        **_object_schema(task.fields or []),
+        **_object_schema(task.fields or [], answer=False),
     }
 
 
-def _object_schema(fields: list[FieldSpec]) -> dict:
+def answer_schema(task: TaskSpec) -> dict:
+    """JSON schema of the answer the adapter is trained to write (format.answer_text): every
+    declared key present, at every level, an absent optional one as null. It is what a server
+    holds answers to (schema.json of `export --gguf`): schema-to-grammar converters put
+    required keys before optional ones (llama-cpp-python's), so a schema with optional keys
+    would force another order than the one trained on; OpenAI's strict mode asks the same."""
+    if task.json_schema is not None:
+        return task.json_schema
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        **_object_schema(task.fields or [], answer=True),
+    }
+
+
+def _object_schema(fields: list[FieldSpec], answer: bool) -> dict:
     properties: dict[str, Any] = {}
     required: list[str] = []
     for field in fields:
-        prop = _value_schema(field)
-        if field.required:
+        prop = _value_schema(field, answer)
+        if field.required or answer:
             required.append(field.name)
-        elif "anyOf" in prop:
-            prop["anyOf"] = [*prop["anyOf"], {"type": "null"}]
-        else:
-            prop["type"] = [prop["type"], "null"]
-            if "enum" in prop:  # a closed set, or nothing
-                prop["enum"] = [*prop["enum"], None]
+        if not field.required:
+            prop = _nullable(prop)
         if field.description:
             prop["description"] = field.description
         properties[field.name] = prop
@@ -74,14 +85,25 @@ def _object_schema(fields: list[FieldSpec]) -> dict:
     }
 
 
-def _value_schema(spec: ValueSpec) -> dict:
+def _nullable(prop: dict) -> dict:
+    """A value or null. A bare type becomes `[type, "null"]`; anything with more to it (an
+    enum, a date's pattern, items, properties) an `anyOf` with null: schema-to-grammar
+    converters (llama-cpp-python's) read a type list as bare types and drop the rest."""
+    if "anyOf" in prop:
+        return prop | {"anyOf": [*prop["anyOf"], {"type": "null"}]}
+    if set(prop) == {"type"} and isinstance(prop["type"], str):
+        return {"type": [prop["type"], "null"]}
+    return {"anyOf": [prop, {"type": "null"}]}
+
+
+def _value_schema(spec: ValueSpec, answer: bool) -> dict:
     if spec.type == "object":
-        return _object_schema(spec.fields or [])
+        return _object_schema(spec.fields or [], answer)
     if spec.type == "map":
-        values = _value_schema(spec.values) if spec.values is not None else {}
+        values = _value_schema(spec.values, answer) if spec.values is not None else {}
         return {"type": "object", "additionalProperties": values}
     if spec.type == "list" and spec.items is not None:
-        return {"type": "array", "items": _value_schema(spec.items)}
+        return {"type": "array", "items": _value_schema(spec.items, answer)}
     if spec.or_list:  # `string | list`: one value or a non-empty list of them
         one = _scalar_schema(spec)
         return {"anyOf": [one, {"type": "array", "items": one, "minItems": 1}]}
@@ -139,6 +161,7 @@ def target_validator(task: TaskSpec) -> Callable[[Any], list[str]]:
 
     def check(obj: Any) -> list[str]:
         errors = sorted(validator.iter_errors(obj), key=lambda e: [str(p) for p in e.absolute_path])
+        errors = [_unwrapped(e) for e in errors]
         problems = [_short(f"{_where(e.absolute_path)}: {e.message}") + _hint(e) for e in errors]
         if len(problems) > _MAX_PROBLEMS:
             problems = problems[:_MAX_PROBLEMS] + [f"... {len(problems) - _MAX_PROBLEMS} more"]
@@ -147,11 +170,24 @@ def target_validator(task: TaskSpec) -> Callable[[Any], list[str]]:
     return check
 
 
+def _unwrapped(error: Any) -> Any:
+    """A non-null value of a nullable field (`anyOf` [schema, null]) is wrong for the schema's
+    own reason: that error, not "is not valid under any of the given schemas"."""
+    branches = error.validator_value if error.validator == "anyOf" else None
+    if not branches or error.instance is None or not error.context:
+        return error
+    real = [i for i, b in enumerate(branches) if b != {"type": "null"}]
+    if len(real) != 1 or len(branches) != 2:
+        return error
+    inner = [c for c in error.context if c.schema_path and c.schema_path[0] == real[0]]
+    return _unwrapped(inner[0]) if inner else error
+
+
 def _hint(error: Any) -> str:
     """What to write in the spec when a map's scalar value comes as a list (a slot named
     twice in one example: 4 of the 2,800 SNIPS train/validate rows), or a value is not one of
     its field's `enum`."""
-    path = list(error.schema_path)
+    path = list(error.absolute_schema_path)
     if error.validator == "enum":
         return (
             " (not one of the field's `enum` in the spec: add the value there if it is a "

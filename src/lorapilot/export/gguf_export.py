@@ -42,7 +42,13 @@ from lorapilot.export import gguf_files as gf
 from lorapilot.export import ollama
 from lorapilot.export import weights as wt
 from lorapilot.export.folder import write_folder
-from lorapilot.export.serving import CLASSIFY_FILE, FIELDS_GRAMMAR_FILE, GRAMMAR_FILE, PROGRESS
+from lorapilot.export.serving import (
+    CLASSIFY_FILE,
+    FIELDS_GRAMMAR_FILE,
+    GRAMMAR_FILE,
+    PROGRESS,
+    SCHEMA_FILE,
+)
 from lorapilot.export.target_grammar import gbnf_of, json_schema_of
 from lorapilot.export.weights import Weights, read_safetensors
 from lorapilot.fsutil import atomic_write_json, read_jsonl, sha256_file
@@ -51,7 +57,6 @@ from lorapilot.records.progress import Phase
 from lorapilot.spec.requirements import require_serving
 
 BASE_FILE, ADAPTER_FILE, MERGED_FILE = "base.gguf", "adapter.gguf", "merged.gguf"
-SCHEMA_FILE = "schema.json"
 GATED_TYPES = ("original", "f32", "f16")
 """Base files that hold the trained-on weights (or a rounding of them no coarser than f16):
 the agreement gates. A q8_0 base is quantized further than the one trained on: reported. For
@@ -148,6 +153,7 @@ def export_gguf(
     # classification; an extraction's fields (and their JSON Schema, for Ollama's `format`)
     grammar_file, grammar, schema = _grammar_of(spec)
     cases["grammar"], cases["grammar_file"] = grammar is not None, grammar_file
+    cases["schema_file"] = SCHEMA_FILE if schema is not None else None
 
     def write(tmp: Path) -> dict:
         say(f"writing {ADAPTER_FILE} ({len(lora) // 2} LoRA pairs, alpha {alpha:g})")
@@ -271,6 +277,7 @@ def recheck(
     # a grammar: not in exports before it was written
     cases["grammar_file"] = (written.get("grammar") or {}).get("file", GRAMMAR_FILE)
     cases["grammar"] = cases["grammar_file"] in written["files"]
+    cases["schema_file"] = SCHEMA_FILE if SCHEMA_FILE in written["files"] else None
     configs = _served(bool(written.get("merged_gguf")))
     minimum = pilot.spec.export.min_agreement if min_agreement is None else min_agreement
     base_gguf = written["base_gguf"]
@@ -783,6 +790,7 @@ def serving_check(
         "classifier": bool(cases.get("classifier")),
         "grammar": bool(cases.get("grammar")),
         "grammar_file": cases.get("grammar_file", GRAMMAR_FILE),
+        "schema_file": cases.get("schema_file"),
         "n_ctx": cases["n_ctx"],
         # llama.cpp's best-first knows no offsets: calibrated scoring scores every label
         "label_search": "all" if cases["content_free"] else spec.eval.label_search,
@@ -829,6 +837,7 @@ def serving_check(
     freely = [r["generation"] for r in results if r.get("generation")]
     held = [g["constrained"] for g in freely if g.get("constrained")]
     held += [r["constrained"] for r in results if r.get("constrained")]  # an extraction's
+    by_schema = [r["schema_constrained"] for r in results if r.get("schema_constrained")]
     return base | {
         "ok": ok,
         "serving_agreement": agreement,
@@ -845,7 +854,13 @@ def serving_check(
         "constrained_label_rate": min(
             (g["label_rate"] for g in held if "label_rate" in g), default=None
         ),
-        "warnings": generation_warnings(results, minimum, bool(cases.get("classifier"))),
+        # and held to schema.json as llama-cpp-python's server converts it
+        "schema_file": cases.get("schema_file"),
+        "schema_constrained_agreement": min((g["agreement"] for g in by_schema), default=None),
+        "warnings": [
+            *generation_warnings(results, minimum, bool(cases.get("classifier"))),
+            *(child.get("grammar_problems") or []),
+        ],
         "configs": results,
     }
 
@@ -933,11 +948,11 @@ def _compare(spec, cases: dict, conf: dict) -> dict:
     return {
         "name": conf["name"],
         "generation": _generation(spec, cases, conf, keys) if generated else None,
-        **(
-            {"constrained": _constrained_answers(spec, cases, conf, rows, metrics, keys)}
-            if cases.get("mode") == "generate" and conf.get("constrained") is not None
-            else {}
-        ),
+        **{
+            key: _constrained_answers(spec, cases, conf, rows, metrics, keys, key)
+            for key in ("constrained", "schema_constrained")
+            if cases.get("mode") == "generate" and conf.get(key) is not None
+        },
         "serving_agreement": gated,
         **({"ties": ties} if ties else {}),
         "agreement_unit": "tokens" if tokens else "examples",
@@ -1028,25 +1043,35 @@ def _generation(spec, cases: dict, conf: dict, keys: list[str]) -> dict:
 
 
 def _constrained_answers(
-    spec, cases: dict, conf: dict, free_rows: list, free_metrics: dict, keys: list
-) -> dict:
-    """An extraction's answers decoded under fields.gbnf in llama.cpp, scored by the pilot's
-    metrics beside lorapilot's and llama.cpp's free answers: how many are lorapilot's answer
-    and the free one, and what the metrics become. Reported, never gated (the pilot decided on
-    free generation)."""
-    file = cases.get("grammar_file", FIELDS_GRAMMAR_FILE)
+    spec, cases: dict, conf: dict, free_rows: list, free_metrics: dict, keys: list,
+    key: str = "constrained",
+) -> dict:  # fmt: skip
+    """An extraction's answers decoded under fields.gbnf (`key` constrained) or schema.json
+    (schema_constrained) in llama.cpp, scored by the pilot's metrics beside lorapilot's and
+    llama.cpp's free answers: how many are lorapilot's answer and the free one, and what the
+    metrics become. Reported, never gated (the pilot decided on free generation)."""
+    if key == "schema_constrained":
+        file = cases.get("schema_file") or SCHEMA_FILE
+        what = (
+            f"greedy decoding under {file} as llama-cpp-python's json_schema_to_gbnf converts "
+            "it, in llama.cpp's grammar sampler: what its server answers to response_format "
+            f'{{"type": "json_object", "schema": <{file}>}} at temperature 0'
+        )
+    else:
+        file = cases.get("grammar_file", FIELDS_GRAMMAR_FILE)
+        what = (
+            f"greedy decoding under {file} in llama.cpp's grammar sampler, as llama-server "
+            f"--grammar-file {file} --temp 0 answers"
+        )
     metrics, rows = score_predictions(
-        spec, cases["records"], cases["prompt_texts"], None, conf["constrained"]
+        spec, cases["records"], cases["prompt_texts"], None, conf[key]
     )
     theirs = cases["lorapilot_predictions"]
     same = _agrees(theirs, rows)
     n = len(rows)
     lp = cases["lorapilot_metrics"]
     return {
-        "what": (
-            f"greedy decoding under {file} in llama.cpp's grammar sampler, as llama-server "
-            f"--grammar-file {file} --temp 0 answers"
-        ),
+        "what": what,
         "file": file,
         "agreement": sum(same) / n if n else 1.0,
         "n_same": sum(same),
@@ -1068,7 +1093,7 @@ def _constrained_answers(
             for r, ok in zip(rows, same, strict=True)
             if not ok
         ][:20],  # fmt: skip
-        "seconds": conf.get("constrained_seconds"),
+        "seconds": conf.get(f"{key}_seconds"),
     }
 
 

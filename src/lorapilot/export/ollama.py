@@ -223,31 +223,38 @@ def _grammar_lines(grammar: str | None, check: dict, base_file: str, adapter_fil
 
 
 def _fields_lines(grammar, schema: str, check: dict, base_file: str, adapter_file: str):
-    """How to serve an extraction's answers held to their fields, and what that gave."""
-    outside = (
-        f"`{schema}` states the answer as a JSON Schema, for Ollama "
-        f"(`\"format\": <{schema}>` in /api/chat) or an OpenAI-style `response_format`. Those "
-        "servers convert it with their own rules (whitespace, key order), which this check "
-        "does not decode."
-    )
-    if not grammar:
-        return ["## Constrained to the schema", "", outside, ""]
-    held = [c["constrained"] for c in check.get("configs") or [] if c.get("constrained")]
-    measured = []
-    for h in held[:1]:
-        shown = "; ".join(
-            f"{k} {v['llama_cpp_constrained']:.3f} (free {v['llama_cpp']:.3f}, lorapilot "
-            f"{v['lorapilot']:.3f})"
-            for k, v in h["metrics"].items()
-            if all(isinstance(v.get(x), int | float) for x in ("lorapilot", "llama_cpp"))
-            and isinstance(v.get("llama_cpp_constrained"), int | float)
-        )
-        measured = [
-            f"The serving check decoded the validation split under `{grammar}` (greedy, in "
-            f"llama.cpp's grammar sampler over this very file): {h['n_same']} of {h['n']} "
-            f"answers are lorapilot's, {h['n_same_as_free']} the free answer; {shown}.",
+    """How to serve an extraction's answers held to their fields or schema, and what the
+    serving check's decoding under each gave."""
+    configs = check.get("configs") or []
+    to_schema = [c["schema_constrained"] for c in configs if c.get("schema_constrained")]
+    by_schema = to_schema[0] if to_schema else None
+    outside = [
+        f"`{schema}` states the answer as a JSON Schema, for llama-cpp-python's server "
+        f'(`response_format={{"type": "json_object", "schema": <{schema}>}}`), Ollama '
+        f'(`"format": <{schema}>` in /api/chat) or another OpenAI-style `response_format`. '
+        "Each server converts it to a grammar by its own rules (whitespace, key order).",
+        "",
+    ]
+    if by_schema:
+        outside[-1:] = [
+            "",
+            f"The serving check decoded the validation split under `{schema}` as "
+            f"llama-cpp-python's `json_schema_to_gbnf` converts it (greedy, llama.cpp's grammar "
+            f"sampler): {_held(by_schema)}. Ollama's and vLLM's conversions are not decoded here.",
             "",
         ]
+    if not grammar:
+        return ["## Constrained to the schema", "", *outside]
+    held = next((c["constrained"] for c in configs if c.get("constrained")), None)
+    measured = (
+        [
+            f"The serving check decoded the validation split under `{grammar}` (greedy, in "
+            f"llama.cpp's grammar sampler over this very file): {_held(held)}.",
+            "",
+        ]
+        if held
+        else []
+    )
     return [
         "## Constrained to the fields",
         "",
@@ -261,9 +268,24 @@ def _fields_lines(grammar, schema: str, check: dict, base_file: str, adapter_fil
         f"llama-server -m {base_file} --lora {adapter_file} --grammar-file {grammar} --temp 0",
         "```",
         "",
-        outside,
-        "",
+        *outside,
     ]
+
+
+def _held(h: dict) -> str:
+    """One constrained decoding's figures: answers as lorapilot's and as the free ones, and
+    the pilot's metrics under it beside free decoding and lorapilot."""
+    shown = "; ".join(
+        f"{k} {v['llama_cpp_constrained']:.3f} (free {v['llama_cpp']:.3f}, lorapilot "
+        f"{v['lorapilot']:.3f})"
+        for k, v in h["metrics"].items()
+        if all(isinstance(v.get(x), int | float) for x in ("lorapilot", "llama_cpp"))
+        and isinstance(v.get("llama_cpp_constrained"), int | float)
+    )
+    return (
+        f"{h['n_same']} of {h['n']} answers are lorapilot's, {h['n_same_as_free']} the free "
+        f"answer; {shown}"
+    )
 
 
 def _generation_lines(check: dict) -> list[str]:

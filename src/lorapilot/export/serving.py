@@ -10,7 +10,9 @@ greedy decoding until a stop token. Where the folder holds `classify.py` (label 
 very file builds each prompt from the input text and scores the labels. A scored label is also
 generated freely (greedy, to the stop token), as the Modelfile serves it: what `ollama run`
 would answer; and greedily under the folder's `labels.gbnf` in llama.cpp's own grammar
-sampler: what `llama-server --grammar-file labels.gbnf --temp 0` would answer.
+sampler: what `llama-server --grammar-file labels.gbnf --temp 0` would answer. An extraction's
+answers are decoded under its `fields.gbnf` the same way, and under its `schema.json` as
+llama-cpp-python's server converts a `response_format` schema (`json_schema_to_gbnf`).
 """
 
 from __future__ import annotations
@@ -192,6 +194,41 @@ GRAMMAR_FILE = "labels.gbnf"
 """The labels as a llama.cpp grammar (served.gbnf_choice), for a label-scoring pilot."""
 FIELDS_GRAMMAR_FILE = "fields.gbnf"
 """An extraction pilot's answers as a grammar (export.target_grammar), beside schema.json."""
+SCHEMA_FILE = "schema.json"
+"""An extraction pilot's answers as a JSON Schema (data.targets.target_schema)."""
+
+
+def schema_grammar(schema_text: str) -> bytes:
+    """schema.json as llama-cpp-python's OpenAI-style server holds an answer to it
+    (`response_format={"type": "json_object", "schema": ...}`): its own converter's GBNF. The
+    server falls back to any JSON where the conversion fails; here that is a ValueError."""
+    from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+    try:
+        return json_schema_to_gbnf(schema_text).encode("utf-8")
+    except Exception as e:  # the converter raises what it meets (KeyError, ValueError...)
+        raise ValueError(f"{type(e).__name__}: {e}") from None
+
+
+def _grammars(folder: Path, cases: dict, llm) -> tuple[dict[str, bytes], list[str]]:
+    """The grammars the answers are decoded under, by result key: the folder's grammar file
+    as --grammar-file serves it (`constrained`), and for an extraction its schema.json as a
+    server converts it (`schema_constrained`); with what could not be used, said."""
+    out, problems = {}, []
+    if cases.get("grammar"):
+        out["constrained"] = (folder / cases.get("grammar_file", GRAMMAR_FILE)).read_bytes()
+    if cases.get("schema_file") and cases["mode"] == "generate":
+        try:
+            grammar = schema_grammar((folder / cases["schema_file"]).read_text(encoding="utf-8"))
+            GrammarSampler(llm, grammar).close()  # llama.cpp parses it, or says why not
+            out["schema_constrained"] = grammar
+        except ValueError as e:
+            problems.append(
+                f"{cases['schema_file']} as llama-cpp-python's json_schema_to_gbnf converts it "
+                f"is not a grammar llama.cpp decodes ({str(e)[:300]}); its server would fall "
+                "back to any JSON object"
+            )
+    return out, problems
 
 
 def _module(path: Path):
@@ -231,9 +268,7 @@ def check(cases: dict) -> dict:
         print(f"{PROGRESS} {done} {total}", file=sys.stderr, flush=True)
 
     delivered = _module(folder / CLASSIFY_FILE) if cases.get("classifier") else None
-    # the folder's grammar (labels, or an extraction's fields), as --grammar-file serves it
-    grammar_path = folder / cases.get("grammar_file", GRAMMAR_FILE)
-    grammar = grammar_path.read_bytes() if cases.get("grammar") else None
+    grammars: dict[str, bytes] | None = None
     for conf in cases["configs"]:
         t_load = time.perf_counter()
         rt = Runtime(
@@ -243,6 +278,9 @@ def check(cases: dict) -> dict:
             threads,
         )
         load_s = time.perf_counter() - t_load
+        if grammars is None:  # parsed against the first model's vocabulary (they share it)
+            grammars, result["grammar_problems"] = _grammars(folder, cases, rt.llm)
+        grammar = grammars.get("constrained")
         # label scoring: the exported classify.py itself builds each prompt from the input
         # text and scores the labels, over this context
         clf = delivered.Classifier(folder, llm=rt.llm) if delivered else None
@@ -312,25 +350,29 @@ def check(cases: dict) -> dict:
                     rt.score(p["ids"], cases["labels"], False) for p in free
                 ]
         else:
-            gens, held, held_s = [], [], 0.0
+            max_new = int(cases["max_new_tokens"])
+            gens = []
+            held = {k: [] for k in grammars}  # the answers held to each grammar, and the time
+            held_s = dict.fromkeys(grammars, 0.0)
             for p in prompts:
-                gens.append(rt.generate(p["ids"], stop, int(cases["max_new_tokens"])))
-                if grammar is not None:  # an extraction's answer held to fields.gbnf
+                gens.append(rt.generate(p["ids"], stop, max_new))
+                for key, g in grammars.items():
                     t_held = time.perf_counter()
-                    held.append(rt.generate(p["ids"], stop, int(cases["max_new_tokens"]), grammar))
-                    held_s += time.perf_counter() - t_held
+                    held[key].append(rt.generate(p["ids"], stop, max_new, g))
+                    held_s[key] += time.perf_counter() - t_held
                 tick()
             entry["output_ids"] = gens
             entry["outputs"] = [rt.detokenize(g) for g in gens]
-            if grammar is not None:
-                entry["constrained"] = [rt.detokenize(g) for g in held]
-                entry["constrained_seconds"] = round(held_s, 3)
+            for key in grammars:
+                entry[key] = [rt.detokenize(g) for g in held[key]]
+                entry[f"{key}_seconds"] = round(held_s[key], 3)
         # serving the split by the pilot's rule: its rate is the one shown
         seconds = (
             time.perf_counter()
             - t0
             - entry.get("generation_seconds", 0.0)
             - entry.get("constrained_seconds", 0.0)
+            - entry.get("schema_constrained_seconds", 0.0)
         )
         if refs:  # lorapilot's answers, teacher-forced
             t1 = time.perf_counter()

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 
-from lorapilot.data.targets import is_text_target, target_schema
+from lorapilot.data.targets import answer_schema, is_text_target
 from lorapilot.evaluate.served import gbnf_literal
 from lorapilot.spec import FieldSpec, TaskSpec, ValueSpec
 
@@ -106,8 +106,9 @@ def gbnf_of(task: TaskSpec) -> str | None:
 
 
 def json_schema_of(task: TaskSpec) -> dict | None:
-    """The JSON Schema of a JSON answer (the one the data step validates targets against:
-    task.json_schema, else built from task.fields); None for a label or a regex-checked text."""
+    """The JSON Schema of a JSON answer as the adapter writes it (data.targets.answer_schema:
+    task.json_schema, else built from task.fields with every key present); None for a label
+    or a regex-checked text."""
     if task.kind == "classification" or is_text_target(task):
         return None
-    return target_schema(task)
+    return answer_schema(task)

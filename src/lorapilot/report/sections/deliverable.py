@@ -98,6 +98,13 @@ def _deliverable(s: dict) -> list:
                     f"gguf, constrained by {grammar} (`llama-server --grammar-file`, greedy): "
                     f"{_share(held)} of the validation answers are lorapilot's"
                 )
+            by_schema = check.get("schema_constrained_agreement")
+            if by_schema is not None:
+                notes.append(
+                    f"gguf, constrained by {check.get('schema_file') or 'schema.json'} as "
+                    "llama-cpp-python's server converts a response_format schema (greedy): "
+                    f"{_share(by_schema)} of the validation answers are lorapilot's"
+                )
         elif e.get("format") == "merged":
             agree = e.get("merge_agreement")
             diff = e.get("merge_max_logit_diff")
