@@ -97,6 +97,8 @@ def verb(fn: Callable[..., Shown]) -> Callable[..., None]:
         try:
             shown = fn(*args, **kwargs)
         except CheckFailed as e:
+            if e.view is not None and not as_json:
+                e.view(e.details)  # the figures that failed, as a success would show them
             _fail(e, as_json, e.details)
         except LorapilotError as e:
             _fail(e, as_json, {})
@@ -661,14 +663,17 @@ def export(
             "--check takes an existing export folder; it goes without --out, "
             "--merge and --gguf-base"
         )
-    return Shown(
-        run_export(
+    try:
+        done = run_export(
             _pilot(pilot), run, out, merge, gguf=gguf, gguf_base=gguf_base,
             min_agreement=min_agreement, reference=reference, check=check,
             progress=lambda m: log_console(as_json).print(f"[dim]export: {esc(m)}[/]"),
-        ),
-        views.export,
-    )  # fmt: skip
+        )  # fmt: skip
+    except CheckFailed as e:
+        if "serving_agreement" in e.details:  # a failed serving check: its figures
+            e.view = views.export
+        raise
+    return Shown(done, views.export)
 
 
 @app.command()

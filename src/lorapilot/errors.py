@@ -26,3 +26,4 @@ class CheckFailed(LorapilotError):
     def __init__(self, message: str, details: dict | None = None):
         super().__init__(message)
         self.details = details or {}
+        self.view = None  # the verb's view of `details`, shown before the message if set

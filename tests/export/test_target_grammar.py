@@ -223,7 +223,8 @@ def test_export_gguf_of_an_extraction_writes_and_decodes_fields_gbnf(tmp_path, t
     configs = json.loads(again.stdout)["configs"]
     assert configs[0]["constrained"]["n"] == held["n"]
     assert configs[0]["schema_constrained"]["n_same"] == by_schema["n_same"]
-    shown = run_cli("export", str(pilot), "--check", str(out_dir), "--min-agreement", "0").stdout
+    # a person sees the figures whether the check passes or fails (the tiny model may fail it)
+    shown = run_cli("export", str(pilot), "--check", str(out_dir)).stdout
     assert "constrained by schema.json (llama-cpp-python's converter" in shown
 
 
