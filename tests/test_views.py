@@ -105,3 +105,11 @@ def test_evaluation_train_and_compare_show_the_generation_check(monkeypatch):
     rows[0]["generation"] = held["generation"]
     text = _shown(monkeypatch, views.compare, {"baseline": "b-1", "runs": rows, "decision": None})
     assert "116/154 (75%) | 150/154" in text
+
+
+def test_a_merged_export_names_its_dtype_and_agreement(monkeypatch):
+    merged = {"ok": True, "out": "m16", "merged": True, "merged_dtype": "float16",
+              "max_logit_diff": 0.0175, "merge_agreement": 1.0,
+              "merge_agreement_examples": 108}  # fmt: skip
+    text = _shown(monkeypatch, views.export, merged)
+    assert "exported m16 (float16, max logit diff 1.8e-02, agreement 100.0% of 108)" in text

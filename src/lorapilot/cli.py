@@ -595,6 +595,16 @@ def export(
             "With --gguf: also write merged.gguf and check it in llama.cpp.",
         ),
     ] = False,
+    merge_dtype: Annotated[
+        str | None,
+        typer.Option(
+            "--merge-dtype",
+            help="With --merge: the merged weights' dtype. float32 (auto, the default): the "
+            "exact merge, checked on the logits within 1e-3. float16 or bfloat16: half the "
+            "size, written one tensor at a time and checked on the validation predictions "
+            "(>= 99% the adapter's); bfloat16 rounds much of a LoRA update away.",
+        ),
+    ] = None,
     gguf: Annotated[
         bool,
         typer.Option(
@@ -648,7 +658,7 @@ def export(
     """Export the adapter (files checked against its manifest); with --merge a merged model
     folder that loads without PEFT (outputs checked against the adapter); with --gguf the
     files llama.cpp and Ollama serve, checked by predicting the validation split in llama.cpp."""
-    from lorapilot.steps.export import run_export
+    from lorapilot.steps.export import MERGE_DTYPES, run_export
 
     if gguf_base is not None and gguf_base not in ("auto", "original", "f32", "f16", "q8_0"):
         raise UsageError(f"--gguf-base {gguf_base}: use auto, original, f32, f16 or q8_0")
@@ -658,6 +668,11 @@ def export(
         raise UsageError("--gguf-base, --min-agreement and --reference go with --gguf (or --check)")
     if check is None and out is None:
         raise UsageError("--out is required: a new (or empty) folder for the export")
+    if merge_dtype is not None and merge_dtype not in MERGE_DTYPES:
+        raise UsageError(f"--merge-dtype {merge_dtype}: use {', '.join(MERGE_DTYPES)}")
+    if merge_dtype is not None and (not merge or gguf):
+        raise UsageError("--merge-dtype goes with --merge (without --gguf: merged.gguf has "
+                         "its own type, --gguf-base)")  # fmt: skip
     if check is not None and (out is not None or merge or gguf_base is not None):
         raise UsageError(
             "--check takes an existing export folder; it goes without --out, "
@@ -668,6 +683,7 @@ def export(
             _pilot(pilot), run, out, merge, gguf=gguf, gguf_base=gguf_base,
             min_agreement=min_agreement, reference=reference, check=check,
             progress=lambda m: log_console(as_json).print(f"[dim]export: {esc(m)}[/]"),
+            merge_dtype=merge_dtype,
         )  # fmt: skip
     except CheckFailed as e:
         if "serving_agreement" in e.details:  # a failed serving check: its figures

@@ -211,8 +211,10 @@ def export(r: dict) -> None:
     also = ""
     if agree is not None:
         also = f", agreement {agree:.1%} of {r['merge_agreement_examples']}"
+    dtype = f"{r['merged_dtype']}, " if r.get("merged_dtype") else ""
     stdout.print(
-        f"[green]exported[/] {esc(r['out'])} (max logit diff {r['max_logit_diff']:.1e}{also})"
+        f"[green]exported[/] {esc(r['out'])} ({dtype}max logit diff "
+        f"{r['max_logit_diff']:.1e}{also})"
     )
 
 

@@ -100,10 +100,10 @@ def test_a_wrong_rotary_permutation_is_caught(converted, monkeypatch):
 
 
 def test_merged_gguf_computes_the_adapted_model(converted, tiny_model_dir):
-    from lorapilot.export.gguf_export import _merged_weights
+    from lorapilot.export.merge import merged_weights
 
     c = converted
-    merged = _merged_weights(tiny_model_dir, c["adapter_w"], c["adapter_cfg"], c["config"])
+    merged = merged_weights(tiny_model_dir, c["adapter_w"], c["adapter_cfg"])
     path = c["root"] / "merged.gguf"
     gf.convert_hf(
         tiny_model_dir, gf.model_tensors(merged, c["config"], "m"), path, "f32", c["pre"], "m"

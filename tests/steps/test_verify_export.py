@@ -94,6 +94,10 @@ def test_export_merge_loads_with_plain_transformers(trained, tmp_path):
     assert merged.config.vocab_size > 0
     again = run_json("export", str(pilot), "--merge", "--out", str(tmp_path / "merged"), expect=2)
     assert "not empty" in again["error"]
+    # whole trained modules (modules_to_save: norm here) merge in memory, in float32 only
+    half = run_json("export", str(pilot), "--merge", "--merge-dtype", "float16",
+                    "--out", str(tmp_path / "m16"), expect=2)  # fmt: skip
+    assert "modules_to_save" in half["error"] and not (tmp_path / "m16").exists()
 
 
 def test_full_fine_tune_verifies_tests_against_the_base_and_exports(tmp_path, tiny_model_dir):
@@ -240,3 +244,20 @@ def test_a_base_held_in_bf16_trains_verifies_and_merges(tmp_path, tiny_model_dir
     assert out["ok"] and out["metrics_match"] and out["n_mismatched_predictions"] == 0
     merged = run_json("export", str(pilot), "--merge", "--out", str(tmp_path / "merged"))
     assert merged["ok"] and merged["max_logit_diff"] <= merged["tolerance"]
+    assert merged["merged_dtype"] == "float32"
+    # half the size: written tensor by tensor in float16, loaded by plain transformers as
+    # evaluation holds the base, checked on every validation prediction (the gate)
+    half = run_json("export", str(pilot), "--merge", "--merge-dtype", "float16",
+                    "--out", str(tmp_path / "m16"))  # fmt: skip
+    assert half["ok"] and half["merged_dtype"] == "float16" and half["tolerance"] is None
+    assert half["merge_agreement"] >= half["merge_agreement_min"] == 0.99
+    assert half["merge_agreement_examples"] > 0 and half["max_logit_diff"] > 0
+    from lorapilot.base.models import checkpoint_dtype
+
+    assert checkpoint_dtype(tmp_path / "m16") == "float16"
+    written = json.loads((tmp_path / "m16" / "lorapilot.json").read_text())
+    assert written["merged_dtype"] == "float16" and written["merge_tolerance"] is None
+    for bad, says in ((["--merge-dtype", "bf16", "--merge"], "use auto, float32"),
+                      (["--merge-dtype", "float16"], "goes with --merge")):  # fmt: skip
+        out = run_json("export", str(pilot), *bad, "--out", str(tmp_path / "x"), expect=2)
+        assert says in out["error"]

@@ -42,6 +42,7 @@ from lorapilot.export import gguf_files as gf
 from lorapilot.export import ollama
 from lorapilot.export import weights as wt
 from lorapilot.export.folder import write_folder
+from lorapilot.export.merge import merged_weights
 from lorapilot.export.serving import (
     CLASSIFY_FILE,
     FIELDS_GRAMMAR_FILE,
@@ -53,7 +54,7 @@ from lorapilot.export.target_grammar import gbnf_of, json_schema_of
 from lorapilot.export.weights import Weights, read_safetensors
 from lorapilot.fsutil import atomic_write_json, read_jsonl, sha256_file
 from lorapilot.records import registry
-from lorapilot.records.progress import Phase
+from lorapilot.records.progress import Phase, plain_log
 from lorapilot.spec.requirements import require_serving
 
 BASE_FILE, ADAPTER_FILE, MERGED_FILE = "base.gguf", "adapter.gguf", "merged.gguf"
@@ -388,7 +389,7 @@ def _write_models(
     )
     if merge:
         say(f"writing {MERGED_FILE} (the adapter merged in, {_merged_type(kind)})")
-        merged = _merged_weights(resolved.path, *merge, config, weights)
+        merged = merged_weights(resolved.path, *merge, weights)
         tensors = gf.model_tensors(merged, config, str(resolved.path))
         pre = _pre_of(tmp / BASE_FILE) if original is None else None
         _write_model(
@@ -450,7 +451,7 @@ def _write_model(
     """One GGUF model file (base or merged): `original`'s metadata where the base has its own
     GGUF, else converted from the folder with llama.cpp pre-tokenizer `pre`; its tensors
     written as a phase (a line every 30 s and at the end: an 8B base takes minutes)."""
-    phase = Phase(f"writing {dest.name}", len(tensors), bar=False, log=_plain(say))
+    phase = Phase(f"writing {dest.name}", len(tensors), bar=False, log=plain_log(say))
     try:
         if original is not None:
             gf.rewrite_gguf(original, tensors, dest, kind, phase.advance)
@@ -525,28 +526,6 @@ def choose_pre_tokenizer(folder: Path, config: dict, tok, say: Progress) -> str:
     )
 
 
-def _merged_weights(
-    folder: Path, adapter_w: dict, adapter_cfg: dict, config: dict, base: Weights | None = None
-) -> Weights:
-    """Base weights (`base`: a quantized base's, dequantized) plus every LoRA update
-    B @ A * scale, in float32 (what PEFT's merge adds), each tensor merged when it is read."""
-    base = wt.of_folder(folder) if base is None else base
-    pairs = gf.lora_pairs(adapter_w, str(folder))
-    scales = {m: gf.module_scale(m, ab["A"].shape[0], adapter_cfg) for m, ab in pairs.items()}
-    missing = sorted(m + ".weight" for m in pairs if m + ".weight" not in base)
-    if missing:
-        raise UsageError(f"{folder}: the adapter's modules have no base weight: {missing[:5]}")
-
-    def merge(key: str, read) -> np.ndarray:
-        module = key.removesuffix(".weight")
-        if key.endswith(".weight") and module in pairs:
-            ab = pairs[module]
-            return read().astype(np.float32) + (ab["B"] @ ab["A"]) * np.float32(scales[module])
-        return read()
-
-    return base.replaced(merge)
-
-
 # --- the check -----------------------------------------------------------------------------
 
 
@@ -563,7 +542,7 @@ def _fp32_predictions(
     proto = {**protocol, "precision": "fp32"}
     return evaluate_records(
         model, tok, fmt, pilot.spec, records, proto, label="reference (fp32)",
-        log=_plain(say or (lambda m: None), bar_shown=sys.stderr.isatty()),
+        log=plain_log(say or (lambda m: None), bar_shown=sys.stderr.isatty()),
     )  # fmt: skip
 
 
@@ -718,17 +697,6 @@ def _references(tok, records: list, theirs: dict, max_new: int) -> list[dict]:
     return out
 
 
-def _plain(say: Progress, bar_shown: bool = False) -> Progress:
-    """`say` as a phase's log: a plain progress line every 30 s and at the end, unless a
-    live bar already shows the phase."""
-
-    def plain(line: str) -> None:
-        say(line)
-
-    plain.is_terminal = bar_shown  # type: ignore[attr-defined]
-    return plain
-
-
 def _run_serving(cases_path: Path, out_path: Path, say: Progress) -> tuple[int, str]:
     """The fresh llama.cpp process, its progress lines shown as a phase (a plain line every
     30 s and at the end: generating a validation split there takes minutes); the rest of its
@@ -743,7 +711,7 @@ def _run_serving(cases_path: Path, out_path: Path, say: Progress) -> tuple[int, 
     assert proc.stderr is not None
     other: list[str] = []
     phase: Phase | None = None
-    plain = _plain(say)
+    plain = plain_log(say)
     try:
         for line in proc.stderr:
             if line.startswith(PROGRESS):

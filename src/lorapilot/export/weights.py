@@ -14,17 +14,31 @@ class Weights(Mapping[str, np.ndarray]):
     """Tensors by name: shapes known up front, float32 data read when a tensor is asked for
     (and not kept). `replaced` derives another such mapping (a merge, a dequantization)."""
 
-    def __init__(self, shapes: Mapping[str, tuple[int, ...]], read: Callable[[str], np.ndarray]):
+    def __init__(
+        self,
+        shapes: Mapping[str, tuple[int, ...]],
+        read: Callable[[str], np.ndarray],
+        dtypes: Mapping[str, str] | None = None,
+    ):
         self._shapes = {k: tuple(int(x) for x in v) for k, v in shapes.items()}
         self._read = read
+        self._dtypes = dict(dtypes or {})
 
     @classmethod
     def of(cls, arrays: Mapping[str, np.ndarray]) -> Weights:
         """Arrays already in memory (small models, tests)."""
-        return cls({k: np.shape(v) for k, v in arrays.items()}, lambda k: _float32(arrays[k]))
+        dtypes = {k: "F32" if np.issubdtype(np.asarray(v).dtype, np.floating) else
+                  np.asarray(v).dtype.name for k, v in arrays.items()}  # fmt: skip
+        return cls(
+            {k: np.shape(v) for k, v in arrays.items()}, lambda k: _float32(arrays[k]), dtypes
+        )
 
     def shape(self, key: str) -> tuple[int, ...]:
         return self._shapes[key]
+
+    def is_float(self, key: str) -> bool:
+        """Whether a tensor is stored floating (read as float32), without reading it."""
+        return self._dtypes.get(key, "F").startswith(("F", "BF"))
 
     def __getitem__(self, key: str) -> np.ndarray:
         if key not in self._shapes:
@@ -40,7 +54,7 @@ class Weights(Mapping[str, np.ndarray]):
     def replaced(self, fn: Callable[[str, Callable[[], np.ndarray]], np.ndarray]) -> Weights:
         """The same names and shapes, each tensor given by fn(name, read) when asked for, where
         read() reads this mapping's tensor (called only if fn needs it)."""
-        return Weights(self._shapes, lambda k: fn(k, lambda: self._read(k)))
+        return Weights(self._shapes, lambda k: fn(k, lambda: self._read(k)), self._dtypes)
 
 
 def _float32(a) -> np.ndarray:
@@ -60,17 +74,19 @@ def of_safetensors(files: list[Path]) -> Weights:
 
     where: dict[str, Path] = {}
     shapes: dict[str, tuple[int, ...]] = {}
+    dtypes: dict[str, str] = {}
     for path in files:
         with safe_open(str(path), framework="pt") as f:
             for key in f.keys():  # noqa: SIM118 - safe_open is not a mapping
                 where[key] = path
-                shapes[key] = tuple(f.get_slice(key).get_shape())
+                sliced = f.get_slice(key)
+                shapes[key], dtypes[key] = tuple(sliced.get_shape()), sliced.get_dtype()
 
     def read(key: str) -> np.ndarray:
         with safe_open(str(where[key]), framework="pt") as f:
             return _numpy(f.get_tensor(key))
 
-    return Weights(shapes, read)
+    return Weights(shapes, read, dtypes)
 
 
 def of_folder(folder: Path) -> Weights:

@@ -71,6 +71,17 @@ def log_is_terminal(log: Callable[[str], None] | None) -> bool:
         return False
 
 
+def plain_log(say: Callable[[str], None], bar_shown: bool = False) -> Callable[[str], None]:
+    """`say` as a phase's log: a plain progress line every 30 s and at the end, unless a
+    live bar already shows the phase."""
+
+    def plain(line: str) -> None:
+        say(line)
+
+    plain.is_terminal = bar_shown  # type: ignore[attr-defined]
+    return plain
+
+
 def _every_s() -> float:
     try:
         return max(0.0, float(os.environ.get(EVERY_ENV, DEFAULT_EVERY_S)))

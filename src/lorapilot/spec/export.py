@@ -38,6 +38,13 @@ class ExportSpec(_Strict):
         "safetensors; auto: original where there is one, else f16.",
     )
 
+    merge_dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(
+        "auto",
+        description="merged: the merged weights' dtype. auto/float32: the exact merge, checked "
+        "on the logits; float16/bfloat16: half the size, written tensor by tensor and checked "
+        "on the validation predictions (bfloat16 rounds much of a LoRA update away: "
+        "docs/exporting.md).",
+    )
     reference: Literal["recorded", "fp32"] = Field(
         "recorded",
         description="GGUF: what llama.cpp's predictions are compared with: the train run's "

@@ -13,7 +13,8 @@ from lorapilot.base.manifest import (
     read_manifest,
     weights_sha256,
 )
-from lorapilot.base.models import attach_adapter, load_base
+from lorapilot.base.models import attach_adapter, load_base, resolve_base
+from lorapilot.base.precision import base_dtype
 from lorapilot.base.quantize import describe, require_trained_base
 from lorapilot.data.dataset import formatter_for, prepare_data
 from lorapilot.decision.plan import pilot_of_run
@@ -21,12 +22,18 @@ from lorapilot.errors import CheckFailed, UsageError
 from lorapilot.evaluate.runner import evaluate_records, make_protocol
 from lorapilot.export.folder import require_new_folder, write_folder
 from lorapilot.export.gguf_export import export_gguf, recheck, refuse_images
+from lorapilot.export.merge import merged_weights, only_lora, write_model_folder
+from lorapilot.export.weights import read_safetensors
 from lorapilot.records import registry
+from lorapilot.records.progress import Phase, plain_log
 
 MERGE_TOLERANCE = 1e-3
 """Max |logit| difference allowed between base+adapter and the merged model in fp32: merging
 adds B@A*scale into W once instead of computing it per token, which reorders float sums."""
 
+
+MERGE_DTYPES = ("auto", "float32", "float16", "bfloat16")
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
 MERGE_AGREEMENT_MIN = 0.99
 """A merge of an adapter trained on a quantized base must give the same validation
@@ -45,6 +52,7 @@ def run_export(
     reference: str | None = None,
     check: Path | None = None,
     progress=None,
+    merge_dtype: str | None = None,
 ) -> dict:
     """The adapter folder, its files checked against its manifest (`merge` False), or a merged
     model folder checked against the adapter: logits on validation inputs, and for a quantized
@@ -71,9 +79,12 @@ def run_export(
             f"--merge: train run {train_id} is a {manifest.get('method')} fine-tune, its "
             "weights are already whole; export it without --merge"
         )
+    merge_dtype = merge_dtype or pilot.spec.export.merge_dtype  # the flag, else the spec
     if pilot.spec.task.modality == "image":
+        if merge_dtype not in (None, "auto"):
+            raise UsageError("--merge-dtype: an image model is merged in float32")
         return _merge_image(pilot, train_id, adapter_dir, manifest, out)
-    return _merge_text(pilot, train_id, adapter_dir, manifest, out)
+    return _merge_text(pilot, train_id, adapter_dir, manifest, out, merge_dtype, progress)
 
 
 def _export_adapter(train_id: str, adapter_dir: Path, manifest: dict, out: Path) -> dict:
@@ -104,15 +115,26 @@ def _export_adapter(train_id: str, adapter_dir: Path, manifest: dict, out: Path)
     }
 
 
-def _merge_text(pilot, train_id: str, adapter_dir: Path, manifest: dict, out: Path) -> dict:
+def _merge_text(
+    pilot, train_id: str, adapter_dir: Path, manifest: dict, out: Path,
+    merge_dtype: str | None = None, progress=None,
+) -> dict:  # fmt: skip
     import torch
 
-    resolved, base, tok = load_base(pilot, use="exact")  # the merge adds in fp32
-    if weights_sha256(resolved.path, pilot.spec.model.allow_pickle) != manifest["base"]["sha256"]:
+    m = pilot.spec.model
+    resolved = resolve_base(m.base, m.revision, root=pilot.dir, allow_pickle=m.allow_pickle)
+    if weights_sha256(resolved.path, m.allow_pickle) != manifest["base"]["sha256"]:
         raise CheckFailed(
             f"the base weights in {resolved.path} are not the ones the adapter was trained on"
         )
-    require_trained_base(manifest, pilot.spec.model.quantization)  # as verify tests it
+    require_trained_base(manifest, m.quantization)  # as verify tests it
+    adapter_w = read_safetensors(adapter_dir / ADAPTER_WEIGHTS)
+    dtype = _merged_dtype(merge_dtype, m.quantization is not None, adapter_w)
+    if dtype != "float32":
+        return _merge_streamed(
+            pilot, train_id, adapter_dir, manifest, out, resolved, adapter_w, dtype, progress
+        )
+    _, base, tok = load_base(pilot, resolved, use="exact")  # the merge adds in fp32
     prepared = prepare_data(pilot, tok)
     fmt = formatter_for(pilot, tok)
     prompts = [
@@ -133,6 +155,8 @@ def _merge_text(pilot, train_id: str, adapter_dir: Path, manifest: dict, out: Pa
         )
         tolerance = None  # logits are reported; the gate is the predictions' agreement
     max_diff = max(float((a - b).abs().max()) for a, b in zip(before, after, strict=True))
+
+    extra["merged_dtype"] = "float32"
 
     def write(tmp: Path) -> dict:
         merged.save_pretrained(tmp, safe_serialization=True)
@@ -155,6 +179,126 @@ def _merge_text(pilot, train_id: str, adapter_dir: Path, manifest: dict, out: Pa
             else f"merged model differs from base+adapter by {max_diff:.2e} > {MERGE_TOLERANCE}"
         )
         raise CheckFailed(why, result)
+    return result
+
+
+def _merged_dtype(asked: str | None, quantized: bool, adapter_w: dict) -> str:
+    """The dtype the merged weights are written in: `--merge-dtype`, float32 by default (the
+    exact merge). A 16-bit merge is written from the base's files one tensor at a time; it
+    rounds W + B@A to 16 bits, which in bfloat16 (8 bits of mantissa) loses much of a LoRA
+    update: measured, not assumed (the check's `merge_agreement`)."""
+    if asked in (None, "auto", "float32"):
+        return "float32"
+    if asked not in MERGE_DTYPES:
+        raise UsageError(f"--merge-dtype {asked}: use {', '.join(MERGE_DTYPES)}")
+    if quantized:
+        raise UsageError(
+            f"--merge-dtype {asked}: a quantized base is merged onto its dequantized weights "
+            "in memory, in float32"
+        )
+    if not only_lora(adapter_w):
+        raise UsageError(
+            f"--merge-dtype {asked}: an adapter with whole trained modules (modules_to_save) "
+            "is merged in memory, in float32"
+        )
+    return asked
+
+
+def _merge_streamed(
+    pilot, train_id: str, adapter_dir: Path, manifest: dict, out: Path, resolved,
+    adapter_w: dict, dtype: str, progress=None,
+) -> dict:  # fmt: skip
+    """The adapter merged into the base's weights and written in `dtype` one tensor at a
+    time (export.merge), never the whole model in float32; then checked like with like: the
+    merged folder, loaded by plain transformers, against the adapter on its base, both as the
+    pilot's evaluation holds and computes them, on the validation split's predictions (the
+    gate, `merge_agreement`) and the last-token logits of four prompts (reported: a merged
+    weight rounded to `dtype` moves logits by more than the fp32 tolerance)."""
+    import gc
+    import json
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    say = progress or (lambda m: None)
+    spec = pilot.spec
+    held = base_dtype(spec, "eval")
+    _, base, tok = load_base(pilot, resolved, use="eval")
+    prepared = prepare_data(pilot, tok)
+    fmt = formatter_for(pilot, tok)
+    protocol = make_protocol(spec, tok, prepared)
+    records = prepared.splits["val"]
+    prompts = [fmt.encode_prompt(r.text, prepared.answer_budget) for r in records[:4]]
+    adapted = attach_adapter(base, adapter_dir)
+    adapted.eval()
+    say(f"the adapter on its base ({held}): {len(records)} validation examples")
+    with torch.no_grad():
+        before = [_last_logits(adapted, p) for p in prompts]
+    on_adapter = evaluate_records(
+        adapted, tok, fmt, spec, records, protocol, progress=False, label="export (adapter)"
+    )
+    del adapted, base
+    gc.collect()
+    adapter_cfg = json.loads((adapter_dir / "adapter_config.json").read_text(encoding="utf-8"))
+    weights = merged_weights(resolved.path, adapter_w, adapter_cfg)
+    checks: dict = {}
+
+    def write(tmp: Path) -> dict:
+        label = f"writing the merged weights ({dtype})"
+        phase = Phase(label, len(weights), bar=False, log=plain_log(say))
+        try:
+            write_model_folder(resolved.path, tmp, weights, dtype, phase.advance)
+        finally:
+            phase.close()
+        tok.save_pretrained(tmp)
+        say(f"the merged model, loaded by transformers ({held}): the same examples")
+        merged = AutoModelForCausalLM.from_pretrained(
+            tmp, dtype=getattr(torch, held), use_safetensors=True, local_files_only=True,
+            trust_remote_code=False,
+        )  # fmt: skip
+        merged.eval()
+        with torch.no_grad():
+            after = [_last_logits(merged, p) for p in prompts]
+        on_merged = evaluate_records(
+            merged, tok, fmt, spec, records, protocol, progress=False, label="export (merged)"
+        )
+        del merged
+        gc.collect()
+        same = sum(
+            a["parsed"] == b["parsed"]
+            for a, b in zip(on_adapter.predictions, on_merged.predictions, strict=True)
+        )
+        checks.update(
+            merged_dtype=dtype,
+            merge_max_logit_diff=max(
+                float((a - b).abs().max()) for a, b in zip(before, after, strict=True)
+            ),
+            merge_agreement=same / max(len(records), 1),
+            merge_agreement_precision=protocol["precision"],
+            merge_agreement_examples=len(records),
+            merge_agreement_min=MERGE_AGREEMENT_MIN,
+            merge_weights_held=held,
+        )
+        rest = {k: v for k, v in checks.items() if k != "merge_max_logit_diff"}
+        return _merged_manifest(
+            train_id, manifest, max_diff=checks["merge_max_logit_diff"], tolerance=None, **rest
+        )
+
+    files = write_folder(out, write)
+    ok = checks["merge_agreement"] >= MERGE_AGREEMENT_MIN
+    extra = {k: v for k, v in checks.items() if k != "merge_max_logit_diff"}
+    result = _merged_result(out, train_id, files, checks["merge_max_logit_diff"], None, extra)
+    result["ok"] = ok
+    if not ok:
+        raise CheckFailed(
+            f"the merged model ({dtype}) agrees with the adapter on "
+            f"{checks['merge_agreement']:.1%} of the validation predictions "
+            f"(< {MERGE_AGREEMENT_MIN:.0%}; the merged logits moved by up to "
+            f"{checks['merge_max_logit_diff']:.2f}): rounding W + B@A to {dtype} lost part of "
+            "the update. Merge in float16 or float32 (--merge-dtype), or serve the adapter "
+            "unmerged",
+            result,
+        )
     return result
 
 

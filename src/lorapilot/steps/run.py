@@ -273,7 +273,8 @@ def _export(pilot: Pilot, train_id: str, fmt: str, log) -> dict:
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         out = run_export(pilot, train_id, tmp, merge=fmt == "merged", gguf=fmt == "gguf",
-                         progress=lambda m: log(f"    {m}"))  # fmt: skip
+                         progress=lambda m: log(f"    {m}"),
+                         merge_dtype=pilot.spec.export.merge_dtype)  # fmt: skip
     except CheckFailed as e:
         out = {**e.details, "ok": False, "error": str(e)}
     if tmp.is_dir():  # written (a failed serving check too); swap it into place
