@@ -113,3 +113,13 @@ def test_a_merged_export_names_its_dtype_and_agreement(monkeypatch):
               "merge_agreement_examples": 108}  # fmt: skip
     text = _shown(monkeypatch, views.export, merged)
     assert "exported m16 (float16, max logit diff 1.8e-02, agreement 100.0% of 108)" in text
+    assert "merged, on the validation split" not in text
+    generated = {**merged, "merge_agreement": 0.875, "merge_agreement_examples": 56,
+                 "merge_token_agreement": 0.99655, "merge_tokens_compared": 2032,
+                 "merge_metrics": {"leaf_f1": {"adapter": 0.325, "merged": 0.31},
+                                   "leaf_predicted": {"adapter": 172, "merged": 173},
+                                   "json_valid_rate": {"adapter": 1.0, "merged": 1.0}}}  # fmt: skip
+    text = _shown(monkeypatch, views.export, generated)
+    assert "agreement 87.5% of 56 (99.66% of 2032 tokens))" in text
+    assert "merged, on the validation split: leaf_f1 0.310 (adapter 0.325)" in text
+    assert "json_valid_rate" not in text and "leaf_predicted" not in text

@@ -211,11 +211,20 @@ def export(r: dict) -> None:
     also = ""
     if agree is not None:
         also = f", agreement {agree:.1%} of {r['merge_agreement_examples']}"
+    if r.get("merge_token_agreement") is not None:
+        also += f" ({r['merge_token_agreement']:.2%} of {r['merge_tokens_compared']} tokens)"
     dtype = f"{r['merged_dtype']}, " if r.get("merged_dtype") else ""
     stdout.print(
         f"[green]exported[/] {esc(r['out'])} ({dtype}max logit diff "
         f"{r['max_logit_diff']:.1e}{also})"
     )
+    moved = [
+        f"{k} {v['merged']:.3f} (adapter {v['adapter']:.3f})"
+        for k, v in (r.get("merge_metrics") or {}).items()
+        if isinstance(v.get("merged"), float) and v["merged"] != v["adapter"]  # scores, not counts
+    ]
+    if moved:
+        stdout.print(f"  merged, on the validation split: {esc('; '.join(moved))}")
 
 
 def _decision(r: dict) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import EXAMPLES, run_json
+from conftest import EXAMPLES, run_cli, run_json
 
 
 @pytest.fixture(scope="module")
@@ -261,3 +261,28 @@ def test_a_base_held_in_bf16_trains_verifies_and_merges(tmp_path, tiny_model_dir
                       (["--merge-dtype", "float16"], "goes with --merge")):  # fmt: skip
         out = run_json("export", str(pilot), *bad, "--out", str(tmp_path / "x"), expect=2)
         assert says in out["error"]
+
+
+def test_a_16_bit_merge_of_generated_answers_is_gated_on_their_tokens(tmp_path, tiny_model_dir):
+    """An extraction (generated answers) merged in bfloat16: the gate is the share of the
+    adapter's answer tokens the merged model predicts the same from the same preceding ones
+    (one near-tie does not make a whole answer differ); the answers that differ and the
+    pilot's metrics on both are reported."""
+    pilot = tmp_path / "inv"
+    shutil.copytree(EXAMPLES / "invoice-fields", pilot, ignore=shutil.ignore_patterns("runs"))
+    spec = yaml.safe_load((pilot / "pilot.yaml").read_text())
+    spec["model"] = {"base": str(tiny_model_dir)}
+    spec["train"].update(max_steps=2, precision="fp32", threads=1)
+    spec["eval"] = {"mode": "generate", "precision": "fp32", "max_new_tokens": 16}
+    spec["data"]["split"].update(val=0.02)
+    (pilot / "pilot.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    run_json("train", str(pilot), "--no-progress")
+    proc = run_cli("export", str(pilot), "--merge", "--merge-dtype", "bfloat16", "--out",
+                   str(tmp_path / "m"), "--json")  # fmt: skip
+    out = json.loads(proc.stdout)
+    assert out["merge_agreement_unit"] == "tokens" and out["merged_dtype"] == "bfloat16"
+    n = out["merge_agreement_examples"]
+    assert n > 0 and n < out["merge_tokens_compared"] <= n * 17  # answers and their ends
+    assert out["ok"] == (out["merge_token_agreement"] >= 0.99)
+    assert proc.returncode == (0 if out["ok"] else 1)
+    assert {"leaf_f1", "json_valid_rate"} <= set(out["merge_metrics"])

@@ -211,9 +211,12 @@ def _merge_streamed(
     """The adapter merged into the base's weights and written in `dtype` one tensor at a
     time (export.merge), never the whole model in float32; then checked like with like: the
     merged folder, loaded by plain transformers, against the adapter on its base, both as the
-    pilot's evaluation holds and computes them, on the validation split's predictions (the
-    gate, `merge_agreement`) and the last-token logits of four prompts (reported: a merged
-    weight rounded to `dtype` moves logits by more than the fp32 tolerance)."""
+    pilot's evaluation holds and computes them, on the validation split. The gate: the share
+    of predictions that are the adapter's; for generated answers the share of the adapter's
+    answer tokens the merged model predicts the same from the same preceding tokens (one
+    near-tie does not make the rest of an answer differ, as in the GGUF check), the answers
+    reported. The last-token logits of four prompts are reported: a merged weight rounded
+    to `dtype` moves logits by more than the fp32 tolerance."""
     import gc
     import json
 
@@ -228,15 +231,23 @@ def _merge_streamed(
     fmt = formatter_for(pilot, tok)
     protocol = make_protocol(spec, tok, prepared)
     records = prepared.splits["val"]
-    prompts = [fmt.encode_prompt(r.text, prepared.answer_budget) for r in records[:4]]
+    prompts = [fmt.encode_prompt(r.text, prepared.answer_budget) for r in records]
     adapted = attach_adapter(base, adapter_dir)
     adapted.eval()
     say(f"the adapter on its base ({held}): {len(records)} validation examples")
-    with torch.no_grad():
-        before = [_last_logits(adapted, p) for p in prompts]
     on_adapter = evaluate_records(
         adapted, tok, fmt, spec, records, protocol, progress=False, label="export (adapter)"
     )
+    # generated answers: the adapter's own, fed back after each prompt to both models
+    forced = []
+    if protocol["mode"] == "generate":
+        answers = [p.get("raw_output") or "" for p in on_adapter.predictions]
+        max_new = int(protocol.get("max_new_tokens") or 0)
+        forced = [
+            (p, tok(a, add_special_tokens=False)["input_ids"][:max_new])
+            for p, a in zip(prompts, answers, strict=True)
+        ]
+    before, adapter_next = _logits_and_next(adapted, prompts[:4], forced)
     del adapted, base
     gc.collect()
     adapter_cfg = json.loads((adapter_dir / "adapter_config.json").read_text(encoding="utf-8"))
@@ -257,8 +268,7 @@ def _merge_streamed(
             trust_remote_code=False,
         )  # fmt: skip
         merged.eval()
-        with torch.no_grad():
-            after = [_last_logits(merged, p) for p in prompts]
+        after, merged_next = _logits_and_next(merged, prompts[:4], forced)
         on_merged = evaluate_records(
             merged, tok, fmt, spec, records, protocol, progress=False, label="export (merged)"
         )
@@ -271,7 +281,8 @@ def _merge_streamed(
         checks.update(
             merged_dtype=dtype,
             merge_max_logit_diff=max(
-                float((a - b).abs().max()) for a, b in zip(before, after, strict=True)
+                (float((a - b).abs().max()) for a, b in zip(before, after, strict=True)),
+                default=0.0,
             ),
             merge_agreement=same / max(len(records), 1),
             merge_agreement_precision=protocol["precision"],
@@ -279,20 +290,41 @@ def _merge_streamed(
             merge_agreement_min=MERGE_AGREEMENT_MIN,
             merge_weights_held=held,
         )
+        if forced:
+            pairs = [
+                (x == y) for a, b in zip(adapter_next, merged_next, strict=True)
+                for x, y in zip(a, b, strict=True)
+            ]  # fmt: skip
+            checks.update(
+                merge_token_agreement=sum(pairs) / max(len(pairs), 1),
+                merge_tokens_compared=len(pairs),
+            )
+        checks["merge_agreement_unit"] = "tokens" if forced else "examples"
+        # what the rounding does to the pilot's own metrics (reported)
+        checks["merge_metrics"] = {
+            k: {"adapter": v, "merged": on_merged.metrics.get(k)}
+            for k, v in on_adapter.metrics.items()
+            if isinstance(v, int | float) and not isinstance(v, bool) and k != "n"
+        }
         rest = {k: v for k, v in checks.items() if k != "merge_max_logit_diff"}
         return _merged_manifest(
             train_id, manifest, max_diff=checks["merge_max_logit_diff"], tolerance=None, **rest
         )
 
     files = write_folder(out, write)
-    ok = checks["merge_agreement"] >= MERGE_AGREEMENT_MIN
+    gated = checks.get("merge_token_agreement", checks["merge_agreement"])
+    ok = gated >= MERGE_AGREEMENT_MIN
     extra = {k: v for k, v in checks.items() if k != "merge_max_logit_diff"}
     result = _merged_result(out, train_id, files, checks["merge_max_logit_diff"], None, extra)
     result["ok"] = ok
     if not ok:
+        what = (
+            "of the adapter's answer tokens (each predicted from the same preceding ones)"
+            if forced
+            else "of the validation predictions"
+        )
         raise CheckFailed(
-            f"the merged model ({dtype}) agrees with the adapter on "
-            f"{checks['merge_agreement']:.1%} of the validation predictions "
+            f"the merged model ({dtype}) agrees with the adapter on {gated:.1%} {what} "
             f"(< {MERGE_AGREEMENT_MIN:.0%}; the merged logits moved by up to "
             f"{checks['merge_max_logit_diff']:.2f}): rounding W + B@A to {dtype} lost part of "
             "the update. Merge in float16 or float32 (--merge-dtype), or serve the adapter "
@@ -300,6 +332,22 @@ def _merge_streamed(
             result,
         )
     return result
+
+
+def _logits_and_next(model, prompts: list, forced: list) -> tuple[list, list[list[int]]]:
+    """The last-token logits of `prompts`, and for each (prompt, answer) of `forced` the
+    model's likeliest next token at every answer position and after it (teacher-forced)."""
+    import torch
+
+    device = next(model.parameters()).device
+    nexts = []
+    with torch.no_grad():
+        logits = [_last_logits(model, p) for p in prompts]
+        for prompt, answer in forced:
+            ids = torch.tensor([prompt + answer], device=device)
+            out = model(input_ids=ids).logits[0, len(prompt) - 1 :]
+            nexts.append(out.argmax(-1).tolist())
+    return logits, nexts
 
 
 def _merge_image(pilot, train_id: str, adapter_dir: Path, manifest: dict, out: Path) -> dict:
