@@ -633,7 +633,11 @@ def _cases(
         "n_ctx": n_ctx,
         "lorapilot_predictions": theirs,
         "lorapilot_metrics": metrics,
-        "references": _references(tok, records, theirs, max_new) if mode == "generate" else [],
+        "references": reference_answers(
+            tok, [(theirs.get(r.id) or {}).get("raw_output") or "" for r in records], max_new
+        )
+        if mode == "generate"
+        else [],
     }
 
 
@@ -686,12 +690,11 @@ def _label_index(spec, prediction: dict | None) -> int | None:
     return labels.index(parsed) if parsed in labels else None
 
 
-def _references(tok, records: list, theirs: dict, max_new: int) -> list[dict]:
-    """lorapilot's generated answers as token ids (its output text tokenized again, at most
+def reference_answers(tok, outputs: list[str], max_new: int) -> list[dict]:
+    """lorapilot's generated answers as token ids (each output text tokenized again, at most
     `max_new`), and whether each ended at a stop token (it did when shorter than `max_new`)."""
     out = []
-    for r in records:
-        text = (theirs.get(r.id) or {}).get("raw_output") or ""
+    for text in outputs:
         ids = tok(text, add_special_tokens=False)["input_ids"][:max_new]
         out.append({"ids": ids, "ended": len(ids) < max_new})
     return out

@@ -120,9 +120,9 @@ def write_model_folder(
         (dest / INDEX).write_text(json.dumps(index, indent=2), encoding="utf-8")
     config = json.loads((src / "config.json").read_text(encoding="utf-8"))
     config.pop("quantization_config", None)
-    for key in ("torch_dtype", "dtype"):
-        if key in config or key == "dtype":
-            config[key] = dtype
+    config["dtype"] = dtype  # transformers 5's key; 4's `torch_dtype` too where it was
+    if "torch_dtype" in config:
+        config["torch_dtype"] = dtype
     (dest / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
     for name in COPIED:
         if (src / name).is_file():

@@ -21,7 +21,12 @@ from lorapilot.decision.plan import pilot_of_run
 from lorapilot.errors import CheckFailed, UsageError
 from lorapilot.evaluate.runner import evaluate_records, make_protocol
 from lorapilot.export.folder import require_new_folder, write_folder
-from lorapilot.export.gguf_export import export_gguf, recheck, refuse_images
+from lorapilot.export.gguf_export import (
+    export_gguf,
+    recheck,
+    reference_answers,
+    refuse_images,
+)
 from lorapilot.export.merge import merged_weights, only_lora, write_model_folder
 from lorapilot.export.weights import read_safetensors
 from lorapilot.records import registry
@@ -33,7 +38,6 @@ adds B@A*scale into W once instead of computing it per token, which reorders flo
 
 
 MERGE_DTYPES = ("auto", "float32", "float16", "bfloat16")
-ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
 MERGE_AGREEMENT_MIN = 0.99
 """A merge of an adapter trained on a quantized base must give the same validation
@@ -128,7 +132,7 @@ def _merge_text(
             f"the base weights in {resolved.path} are not the ones the adapter was trained on"
         )
     require_trained_base(manifest, m.quantization)  # as verify tests it
-    adapter_w = read_safetensors(adapter_dir / ADAPTER_WEIGHTS)
+    adapter_w = read_safetensors(adapter_dir / "adapter_model.safetensors")
     dtype = _merged_dtype(merge_dtype, m.quantization is not None, adapter_w)
     if dtype != "float32":
         return _merge_streamed(
@@ -242,11 +246,8 @@ def _merge_streamed(
     forced = []
     if protocol["mode"] == "generate":
         answers = [p.get("raw_output") or "" for p in on_adapter.predictions]
-        max_new = int(protocol.get("max_new_tokens") or 0)
-        forced = [
-            (p, tok(a, add_special_tokens=False)["input_ids"][:max_new])
-            for p, a in zip(prompts, answers, strict=True)
-        ]
+        refs = reference_answers(tok, answers, int(protocol.get("max_new_tokens") or 0))
+        forced = [(p, r["ids"]) for p, r in zip(prompts, refs, strict=True)]
     before, adapter_next = _logits_and_next(adapted, prompts[:4], forced)
     del adapted, base
     gc.collect()
