@@ -690,7 +690,7 @@ def load_base(pilot: Pilot, resolved: ResolvedModel | None = None, *, use: str =
     return resolved, model, tok
 
 
-_SAFETENSORS_FLOATS = {"F32": "float32", "BF16": "bfloat16", "F16": "float16", "F64": "float64"}
+SAFETENSORS_FLOATS = {"F32": "float32", "BF16": "bfloat16", "F16": "float16", "F64": "float64"}
 
 
 def checkpoint_dtype(folder: Path) -> str | None:
@@ -705,7 +705,7 @@ def checkpoint_dtype(folder: Path) -> str | None:
             header = json.loads(f.read(size))
         found |= {v["dtype"] for k, v in header.items() if k != "__metadata__" and "dtype" in v}
     floats = {d for d in found if d.startswith(("F", "BF"))}
-    return _SAFETENSORS_FLOATS.get(floats.pop()) if len(floats) == 1 else None
+    return SAFETENSORS_FLOATS.get(floats.pop()) if len(floats) == 1 else None
 
 
 def attach_adapter(model: Any, adapter_dir: Path) -> Any:

@@ -1,6 +1,6 @@
 """A LoRA adapter merged into its base's weights and written as a plain transformers folder,
-one tensor at a time and in the base's own dtype: PEFT's `merge_and_unload` after a float32
-load holds the whole model in float32 and saves it so (32 GB of memory and of files for an 8B
+one tensor at a time, in float32 or 16 bits: PEFT's `merge_and_unload` after a float32 load
+holds the whole model in float32 and saves it so (32 GB of memory and of files for an 8B
 bf16 base, twice what the base takes); here the largest tensor is what is held."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from lorapilot.base.models import SAFETENSORS_FLOATS
 from lorapilot.errors import UsageError
 from lorapilot.export import gguf_files as gf
 from lorapilot.export import weights as wt
@@ -22,7 +23,7 @@ INDEX = "model.safetensors.index.json"
 COPIED = ("generation_config.json",)
 """Files of the base folder the merged folder carries as they are (the tokenizer is saved by
 the caller, the config is rewritten with the merged dtype)."""
-_SAFETENSORS_DTYPE = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
+_SAFETENSORS_DTYPE = {name: code for code, name in SAFETENSORS_FLOATS.items()}
 _NUMPY_DTYPE = {
     np.dtype("int64"): "I64", np.dtype("int32"): "I32", np.dtype("int16"): "I16",
     np.dtype("int8"): "I8", np.dtype("uint8"): "U8", np.dtype("bool"): "BOOL",

@@ -226,8 +226,9 @@ def _fields_lines(grammar, schema: str, check: dict, base_file: str, adapter_fil
     """How to serve an extraction's answers held to their fields or schema, and what the
     serving check's decoding under each gave."""
     configs = check.get("configs") or []
-    to_schema = [c["schema_constrained"] for c in configs if c.get("schema_constrained")]
-    by_schema = to_schema[0] if to_schema else None
+    by_schema = next(
+        (c["schema_constrained"] for c in configs if c.get("schema_constrained")), None
+    )
     outside = [
         f"`{schema}` states the answer as a JSON Schema, for llama-cpp-python's server "
         f'(`response_format={{"type": "json_object", "schema": <{schema}>}}`), Ollama '
@@ -236,8 +237,7 @@ def _fields_lines(grammar, schema: str, check: dict, base_file: str, adapter_fil
         "",
     ]
     if by_schema:
-        outside[-1:] = [
-            "",
+        outside += [
             f"The serving check decoded the validation split under `{schema}` as "
             f"llama-cpp-python's `json_schema_to_gbnf` converts it (greedy, llama.cpp's grammar "
             f"sampler): {_held(by_schema)}. Ollama's and vLLM's conversions are not decoded here.",

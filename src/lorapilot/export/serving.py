@@ -195,7 +195,7 @@ GRAMMAR_FILE = "labels.gbnf"
 FIELDS_GRAMMAR_FILE = "fields.gbnf"
 """An extraction pilot's answers as a grammar (export.target_grammar), beside schema.json."""
 SCHEMA_FILE = "schema.json"
-"""An extraction pilot's answers as a JSON Schema (data.targets.target_schema)."""
+"""An extraction pilot's answers as a JSON Schema (data.targets.answer_schema)."""
 
 
 def schema_grammar(schema_text: str) -> bytes:
