@@ -94,8 +94,13 @@ def test_efficientnet_lora_on_its_pointwise_convs_keeps_batchnorm_frozen(tmp_pat
     shutil.rmtree(pilot / "runs" / tr["run_id"] / "checkpoints")  # verify needs the adapter only
     assert run_json("verify", str(pilot))["ok"] is True
 
-    ex = run_json("export", str(pilot), "--merge", "--out", str(tmp_path / "merged"))
+    ex = run_json("export", str(pilot), "--merge", "--merge-dtype", "float32",
+                  "--out", str(tmp_path / "merged"))  # fmt: skip
     assert ex["ok"] and ex["max_logit_diff"] <= ex["tolerance"] and ex["merge_agreement"] == 1.0
+    # an image model is merged in float32 only
+    half = run_json("export", str(pilot), "--merge", "--merge-dtype", "float16",
+                    "--out", str(tmp_path / "m16"), expect=2)  # fmt: skip
+    assert "merged in float32" in half["error"]
     # The package's own model class loads the merged weights, strictly, and computes what
     # lorapilot's reading of the folder computes.
     import torch

@@ -85,8 +85,8 @@ def run_export(
         )
     merge_dtype = merge_dtype or pilot.spec.export.merge_dtype  # the flag, else the spec
     if pilot.spec.task.modality == "image":
-        if merge_dtype not in (None, "auto"):
-            raise UsageError("--merge-dtype: an image model is merged in float32")
+        if merge_dtype not in (None, "auto", "float32"):
+            raise UsageError(f"--merge-dtype {merge_dtype}: an image model is merged in float32")
         return _merge_image(pilot, train_id, adapter_dir, manifest, out)
     return _merge_text(pilot, train_id, adapter_dir, manifest, out, merge_dtype, progress)
 
