@@ -28,7 +28,7 @@ def exported(tmp_path_factory, default_model_dir):
     shutil.copytree(EXAMPLES / "ticket-triage", pilot, ignore=shutil.ignore_patterns("runs"))
     spec = yaml.safe_load((pilot / "pilot.yaml").read_text())
     spec["train"].update(max_steps=6, micro_batch=4, lr=2e-3, threads=1)
-    spec["data"]["split"].update(val=0.04)  # 30 validation tickets: the check in seconds
+    spec["data"]["split"].update(val=0.02)  # 15 validation tickets: the check in seconds
     (pilot / "pilot.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
     train = run_json("train", str(pilot), "--no-progress")
     proc = run_cli("export", str(pilot), "--gguf", "--out", str(root / "served"), "--json")
@@ -74,7 +74,7 @@ def test_llama_cpp_predictions_compared_and_gated(exported):
     assert out["format"] == "gguf" and out["gated"] and out["serving_agreement_min"] == 0.98
     (conf,) = out["configs"]
     n = out["n_examples"]
-    assert conf["name"] == "base+adapter" and conf["n_same"] + conf["n_differing"] == n > 20
+    assert conf["name"] == "base+adapter" and conf["n_same"] + conf["n_differing"] == n >= 10
     # the gate's figure: the same answers, and the near-ties within the runtimes' noise
     ties = conf["ties"]
     assert 0 <= ties["near_ties"] <= conf["n_differing"] == len(ties["served_margins"])
