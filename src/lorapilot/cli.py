@@ -774,6 +774,21 @@ def init(
     return Shown(init_pilot(name, task, directory), views.init)
 
 
+def _one_line_summaries(*apps: typer.Typer) -> None:
+    """`lorapilot --help` lists each verb by its docstring's first paragraph: typer's rich
+    command list keeps the docstring's line breaks there (a sentence cut mid-line, then
+    re-wrapped), so the paragraph is given as one line, re-wrapped to the terminal."""
+    import inspect
+
+    for a in apps:
+        for info in a.registered_commands:
+            doc = inspect.getdoc(info.callback) or ""
+            info.short_help = info.short_help or " ".join(doc.split("\n\n")[0].split())
+
+
+_one_line_summaries(app, model_app)
+
+
 def main() -> None:
     """Console-script entry point."""
     try:
