@@ -110,7 +110,7 @@ def one_thread():
 # a killed run) use subprocess themselves or pass env/cwd.
 IN_PROCESS_VERBS = frozenset(
     ("check", "data", "inspect", "baseline", "smoke", "probe", "budget", "train", "eval",
-     "export", "compare", "report", "runs", "run", "init", "schema")
+     "export", "compare", "report", "runs", "run", "init", "schema", "predict")
 )  # fmt: skip
 
 

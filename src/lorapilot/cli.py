@@ -405,6 +405,66 @@ def eval_cmd(
     return Shown(result, views.evaluation)
 
 
+@app.command()
+@verb
+def predict(
+    pilot: PilotArg,
+    input_file: Annotated[
+        Path,
+        typer.Option(
+            "--input",
+            help="JSONL, CSV or Parquet file of inputs, read with the spec's data.fields (a "
+            "label or target is optional: rows that have one are also scored).",
+        ),
+    ],
+    as_json: JsonFlag = False,
+    out: Annotated[
+        Path | None,
+        typer.Option("--out", help="Also write the predictions (JSONL) to this file."),
+    ] = None,
+    run: Annotated[
+        str | None,
+        typer.Option(
+            "--run",
+            help="Train run whose adapter predicts (default: the one the final test "
+            "confirmed, else the latest completed).",
+        ),
+    ] = None,
+    base: Annotated[
+        bool, typer.Option("--base", help="Predict with the base model instead of an adapter.")
+    ] = False,
+    field_name: Annotated[
+        str | None,
+        typer.Option(
+            "--field",
+            help="The input's column (text, or an image path relative to the pilot folder) when "
+            "it is not the one data.fields names.",
+        ),
+    ] = None,
+    limit: Annotated[
+        int | None, typer.Option("--limit", help="Predict only the first N inputs.")
+    ] = None,
+    no_progress: NoProgress = False,
+) -> Shown:
+    """Apply an adapter (or the base) to new inputs: the pilot's prompts, truncation,
+    decoding and parsing, every prediction kept in a `predict` run; inputs with an answer are
+    scored, inputs that are examples of the pilot's splits named."""
+    from lorapilot.steps.predict import run_predict
+
+    result = run_predict(
+        _pilot(pilot),
+        input_file,
+        run_id=run,
+        base=base,
+        out=out,
+        field_name=field_name,
+        limit=limit,
+        progress=not no_progress,
+        log=step_log(as_json),
+    )
+    return Shown(result, views.prediction)
+
+
 @app.command("train")
 @verb
 def train_cmd(

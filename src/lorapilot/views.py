@@ -499,6 +499,33 @@ def evaluation(r: dict) -> None:
     stdout.print(f"  predictions: {esc(r['predictions'])}")
 
 
+def prediction(r: dict) -> None:
+    s = r["summary"]
+    who = f"run {r['train_run']}" if r["train_run"] else "the base model"
+    stdout.print(
+        f"[green]predict[/] {r['n']} inputs of {esc(r['input']['file'])} with {who}  "
+        f"run {r['run_id']}  protocol {r['eval_protocol']}  ({r['examples_per_s']:.1f} ex/s)"
+    )
+    if "predicted" in s:
+        counts = "  ".join(f"{esc(k)} {v}" for k, v in s["predicted"].items())
+        stdout.print(
+            f"  predicted: {counts}" + (f"  (none: {s['not_a_label']})" * bool(s["not_a_label"]))
+        )
+    else:
+        rates = [k for k in ("json_valid_rate", "schema_valid_rate", "format_valid_rate") if k in s]
+        stdout.print("  " + "  ".join(f"{k}={s[k]:.3f}" for k in rates))
+    if r["metrics"]:
+        m = r["metrics"]
+        headline = [k for k in EVALUATION_METRICS if isinstance(m.get(k), int | float)]
+        stdout.print(
+            f"  {r['n_scored']} inputs carried an answer: "
+            + "  ".join(f"{k}={m[k]:.3f}" for k in headline)
+        )
+    for w in r["warnings"]:
+        stdout.print(f"  [yellow]warning:[/] {esc(w)}")
+    stdout.print(f"  predictions: {esc(r['out'] or r['predictions'])}")
+
+
 def _generated(g: dict | None) -> None:
     """eval.generation_check: the scored classifier's answers as a chat server generates them."""
     if not g:

@@ -52,6 +52,24 @@ def test_smoke_train_verify_and_test_on_a_tiny_vit_and_a_missing_head_fails_veri
     assert test["baseline_probe"]["train_features_reused"] is True
     assert test["baseline_probe"]["train_features"] == base["probe"]["train_features"]
 
+    # predict: the validation images and a new one, paths relative to the pilot folder; the
+    # validation images get the train run's predictions, named as validation examples
+    from image_helpers import noise
+
+    noise(999).save(pilot / "data" / "new.png")
+    val = [json.loads(x) for x in (pilot / "runs" / tr["run_id"] / "predictions.jsonl")
+           .read_text().splitlines()]  # fmt: skip
+    rows = [{"image": r["image"], "id": r["id"]} for r in val] + [{"image": "data/new.png"}]
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    pr = run_json("predict", str(pilot), "--input", str(tmp_path / "in.jsonl"), "--no-progress")
+    assert pr["train_run"] == tr["run_id"] and pr["n"] == len(val) + 1 and pr["metrics"] is None
+    assert pr["in_pilot_splits"]["val"]["n"] == len(val) and sum(
+        pr["summary"]["predicted"].values()
+    ) == len(rows)
+    got = [json.loads(x) for x in open(pr["predictions"]).read().splitlines()]
+    assert [g["parsed"] for g in got[:-1]] == [r["parsed"] for r in val]
+    assert got[-1]["parsed"] in LABELS and got[-1]["correct"] is None
+
     # Merged: plain transformers loads it with the pilot's labels and the trained head.
     ex = run_json("export", str(pilot), "--merge", "--out", str(tmp_path / "merged"))
     assert ex["ok"] and ex["merged"] and ex["max_logit_diff"] <= ex["tolerance"]

@@ -265,8 +265,12 @@ class PromptFormatter:
 
     def encode_prompt(self, text: str, answer_budget: int) -> list[int]:
         """Evaluation prompt ids: the training input minus the answer, token for token."""
-        short, _ = self.fit_text(text, answer_budget)
-        return self._ids(self.prompt_text(short))
+        return self.prompt_and_cut(text, answer_budget)[0]
+
+    def prompt_and_cut(self, text: str, answer_budget: int) -> tuple[list[int], int]:
+        """(encode_prompt's ids, the input's tokens cut to fit): what a prediction row says."""
+        short, cut = self.fit_text(text, answer_budget)
+        return self._ids(self.prompt_text(short)), cut
 
     def encode(self, text: str, answer: str, answer_budget: int) -> Encoded:
         short, cut = self.fit_text(text, answer_budget)

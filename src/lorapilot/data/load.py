@@ -62,6 +62,7 @@ def load_records(
     display_path: str | None = None,
     key: str | None = None,
     pilot_dir: Path | None = None,
+    answers: bool = True,
 ) -> tuple[list[Record], list[Skipped]]:
     """Read and validate every record of one file -> (valid records, skipped records).
 
@@ -69,7 +70,8 @@ def load_records(
     to the pilot folder); `key` is the spec key that named it. Under `skip`, a file whose
     records are all invalid returns no records and lets the caller judge; a file with no
     records at all is a UsageError. A folder written by `datasets`' save_to_disk is read
-    through hf.py; a DatasetDict's records carry their split (train/val/test).
+    through hf.py; a DatasetDict's records carry their split (train/val/test). `answers`
+    False: inputs to predict, a label or target optional (RecordBuilder).
     """
     path = Path(path)
     shown = display_path or str(path)
@@ -96,14 +98,16 @@ def load_records(
             f"{shown}: data.format is datasets, so this must be the folder save_to_disk wrote, "
             "not a file"
         )
-    builder = RecordBuilder(task, data, shown, path.stem, split, row_numbers=fmt == "parquet")
+    builder = RecordBuilder(
+        task, data, shown, path.stem, split, row_numbers=fmt == "parquet", answers=answers
+    )
     try:
         if fmt == "jsonl":
             rows = _jsonl_rows(path)
         elif fmt == "csv":
-            rows = _csv_rows(path, data, task, shown)
+            rows = _csv_rows(path, data, task, shown, answers)
         else:
-            rows = _parquet_rows(path, data, task, shown)
+            rows = _parquet_rows(path, data, task, shown, answers)
         return collect_rows(rows, builder, data, shown, row_numbers=fmt == "parquet")
     except OSError as e:
         raise UsageError(f"{shown}: cannot read: {e.strerror or e}") from None
@@ -179,7 +183,7 @@ def _jsonl_rows(path: Path) -> Iterator[tuple[int, dict | BadRow]]:
 
 
 def _csv_rows(
-    path: Path, data: DataSpec, task: TaskSpec, shown: str
+    path: Path, data: DataSpec, task: TaskSpec, shown: str, answers: bool = True
 ) -> Iterator[tuple[int, dict | BadRow]]:
     """CSV with a header row; a quoted cell may span lines, so a row has its first line."""
     # The csv module's default cell limit (128 KiB) is below our line limit; a long text
@@ -215,7 +219,7 @@ def _csv_rows(
         if len(set(header)) != len(header):
             dups = sorted({h for h in header if header.count(h) > 1})
             raise UsageError(f"{shown}:1: duplicate column names in the header: {dups}")
-        for col in needed_columns(data, task):
+        for col in needed_columns(data, task, answers):
             if col not in header:
                 raise UsageError(
                     f"{shown}:1: no column {col!r} (columns: {', '.join(header)}); "
@@ -257,7 +261,7 @@ def _csv_rows(
 
 
 def _parquet_rows(
-    path: Path, data: DataSpec, task: TaskSpec, shown: str
+    path: Path, data: DataSpec, task: TaskSpec, shown: str, answers: bool = True
 ) -> Iterator[tuple[int, dict | BadRow]]:
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -268,13 +272,13 @@ def _parquet_rows(
         raise UsageError(f"{shown}: not a readable Parquet file: {e}") from None
     with pf:
         names = pf.schema_arrow.names
-        for col in needed_columns(data, task):
+        for col in needed_columns(data, task, answers):
             if col not in names:
                 raise UsageError(
                     f"{shown}: no column {col!r} (columns: {', '.join(names)}); "
                     "set data.fields to map your column names"
                 )
-        wanted = read_columns(data, task, names)
+        wanted = read_columns(data, task, names, answers)
         row = 0
         try:
             # Batches, not the whole table: memory stays flat however many rows there are.

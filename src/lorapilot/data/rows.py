@@ -56,6 +56,9 @@ class ImageMeta:
         }
 
 
+UNLABELLED = "(unlabelled)"  # the category of an input to predict that has no answer
+
+
 @dataclass
 class Record:
     """One valid example, as read (before cleaning)."""
@@ -69,6 +72,11 @@ class Record:
     category: str  # stratum for splitting and per-category metrics
     image: ImageMeta | None = None  # image tasks: the decoded file's properties and hashes
     group: str | None = None  # data.split.group's value: the group's examples share a split
+
+
+def answer_of(record: Record) -> Any:
+    """A record's answer: its label, else its target; None for an input without one."""
+    return record.label if record.label is not None else record.target
 
 
 @dataclass
@@ -162,8 +170,12 @@ class RecordBuilder:
         stem: str,
         split: str | None,
         row_numbers: bool,
+        answers: bool = True,
     ):
+        """`answers` False: inputs to predict, whose label or target may be absent (one
+        present is checked as in the pilot's data); the split's group is not asked for."""
         self.task = task
+        self.answers = answers
         self.row_numbers = row_numbers  # Parquet records have rows, not lines
         self.fields = data.fields
         self.category_by = data.category if not task.labelled else None
@@ -176,7 +188,7 @@ class RecordBuilder:
         )
         self.labels = set(task.labels or [])
         self.drop_unlisted = data.unlisted_labels == "drop"
-        self.group_by = data.split.group
+        self.group_by = data.split.group if answers else None
         self.seen: dict[str, str] = {}
 
     def build(self, row: dict, line: int) -> Record:
@@ -201,15 +213,21 @@ class RecordBuilder:
 
         label = None
         target = None
-        if self.task.labelled:
-            label = self._label(row.get(fm.label, _MISSING))
+        answer = row.get(fm.label if self.task.labelled else fm.target, _MISSING)
+        if self.answers or answer not in (_MISSING, None):
+            if self.task.labelled:
+                label = self._label(answer)
+            else:
+                target = self._target(answer)
+            by = self.category_by  # an input to predict may lack data.category's column
+            if not self.answers and by and not by.startswith("target.") and by not in row:
+                by = None
+            try:
+                category = category_of(label, target, self.task, by, row)
+            except ValueError as e:
+                raise BadRow(str(e)) from None
         else:
-            target = self._target(row.get(fm.target, _MISSING))
-
-        try:
-            category = category_of(label, target, self.task, self.category_by, row)
-        except ValueError as e:
-            raise BadRow(str(e)) from None
+            category = UNLABELLED
         rid = self._id(row, line)
         group = self._group(row) if self.group_by else None
         source = f"{self.shown}:row {line}" if self.row_numbers else f"{self.shown}:{line}"
@@ -327,10 +345,13 @@ def json_message(e: ValueError) -> str:
     return str(e)
 
 
-def needed_columns(data: DataSpec, task: TaskSpec) -> list[str]:
+def needed_columns(data: DataSpec, task: TaskSpec, answers: bool = True) -> list[str]:
     """The columns every row must have: the input, the label or target, and the columns
-    data.split.group and data.category (when it is not a target path) name."""
+    data.split.group and data.category (when it is not a target path) name; with `answers`
+    False (inputs to predict) the input alone."""
     fm = data.fields
+    if not answers:
+        return [fm.image if task.modality == "image" else fm.text]
     extra = [data.split.group] if data.split.group else []
     if not task.labelled and data.category and not data.category.startswith("target."):
         extra.append(data.category)
@@ -339,10 +360,14 @@ def needed_columns(data: DataSpec, task: TaskSpec) -> list[str]:
     return list(dict.fromkeys([fm.text, fm.label if task.labelled else fm.target, *extra]))
 
 
-def read_columns(data: DataSpec, task: TaskSpec, names: list[str]) -> list[str]:
+def read_columns(
+    data: DataSpec, task: TaskSpec, names: list[str], answers: bool = True
+) -> list[str]:
     """The columns a columnar reader (Parquet, an HF dataset) loads: the needed ones and the
-    id, those of `names` only."""
-    wanted = [*needed_columns(data, task), data.fields.id]
+    id, those of `names` only (inputs to predict: their label or target too, if present)."""
+    fm = data.fields
+    extra = [] if answers else [fm.label if task.labelled else fm.target, data.category]
+    wanted = [*needed_columns(data, task, answers), fm.id, *extra]
     return [c for c in dict.fromkeys(wanted) if c and c in names]
 
 

@@ -65,8 +65,12 @@ def logits_of(model: Any, data: ImageExamples, precision: str, tick=None) -> np.
 def scored(data: ImageExamples, logits: np.ndarray) -> tuple[list[dict], dict]:
     """(predictions.jsonl rows, classification metrics with `n`) from per-image logits."""
     preds, rows = prediction_rows(data, logits)
-    metrics = classification_metrics([r.label for r in data.records], preds, data.labels)
-    metrics["n"] = len(data)
+    # images to predict may come without a label: the metrics are over the labelled ones
+    known = [i for i, r in enumerate(data.records) if r.label is not None]
+    metrics = classification_metrics(
+        [data.records[i].label for i in known], [preds[i] for i in known], data.labels
+    )
+    metrics["n"] = len(known)
     return rows, metrics
 
 
@@ -81,7 +85,7 @@ def prediction_rows(data: ImageExamples, logits: np.ndarray) -> tuple[list[str],
             "image": r.text,
             "parsed": preds[i],
             "gold": r.label,
-            "correct": preds[i] == r.label,
+            "correct": None if r.label is None else preds[i] == r.label,
             "scores": {lab: round(float(s), 6) for lab, s in zip(labels, logits[i], strict=True)},
             "all_labels_scored": True,
         }

@@ -16,7 +16,8 @@ from lorapilot.base.models import pad_id_of
 from lorapilot.base.precision import TORCH_DTYPE_NAMES, default_device_type, resolve
 from lorapilot.data.dataset import PreparedData
 from lorapilot.data.format import PromptFormatter, answer_text, template_hash
-from lorapilot.data.rows import Record
+from lorapilot.data.rows import Record, answer_of
+from lorapilot.data.targets import is_text_target
 from lorapilot.evaluate import predict
 from lorapilot.evaluate.metrics import CONTENT_FREE, calibration_offsets, classification_metrics
 from lorapilot.evaluate.served import (
@@ -27,6 +28,7 @@ from lorapilot.evaluate.served import (
     token_bytes,
 )
 from lorapilot.evaluate.structured import extraction_metrics, format_metrics
+from lorapilot.evaluate.values import parse_first_json
 from lorapilot.fsutil import sha256_json
 from lorapilot.records.progress import Phase
 from lorapilot.spec import PilotSpec
@@ -151,7 +153,8 @@ def evaluate_records(
     budget = protocol["answer_budget"]
     model = cast_for_eval(model, protocol["precision"])
     model.eval()  # dropout off: evaluation is deterministic
-    prompts = [fmt.encode_prompt(r.text, budget) for r in records]
+    fitted = [fmt.prompt_and_cut(r.text, budget) for r in records]
+    prompts = [ids for ids, _ in fitted]
     pad_id = pad_id_of(tokenizer)
     t0 = time.perf_counter()
     # Evaluation has its own peak (KV caches of a batch, the label tree, generation): a
@@ -194,7 +197,9 @@ def evaluate_records(
     prompt_texts = [tokenizer.decode(p) for p in prompts]
     offsets = None if calibration is None else calibration["offsets"]
     metrics, rows = score_predictions(spec, records, prompt_texts, scores, outputs, offsets)
-    metrics["n"] = len(records)
+    metrics["n"] = sum(answer_of(r) is not None for r in records)
+    for row, (_, cut) in zip(rows, fitted, strict=True):
+        row["tokens_cut"] = cut  # the input's tokens cut to fit data.max_length
     generation = None
     if greedy is not None:
         texts, held = (
@@ -308,6 +313,9 @@ def score_predictions(
     scoring, by label) the prediction is the argmax of score + offset."""
     task = spec.task
     rows: list[dict] = []
+    # inputs to predict may come without an answer: the metrics are over the ones that have
+    # one (every row in an evaluation), each row's `correct` None where there is none
+    known = [i for i, r in enumerate(records) if answer_of(r) is not None]
     if task.kind == "classification":
         labels = list(task.labels or [])
         if scores is not None:
@@ -316,8 +324,9 @@ def score_predictions(
         else:
             lookup = {lab.casefold(): lab for lab in labels}
             preds = [lookup.get(o.strip().casefold()) for o in outputs]
-        gold = [r.label for r in records]
-        metrics = classification_metrics(gold, preds, labels)
+        metrics = classification_metrics(
+            [records[i].label for i in known], [preds[i] for i in known], labels
+        )
         for i, r in enumerate(records):
             row = {
                 "id": r.id,
@@ -327,7 +336,7 @@ def score_predictions(
                 "raw_output": outputs[i] if outputs is not None else preds[i],
                 "parsed": preds[i],
                 "gold": r.label,
-                "correct": preds[i] == r.label,
+                "correct": None if r.label is None else preds[i] == r.label,
             }
             if scores is not None:  # best-first search: the labels it scored, said so
                 row["scores"] = {
@@ -338,20 +347,31 @@ def score_predictions(
                 row["all_labels_scored"] = len(row["scores"]) == len(labels)
             rows.append(row)
     else:
-        gold = [r.target for r in records]
-        cats, texts = [r.category for r in records], [r.text for r in records]
+        assert outputs is not None
+        sub = [records[i] for i in known]
+        gold, outs = [r.target for r in sub], [outputs[i] for i in known]
+        cats, texts = [r.category for r in sub], [r.text for r in sub]
         if task.kind == "extraction":
             metrics = extraction_metrics(
-                gold, outputs, task, spec.eval.normalize, categories=cats, texts=texts
+                gold, outs, task, spec.eval.normalize, categories=cats, texts=texts
             )
         else:
             metrics = format_metrics(
-                outputs, task, gold, spec.eval.normalize, categories=cats, texts=texts
+                outs, task, gold, spec.eval.normalize, categories=cats, texts=texts
             )
-        parsed = metrics.pop("parsed", [None] * len(records))
-        correct = metrics.pop("correct", [False] * len(records))
+        n = len(records)
+        parsed, correct, errors = [None] * n, [None] * n, [None] * n
+        for key, into in (("parsed", parsed), ("correct", correct), ("parse_errors", errors)):
+            for i, v in zip(known, metrics.pop(key, [None] * len(known)), strict=True):
+                into[i] = v
         metrics.pop("valid", None)
-        errors = metrics.pop("parse_errors", [None] * len(records))
+        if len(known) < n:  # the unanswered rows: their output parsed as the task reads it
+            unknown = [i for i in range(n) if i not in set(known)]
+            alone = format_metrics([outputs[i] for i in unknown], task)
+            for i, p in zip(unknown, alone["parsed"], strict=True):
+                parsed[i] = p
+                if not is_text_target(task):
+                    errors[i] = parse_first_json(outputs[i])[1]
         for i, r in enumerate(records):
             rows.append(
                 {
@@ -363,8 +383,10 @@ def score_predictions(
                     "parsed": parsed[i],
                     "parse_error": errors[i],
                     "gold": r.target,
-                    "gold_answer": answer_text(task, r.label, r.target),
-                    "correct": bool(correct[i]),
+                    "gold_answer": None
+                    if r.target is None
+                    else answer_text(task, r.label, r.target),
+                    "correct": None if r.target is None else bool(correct[i]),
                 }
             )
     return metrics, rows

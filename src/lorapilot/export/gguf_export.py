@@ -843,10 +843,15 @@ def generation_warnings(results: list[dict], minimum: float, classifier: bool = 
     serve_by = f"serve it with {CLASSIFY_FILE} (the folder's label scoring), " if classifier else ""
     texts = [
         generation_warning(
-            r["name"], r["generation"], minimum,
+            r["name"],
+            r["generation"],
+            minimum,
             served_as="served as the Modelfile serves it (free greedy generation, what "
             "`ollama run` answers)",
-            scorer="lorapilot", theirs="lorapilot", ours="llama_cpp", serve_by=serve_by,
+            scorer="lorapilot",
+            theirs="lorapilot",
+            ours="llama_cpp",
+            serve_by=serve_by,
             held_as=f"Constrained by {GRAMMAR_FILE} in llama.cpp's grammar sampler",
             constrain_by=f"serve it with --grammar-file {GRAMMAR_FILE}, ",
         )  # fmt: skip
@@ -1059,8 +1064,12 @@ def _constrained_answers(
             for k in keys
         },
         "differing": [
-            {"id": r["id"], "lorapilot": theirs.get(r["id"], {}).get("parsed"),
-             "llama_cpp_constrained": r["parsed"], "raw": r["raw_output"]}
+            {
+                "id": r["id"],
+                "lorapilot": theirs.get(r["id"], {}).get("parsed"),
+                "llama_cpp_constrained": r["parsed"],
+                "raw": r["raw_output"],
+            }
             for r, ok in zip(rows, same, strict=True)
             if not ok
         ][:20],  # fmt: skip

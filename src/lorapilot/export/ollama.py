@@ -171,7 +171,7 @@ def _classifier_lines(classifier: str | None, check: dict, merged_file: str | No
         "pip install llama-cpp-python numpy",
         f'python {classifier} "a text to classify"        # {{"text": ..., "label": ...}}',
         f"python {classifier} < texts.txt                # one text per line",
-        f"python {classifier} --jsonl < in.jsonl         # {{\"id\": ..., \"text\": ...}} a line",
+        f'python {classifier} --jsonl < in.jsonl         # {{"id": ..., "text": ...}} a line',
     ]
     if merged_file:
         lines.append(f'python {classifier} --model {merged_file} --lora none "..."')

@@ -60,7 +60,8 @@ class ImageExamples:
         self.labels, self.max_pixels = list(labels), max_pixels
         self.augment = augment and bool(pipeline.augment)
         index = {lab: i for i, lab in enumerate(self.labels)}
-        self.label_ids = [index[r.label] for r in self.records]
+        # -1: an image to predict without a label (never in a training set)
+        self.label_ids = [-1 if r.label is None else index[r.label] for r in self.records]
         self.lengths = [1] * len(self.records)  # every image is the same size after transforms
         self.targets = [1] * len(self.records)
 

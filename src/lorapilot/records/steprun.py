@@ -26,7 +26,8 @@ def record_kwargs(pilot: Pilot, env: dict | None = None) -> dict[str, Any]:
     }
 
 
-IMAGE_READY = ("data", "baseline", "smoke", "probe", "eval", "verify")  # run kinds built for images
+# run kinds built for images
+IMAGE_READY = ("data", "baseline", "smoke", "probe", "eval", "verify", "predict")
 
 
 def open_run(pilot: Pilot, kind: str, *, env: dict | None = None, **kwargs: Any):

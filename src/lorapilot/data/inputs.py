@@ -1,0 +1,100 @@
+"""Inputs to predict (`lorapilot predict --input FILE`): a file read as the pilot's own data is
+read (the spec's fields, formats, `data.on_error`, the cleaning rules; image paths relative
+to the pilot folder), except that a label or target is optional: a row that has one is
+checked as in the pilot's data and scored, one without is only predicted. Whatever is set
+aside (a bad row under `on_error: skip`, a text empty after cleaning) is counted and named,
+and every input found in one of the pilot's own splits is named by split: a prediction on a
+training example says nothing new, and one on the reserved test split is not a test result.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lorapilot.data.clean import clean_records
+from lorapilot.data.dedup import normalize_for_dedup
+from lorapilot.data.load import load_records
+from lorapilot.data.rows import Record, Skipped, answer_of, skipped_summary
+from lorapilot.errors import UsageError
+from lorapilot.fsutil import sha256_file
+from lorapilot.spec import Pilot
+
+SHOWN_IDS = 20  # ids listed per overlap or cut, the counts are whole
+
+
+@dataclass
+class Inputs:
+    path: Path
+    sha256: str
+    records: list[Record]
+    skipped: list[Skipped] = field(default_factory=list)
+    dropped: list[dict] = field(default_factory=list)  # empty after cleaning
+
+    def record(self) -> dict[str, Any]:
+        """What the run record keeps of the input file."""
+        return {
+            "file": str(self.path),
+            "sha256": self.sha256,
+            "n": len(self.records),
+            "n_with_answer": sum(answer_of(r) is not None for r in self.records),
+            "skipped": len(self.skipped),
+            "skipped_by_problem": skipped_summary(self.skipped),
+            "dropped": self.dropped,
+        }
+
+
+def read_inputs(pilot: Pilot, path: Path, field_name: str | None = None) -> Inputs:
+    """The file's rows as records; `field_name`: the column holding the input text (images:
+    the image path) when it is not the one data.fields names."""
+    spec = pilot.spec
+    data = spec.data
+    if field_name:
+        key = "image" if spec.task.modality == "image" else "text"
+        data = data.model_copy(update={"fields": data.fields.model_copy(update={key: field_name})})
+    path = Path(path)
+    if path.is_dir():
+        raise UsageError(f"{path}: --input must be a JSONL, CSV or Parquet file, not a folder")
+    column = data.fields.image if spec.task.modality == "image" else data.fields.text
+    try:
+        records, skipped = load_records(
+            path, spec.task, data, display_path=str(path), answers=False
+        )
+    except UsageError as e:
+        if f"{column!r}" in str(e) and not field_name:
+            raise UsageError(f"{e} (--field NAME reads the inputs from another column)") from None
+        raise
+    dropped: list[dict] = []
+    if spec.task.modality == "image":
+        from lorapilot.data.images import attach_images
+
+        records, more = attach_images(records, pilot.dir, spec.task, data)
+        skipped += more
+    else:
+        records, dropped = clean_records(records, data.cleaning, data.max_chars)
+    if not records:
+        raise UsageError(
+            f"{path}: no input to predict ({len(skipped)} rows set aside, {len(dropped)} empty "
+            "after cleaning)"
+        )
+    return Inputs(path, sha256_file(path), records, skipped, dropped)
+
+
+def overlap(inputs: list[Record], splits: dict[str, list[Record]]) -> dict[str, Any]:
+    """The inputs that are examples of the pilot's own splits (the same text once normalised
+    as the duplicate check normalises it; images: the same pixels), by split."""
+
+    def key(r: Record) -> str:
+        return r.image.pixel_hash if r.image is not None else normalize_for_dedup(r.text)
+
+    where: dict[str, str] = {}
+    for split, recs in splits.items():
+        for r in recs:
+            where.setdefault(key(r), split)
+    found: dict[str, list[str]] = {}
+    for r in inputs:
+        split = where.get(key(r))
+        if split is not None:
+            found.setdefault(split, []).append(r.id)
+    return {split: {"n": len(ids), "ids": ids[:SHOWN_IDS]} for split, ids in sorted(found.items())}

@@ -1,0 +1,43 @@
+"""What a batch of predictions holds when there is no answer key to score them against (pure):
+for a classification how many inputs went to each label (and how many answers were none,
+when the labels are generated); for extraction and format tasks how many outputs were
+valid JSON, valid under the target schema (or the format's regex); for every task how many
+inputs were cut to fit `data.max_length`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lorapilot.evaluate.structured import format_metrics
+from lorapilot.spec import TaskSpec
+
+SHOWN_IDS = 20
+
+
+def prediction_summary(task: TaskSpec, rows: list[dict]) -> dict[str, Any]:
+    """The summary of prediction rows (evaluate.runner.score_predictions' rows, or the image
+    ones)."""
+    n = len(rows)
+    out: dict[str, Any] = {"n": n}
+    if task.labelled:
+        counts = dict.fromkeys(task.labels or [], 0)
+        none = 0
+        for r in rows:
+            if r["parsed"] in counts:
+                counts[r["parsed"]] += 1
+            else:
+                none += 1
+        out["predicted"] = counts
+        out["not_a_label"] = none
+    else:
+        checked = format_metrics([r.get("raw_output") or "" for r in rows], task)
+        out.update(
+            {
+                k: v
+                for k, v in checked.items()
+                if k not in ("n", "valid", "parsed", "correct") and not isinstance(v, list)
+            }
+        )
+    cut = [r["id"] for r in rows if r.get("tokens_cut")]
+    out["truncated"] = {"n": len(cut), "ids": cut[:SHOWN_IDS]}
+    return out

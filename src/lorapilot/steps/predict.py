@@ -1,0 +1,126 @@
+"""`lorapilot predict`: an adapter (or the base) applied to new inputs, a file the pilot never
+saw, in a `predict` run: the same prompts, truncation, decoding and parsing as the pilot's
+evaluation (one protocol), every prediction kept. Inputs that carry an answer are scored
+too (an outside check, never the decision's figures); inputs that are examples of the
+pilot's own splits are named, those of the reserved test split with a warning."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from lorapilot.data.inputs import Inputs, overlap, read_inputs
+from lorapilot.decision.plan import pilot_of_run
+from lorapilot.errors import UsageError
+from lorapilot.evaluate.predictions import prediction_summary
+from lorapilot.evaluate.records import test_ledger, write_predictions
+from lorapilot.fsutil import atomic_write_bytes
+from lorapilot.modality import modality_of
+from lorapilot.records import registry
+from lorapilot.records.steprun import open_run
+from lorapilot.spec import Pilot
+
+PREDICTIONS = "predictions.jsonl"
+
+
+def default_run(pilot_dir: Path) -> str | None:
+    """The adapter the final test confirmed (the decision's), else None (the latest
+    completed train run)."""
+    tested = [e["evaluated"] for e in test_ledger(pilot_dir) if e.get("evaluated") != "base"]
+    return tested[-1] if tested else None
+
+
+def run_predict(
+    pilot: Pilot,
+    input_path: Path,
+    *,
+    run_id: str | None = None,
+    base: bool = False,
+    out: Path | None = None,
+    field_name: str | None = None,
+    limit: int | None = None,
+    progress: bool = True,
+    log: Callable[[str], None] | None = None,
+) -> dict:
+    """Predict every input of `input_path` with train run `run_id`'s adapter (default: the one
+    the final test confirmed, else the latest completed), or the base with `base=True`."""
+    say = log or (lambda m: None)
+    if base and run_id:
+        raise UsageError("--base and --run: choose one (the base model, or a run's adapter)")
+    if limit is not None and limit <= 0:
+        raise UsageError(f"--limit {limit}: must be a positive number of inputs")
+    if out is not None and (Path(out).is_dir() or not Path(out).parent.is_dir()):
+        raise UsageError(f"--out {out}: must be a file path in an existing folder")
+    parent, adapter = (None, None) if base else registry.adapter_of(
+        pilot.dir, run_id or default_run(pilot.dir)
+    )  # fmt: skip
+    if parent is not None:  # the base loaded as that run's variant loaded it (quantization)
+        pilot = pilot_of_run(pilot, parent)
+    inputs = read_inputs(pilot, input_path, field_name)
+    records = inputs.records[:limit] if limit else inputs.records
+    with open_run(pilot, "predict", parent=parent) as run:
+        loaded = modality_of(pilot).load(adapter)
+        run.record.data_version = loaded.prepared.version
+        seen = overlap(records, loaded.prepared.splits)
+        for split, found in seen.items():
+            say(f"{found['n']} of the inputs are examples of the pilot's {split} split")
+        ev, protocol = loaded.evaluate(
+            loaded.model, records, label="predict", progress=progress, log=log, generation=False
+        )
+        if limit is not None:
+            protocol["limit"] = limit
+        write_predictions(run.dir / PREDICTIONS, ev.predictions)
+        if out is not None:  # the user's copy, written whole or not at all
+            atomic_write_bytes(out, (run.dir / PREDICTIONS).read_bytes())
+        scored = ev.metrics.get("n", 0)
+        result = {
+            "input": inputs.record(),
+            "n": len(records),
+            "n_scored": scored,
+            "summary": prediction_summary(pilot.spec.task, ev.predictions),
+            # the inputs that carry an answer, scored as the evaluation scores: an outside
+            # check of the adapter, not the decision's validation or test figures
+            "metrics": ev.metrics if scored else None,
+            "in_pilot_splits": seen,
+            "warnings": [],
+            "eval_protocol": protocol["eval_protocol"],
+            "protocol": protocol,
+            "adapter": str(adapter) if adapter else None,
+            "train_run": parent,
+            "base": loaded.resolved.record(),
+            "data_version": loaded.prepared.version,
+            "seconds": round(ev.seconds, 3),
+            "examples_per_s": round(ev.examples_per_s, 3),
+            "device": ev.device,
+            "predictions": str(run.dir / PREDICTIONS),
+            "out": str(out) if out is not None else None,
+        }
+        result["warnings"] = _warnings(inputs, seen, result["summary"]["truncated"])
+        run.update(**result)
+    return {"run_id": run.id, "status": run.record.status, **result}
+
+
+def _warnings(inputs: Inputs, seen: dict, cut: dict) -> list[str]:
+    out = []
+    if cut["n"]:
+        out.append(
+            f"{cut['n']} inputs were cut to fit data.max_length (as the pilot cuts its own): "
+            f"{', '.join(cut['ids'][:5])}{' ...' if cut['n'] > 5 else ''}; `tokens_cut` in "
+            "each prediction says by how much"
+        )
+    if "test" in seen:
+        out.append(
+            f"{seen['test']['n']} inputs are examples of the reserved test split: their "
+            "predictions are not a test result (the final test is `lorapilot eval --split test "
+            "--final`, logged)"
+        )
+    if "train" in seen:
+        out.append(
+            f"{seen['train']['n']} inputs are training examples: their predictions say "
+            "nothing of how the adapter does on new inputs"
+        )
+    if inputs.skipped:
+        out.append(f"{len(inputs.skipped)} rows of {inputs.path} were set aside (data.on_error)")
+    if inputs.dropped:
+        out.append(f"{len(inputs.dropped)} inputs were empty after the cleaning rules")
+    return out
