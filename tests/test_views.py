@@ -50,8 +50,11 @@ def test_export_and_run_show_how_generation_serves_a_scored_classifier(monkeypat
     assert "generated as the Modelfile serves it: 67.5% the scored label, 89.6% a label" in text
     assert f"warning: {warning}" in text and "constrained by" not in text
     assert "base.gguf:" not in text
-    conf["generation"]["constrained"] = {"agreement": 0.812, "label_rate": 1.0,
-                                         "lorapilot_constrained": {"n": 154, "n_same": 143}}
+    conf["generation"]["constrained"] = {
+        "agreement": 0.812,
+        "label_rate": 1.0,
+        "lorapilot_constrained": {"n": 154, "n_same": 143},
+    }
     note = "original.gguf, not the weights the adapter was trained on"
     untrained = {**exported, "base_gguf": {"trained_on": False, "note": note}}
     text = " ".join(_shown(monkeypatch, views.export, untrained).split())
@@ -123,3 +126,22 @@ def test_a_merged_export_names_its_dtype_and_agreement(monkeypatch):
     assert "agreement 87.5% of 56 (99.66% of 2032 tokens))" in text
     assert "merged, on the validation split: leaf_f1 0.310 (adapter 0.325)" in text
     assert "json_valid_rate" not in text and "leaf_predicted" not in text
+
+
+def test_predict_shows_the_busiest_labels_and_what_it_warns(monkeypatch):
+    """77 labels: the ten most predicted, how many more, how many never; the validity rates
+    of an extraction; the warnings."""
+    counts = {f"intent_{i:02d}": (i % 3) * i for i in range(77)}
+    r = {"n": 400, "input": {"file": "t.csv"}, "train_run": "train-1", "run_id": "predict-1",
+         "eval_protocol": "ep-1", "examples_per_s": 4.0, "metrics": None, "n_scored": 0,
+         "summary": {"predicted": counts, "not_a_label": 0}, "warnings": ["2 inputs are x"],
+         "out": None, "predictions": "p.jsonl"}  # fmt: skip
+    text = " ".join(_shown(monkeypatch, views.prediction, r).split())
+    assert "predicted: intent_74 148 intent_71 142" in text
+    busy = sum(1 for v in counts.values() if v)
+    assert f"(+{busy - 10} more labels); {77 - busy} labels never predicted" in text
+    assert "warning: 2 inputs are x" in text and "predictions: p.jsonl" in text
+    r["summary"] = {"n": 2, "json_valid_rate": 0.5, "format_valid_rate": 0.25}
+    r["train_run"] = None
+    text = " ".join(_shown(monkeypatch, views.prediction, r).split())
+    assert "the base model" in text and "json_valid_rate=0.500 format_valid_rate=0.250" in text

@@ -441,6 +441,14 @@ def predict(
             "it is not the one data.fields names.",
         ),
     ] = None,
+    answer_field: Annotated[
+        str | None,
+        typer.Option(
+            "--answer-field",
+            help="The column holding a label or target to score the predictions against, when "
+            "it is not the one data.fields names.",
+        ),
+    ] = None,
     limit: Annotated[
         int | None, typer.Option("--limit", help="Predict only the first N inputs.")
     ] = None,
@@ -458,6 +466,7 @@ def predict(
         base=base,
         out=out,
         field_name=field_name,
+        answer_field=answer_field,
         limit=limit,
         progress=not no_progress,
         log=step_log(as_json),

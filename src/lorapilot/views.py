@@ -507,9 +507,15 @@ def prediction(r: dict) -> None:
         f"run {r['run_id']}  protocol {r['eval_protocol']}  ({r['examples_per_s']:.1f} ex/s)"
     )
     if "predicted" in s:
-        counts = "  ".join(f"{esc(k)} {v}" for k, v in s["predicted"].items())
+        ranked = sorted(s["predicted"].items(), key=lambda kv: -kv[1])
+        shown = [(k, v) for k, v in ranked if v][:10]
+        rest = sum(1 for _, v in ranked if v) - len(shown)
+        line = "  ".join(f"{esc(k)} {v}" for k, v in shown)
+        line += f"  (+{rest} more labels)" * bool(rest)
+        never = sum(1 for _, v in ranked if not v)
+        line += f"; {never} labels never predicted" * bool(never)
         stdout.print(
-            f"  predicted: {counts}" + (f"  (none: {s['not_a_label']})" * bool(s["not_a_label"]))
+            f"  predicted: {line}" + f"  (not a label: {s['not_a_label']})" * bool(s["not_a_label"])
         )
     else:
         rates = [k for k in ("json_valid_rate", "schema_valid_rate", "format_valid_rate") if k in s]

@@ -311,7 +311,6 @@ def test_a_dequantized_model_is_no_longer_quantized(tiny_model_dir):
     assert getattr(plain, "is_loaded_in_4bit", False) and not is_quantized(plain)
 
 
-
 def test_gguf_export_serves_the_dequantized_weights_the_adapter_was_trained_on(
     trained, tmp_path, tiny_model_dir
 ):

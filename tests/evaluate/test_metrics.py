@@ -443,8 +443,13 @@ def test_calibration_offsets_divide_out_the_content_free_preference():
 def test_a_predicted_value_outside_its_enum_is_not_schema_valid():
     """16 of 56 Snips answers of a 2-epoch adapter named an intent not in the spec's enum
     ("PutMusic"): valid JSON, a wrong intent, and not an answer of the schema."""
-    task = TaskSpec(kind="extraction", fields=[
-        {"name": "intent", "enum": ["PlayMusic", "GetWeather"]}, {"name": "slots", "type": "map"}])
+    task = TaskSpec(
+        kind="extraction",
+        fields=[
+            {"name": "intent", "enum": ["PlayMusic", "GetWeather"]},
+            {"name": "slots", "type": "map"},
+        ],
+    )
     gold = [{"intent": "PlayMusic", "slots": {}}] * 2
     preds = ['{"intent": "PlayMusic", "slots": {}}', '{"intent": "PutMusic", "slots": {}}']
     m = extraction_metrics(gold, preds, task, EvalNormalize())

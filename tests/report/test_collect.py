@@ -158,8 +158,11 @@ def test_probes_are_kept_per_variant_with_their_quantization(tmp_path):
 def test_an_exports_warning_is_a_limitation_of_the_deliverable():
     from lorapilot.report.collect import export_warnings
 
-    gguf = {"format": "gguf", "folder": "deliverable/gguf",
-            "serving_check": {"warnings": ["base+adapter: served as the Modelfile serves it"]}}
+    gguf = {
+        "format": "gguf",
+        "folder": "deliverable/gguf",
+        "serving_check": {"warnings": ["base+adapter: served as the Modelfile serves it"]},
+    }
     assert export_warnings([{"format": "merged", "folder": "deliverable/merged"}, gguf]) == [
         "the gguf export in deliverable/gguf: base+adapter: served as the Modelfile serves it"
     ]  # fmt: skip

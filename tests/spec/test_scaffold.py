@@ -7,9 +7,7 @@ import pytest
 from conftest import run_json
 
 
-@pytest.mark.parametrize(
-    "task", ["classification", "extraction", "format", "image_classification"]
-)
+@pytest.mark.parametrize("task", ["classification", "extraction", "format", "image_classification"])
 def test_init_scaffolds_a_pilot_that_checks(task, tmp_path):
     out = run_json("init", "p", "--task", task, "--dir", str(tmp_path))
     assert out["task"] == task and out["n_examples"] >= 30

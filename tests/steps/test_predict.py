@@ -62,13 +62,17 @@ def test_predictions_are_the_evaluations_and_answers_are_scored(trained, tmp_pat
     # with their labels, as a CSV: scored, the train run's validation metrics again
     with (tmp_path / "in.csv").open("w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["text", "label"])
+        w.writerow(["text", "category"])  # the label under another name, as files come
         w.writerows([r["text"], r["gold"]] for r in val)
-    scored = run_json("predict", str(pilot), "--input", str(tmp_path / "in.csv"), "--no-progress")
+    unscored = run_json("predict", str(pilot), "--input", str(tmp_path / "in.csv"))
+    assert unscored["n_scored"] == 0 and unscored["metrics"] is None
+    scored = run_json("predict", str(pilot), "--input", str(tmp_path / "in.csv"),
+                      "--answer-field", "category", "--no-progress")  # fmt: skip
     assert scored["n_scored"] == len(val)
     assert scored["metrics"]["macro_f1"] == pytest.approx(train["metrics"]["macro_f1"])
     assert scored["metrics"]["accuracy"] == pytest.approx(train["metrics"]["accuracy"])
-    human = run_cli("predict", str(pilot), "--input", str(tmp_path / "in.csv"), "--no-progress")
+    human = run_cli("predict", str(pilot), "--input", str(tmp_path / "in.csv"),
+                    "--answer-field", "category", "--no-progress")  # fmt: skip
     assert human.returncode == 0 and f"{len(val)} inputs carried an answer" in human.stdout
 
 

@@ -45,14 +45,21 @@ class Inputs:
         }
 
 
-def read_inputs(pilot: Pilot, path: Path, field_name: str | None = None) -> Inputs:
+def read_inputs(
+    pilot: Pilot, path: Path, field_name: str | None = None, answer_field: str | None = None
+) -> Inputs:
     """The file's rows as records; `field_name`: the column holding the input text (images:
-    the image path) when it is not the one data.fields names."""
+    the image path), `answer_field` the one holding the label or target, when they are not
+    the ones data.fields names."""
     spec = pilot.spec
     data = spec.data
+    renamed = {}
     if field_name:
-        key = "image" if spec.task.modality == "image" else "text"
-        data = data.model_copy(update={"fields": data.fields.model_copy(update={key: field_name})})
+        renamed["image" if spec.task.modality == "image" else "text"] = field_name
+    if answer_field:
+        renamed["label" if spec.task.labelled else "target"] = answer_field
+    if renamed:
+        data = data.model_copy(update={"fields": data.fields.model_copy(update=renamed)})
     path = Path(path)
     if path.is_dir():
         raise UsageError(f"{path}: --input must be a JSONL, CSV or Parquet file, not a folder")

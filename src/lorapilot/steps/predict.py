@@ -38,6 +38,7 @@ def run_predict(
     base: bool = False,
     out: Path | None = None,
     field_name: str | None = None,
+    answer_field: str | None = None,
     limit: int | None = None,
     progress: bool = True,
     log: Callable[[str], None] | None = None,
@@ -56,7 +57,7 @@ def run_predict(
     )  # fmt: skip
     if parent is not None:  # the base loaded as that run's variant loaded it (quantization)
         pilot = pilot_of_run(pilot, parent)
-    inputs = read_inputs(pilot, input_path, field_name)
+    inputs = read_inputs(pilot, input_path, field_name, answer_field)
     records = inputs.records[:limit] if limit else inputs.records
     with open_run(pilot, "predict", parent=parent) as run:
         loaded = modality_of(pilot).load(adapter)
