@@ -518,7 +518,16 @@ def prediction(r: dict) -> None:
             f"  predicted: {line}" + f"  (not a label: {s['not_a_label']})" * bool(s["not_a_label"])
         )
     else:
-        rates = [k for k in ("json_valid_rate", "schema_valid_rate", "format_valid_rate") if k in s]
+        rates = [
+            k
+            for k in (
+                "json_valid_rate",
+                "schema_valid_rate",
+                "format_valid_rate",
+                "ungrounded_value_rate",
+            )
+            if k in s
+        ]
         stdout.print("  " + "  ".join(f"{k}={s[k]:.3f}" for k in rates))
     if r["metrics"]:
         m = r["metrics"]

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from lorapilot.evaluate.structured import format_metrics
-from lorapilot.spec import TaskSpec
+from lorapilot.evaluate.structured import Scorer, format_metrics
+from lorapilot.spec import EvalNormalize, TaskSpec
 
 SHOWN_IDS = 20
 
@@ -38,6 +38,16 @@ def prediction_summary(task: TaskSpec, rows: list[dict]) -> dict[str, Any]:
                 if k not in ("n", "valid", "parsed", "correct") and not isinstance(v, list)
             }
         )
+        if task.kind == "extraction":  # valid under the target schema: the evaluation's name
+            out["schema_valid_rate"] = out.pop("format_valid_rate")
+        if task.grounded:  # values the input does not contain, as the evaluation counts them
+            scorer = Scorer(task, EvalNormalize())
+            strings = ungrounded = 0
+            for r in rows:
+                c, _, _ = scorer.counts(None, r.get("raw_output") or "", text=r.get("text") or "")
+                strings += c.get("strings", 0)
+                ungrounded += c.get("ungrounded", 0)
+            out["ungrounded_value_rate"] = ungrounded / strings if strings else 0.0
     cut = [r["id"] for r in rows if r.get("tokens_cut")]
     out["truncated"] = {"n": len(cut), "ids": cut[:SHOWN_IDS]}
     return out
