@@ -165,7 +165,7 @@ def test_a_csv_column_by_another_name_and_skipped_rows_are_counted(trained, tmp_
     finally:
         shutil.copy(tmp_path / "orig.yaml", pilot / "pilot.yaml")
     assert out["n"] == 2 and out["input"]["skipped"] == 1
-    assert any("set aside" in w for w in out["warnings"])
+    assert any("set aside (field … is empty: 1)" in w for w in out["warnings"])
 
 
 def test_an_extraction_is_parsed_and_checked_against_its_schema(tmp_path, tiny_model_dir):
@@ -186,3 +186,32 @@ def test_an_extraction_is_parsed_and_checked_against_its_schema(tmp_path, tiny_m
     for g in got:  # a random model writes no JSON: the parse error is named per row
         assert g["correct"] is None and g["gold"] is None
         assert (g["parsed"] is None) == (g["parse_error"] is not None)
+
+
+def test_an_adapter_off_its_base_is_refused_and_the_run_kept_as_failed(trained, tmp_path):
+    """The pins verify checks: a tokenizer other than the trained one, the base weights."""
+    pilot, train = trained
+    manifest_path = pilot / "runs" / train["run_id"] / "adapter" / "lorapilot.json"
+    original = manifest_path.read_text()
+    inputs = _jsonl(tmp_path / "i.jsonl", [{"text": "Thanks, all good."}])
+    changes = [
+        ("tokenizer_sha256", "0" * 64, "tokenizer sha256"),
+        ("base", {"sha256": "1" * 64}, "but the adapter was trained on"),
+    ]
+    for key, value, needle in changes:
+        manifest = json.loads(original)
+        manifest[key] = value
+        manifest_path.write_text(json.dumps(manifest))
+        try:
+            proc = run_cli("predict", str(pilot), "--input", str(inputs), "--run",
+                           train["run_id"], "--json")  # fmt: skip
+        finally:
+            manifest_path.write_text(original)
+        assert proc.returncode == 1, proc.stderr
+        out = json.loads(proc.stdout)
+        assert (
+            needle in " ".join(out["problems"])
+            and "not on what it was trained with" in out["error"]
+        )
+    failed = [r for r in run_json("runs", str(pilot))["runs"] if r["kind"] == "predict"]
+    assert [r["status"] for r in failed[-2:]] == ["failed", "failed"]

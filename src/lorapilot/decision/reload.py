@@ -26,49 +26,55 @@ from lorapilot.spec import Pilot, PilotSpec
 from lorapilot.spec.requirements import require_quantization as require
 
 
-def verify_child(pilot_dir: Path, adapter_dir: Path, out_dir: Path) -> dict:
-    """What the fresh process does: pin checks, load base + adapter from disk, re-evaluate."""
-
-    quiet_transformers()
-    manifest = read_manifest(adapter_dir)
+def pinned_base(pilot: Pilot, adapter_dir: Path, manifest: dict) -> tuple[Any, dict, list[str]]:
+    """The adapter's files and the base it names, checked before anything is loaded: the
+    base resolved and hashed again, its identity (quantization included) the trained one ->
+    (the resolved base, what was compared, the problems; none: the adapter is on its base)."""
     problems = file_problems(adapter_dir, manifest)
-    spec = PilotSpec.model_validate(manifest["spec"])
-    pilot = Pilot(Path(pilot_dir), Path(pilot_dir) / "pilot.yaml", spec, {})
-    modality = modality_of(pilot)
-    problems += modality.adapter_problems(Path(adapter_dir), manifest)  # an image head unsaved
-    environment.apply_threads(spec.train.threads)
-    m = spec.model
+    problems += modality_of(pilot).adapter_problems(adapter_dir, manifest)  # a head unsaved
+    m = pilot.spec.model
     resolved = resolve_base(m.base, m.revision, root=pilot.dir, allow_pickle=m.allow_pickle)
     base_sha = weights_sha256(resolved.path, m.allow_pickle)
     expected = manifest["base"]["sha256"]
-    result: dict[str, Any] = {
+    figures: dict[str, Any] = {
         "base_sha256": base_sha,
         "expected_base_sha256": expected,
         "base_path": str(resolved.path),
     }
     if base_sha != expected:
-        result.update(
-            ok=False,
-            refused=True,
-            problems=problems
+        return (
+            resolved,
+            figures,
+            problems
             + [
                 f"base weights in {resolved.path} have sha256 {base_sha}, but the adapter was "
                 f"trained on {expected}"
             ],
         )
-        return result
     # The exact base: the same weights, quantized the same way by the same bitsandbytes.
     trained = manifest.get("base_identity") or identity(expected, None)
     now = identity(base_sha, m.quantization)
-    result["base_identity"] = now
+    figures["base_identity"] = now
     differs = identity_differences(trained, now)
-    if differs:
-        problems += [f"the base is not the one the adapter was trained on: {d}" for d in differs]
+    problems += [f"the base is not the one the adapter was trained on: {d}" for d in differs]
+    return resolved, figures, problems
+
+
+def verify_child(pilot_dir: Path, adapter_dir: Path, out_dir: Path) -> dict:
+    """What the fresh process does: pin checks, load base + adapter from disk, re-evaluate."""
+
+    quiet_transformers()
+    manifest = read_manifest(adapter_dir)
+    spec = PilotSpec.model_validate(manifest["spec"])
+    pilot = Pilot(Path(pilot_dir), Path(pilot_dir) / "pilot.yaml", spec, {})
+    modality = modality_of(pilot)
+    environment.apply_threads(spec.train.threads)
+    resolved, result, problems = pinned_base(pilot, Path(adapter_dir), manifest)
     if problems:
         result.update(ok=False, refused=True, problems=problems)
         return result
-    if m.quantization is not None:
-        require(m.quantization, "the adapter's manifest")
+    if spec.model.quantization is not None:
+        require(spec.model.quantization, "the adapter's manifest")
     loaded = modality.load(Path(adapter_dir), manifest, resolved)
     problems += loaded.problems
     prepared = loaded.prepared

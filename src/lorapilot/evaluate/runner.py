@@ -366,7 +366,8 @@ def score_predictions(
                 into[i] = v
         metrics.pop("valid", None)
         if len(known) < n:  # the unanswered rows: their output parsed as the task reads it
-            unknown = [i for i in range(n) if i not in set(known)]
+            answered = set(known)
+            unknown = [i for i in range(n) if i not in answered]
             alone = format_metrics([outputs[i] for i in unknown], task)
             for i, p in zip(unknown, alone["parsed"], strict=True):
                 parsed[i] = p

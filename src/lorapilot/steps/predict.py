@@ -9,9 +9,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from lorapilot.base.manifest import read_manifest
 from lorapilot.data.inputs import Inputs, overlap, read_inputs
+from lorapilot.data.rows import skipped_summary
 from lorapilot.decision.plan import pilot_of_run
-from lorapilot.errors import UsageError
+from lorapilot.decision.reload import pinned_base
+from lorapilot.errors import CheckFailed, UsageError
 from lorapilot.evaluate.predictions import prediction_summary
 from lorapilot.evaluate.records import test_ledger, write_predictions
 from lorapilot.fsutil import atomic_write_bytes
@@ -26,8 +29,16 @@ PREDICTIONS = "predictions.jsonl"
 def default_run(pilot_dir: Path) -> str | None:
     """The adapter the final test confirmed (the decision's), else None (the latest
     completed train run)."""
-    tested = [e["evaluated"] for e in test_ledger(pilot_dir) if e.get("evaluated") != "base"]
-    return tested[-1] if tested else None
+    for entry in reversed(test_ledger(pilot_dir)):
+        rid = entry.get("evaluated")
+        if rid in (None, "base"):
+            continue
+        try:
+            rec = registry.get_run(pilot_dir, rid)
+        except UsageError:  # its run folder was removed since: the latest completed one
+            return None
+        return rid if rec.kind == "train" and rec.status == "completed" else None
+    return None
 
 
 def run_predict(
@@ -60,7 +71,7 @@ def run_predict(
     inputs = read_inputs(pilot, input_path, field_name, answer_field)
     records = inputs.records[:limit] if limit else inputs.records
     with open_run(pilot, "predict", parent=parent) as run:
-        loaded = modality_of(pilot).load(adapter)
+        loaded = _load(pilot, adapter)
         run.record.data_version = loaded.prepared.version
         seen = overlap(records, loaded.prepared.splits)
         for split, found in seen.items():
@@ -101,6 +112,25 @@ def run_predict(
     return {"run_id": run.id, "status": run.record.status, **result}
 
 
+def _load(pilot: Pilot, adapter: Path | None):
+    """The base, with the adapter attached on the base it was trained on (its files, the
+    base's weights and quantization, the tokenizer and template checked as `verify` checks
+    them): predictions on another base would be another model's, reported as this one's."""
+    if adapter is None:
+        return modality_of(pilot).load()
+    manifest = read_manifest(adapter)
+    resolved, _, problems = pinned_base(pilot, adapter, manifest)
+    if not problems:
+        loaded = modality_of(pilot).load(adapter, manifest, resolved)
+        problems = loaded.problems
+    if problems:
+        raise CheckFailed(
+            f"the adapter {adapter} is not on what it was trained with: " + "; ".join(problems),
+            {"problems": problems},
+        )
+    return loaded
+
+
 def _warnings(inputs: Inputs, seen: dict, cut: dict) -> list[str]:
     out = []
     if cut["n"]:
@@ -121,7 +151,13 @@ def _warnings(inputs: Inputs, seen: dict, cut: dict) -> list[str]:
             "nothing of how the adapter does on new inputs"
         )
     if inputs.skipped:
-        out.append(f"{len(inputs.skipped)} rows of {inputs.path} were set aside (data.on_error)")
+        why = "; ".join(
+            f"{g['problem']}: {g['count']}" for g in skipped_summary(inputs.skipped)[:3]
+        )
+        out.append(
+            f"{len(inputs.skipped)} rows of {inputs.path} were set aside ({why}); "
+            "input.skipped_by_problem names them"
+        )
     if inputs.dropped:
         out.append(f"{len(inputs.dropped)} inputs were empty after the cleaning rules")
     return out
