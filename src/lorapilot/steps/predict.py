@@ -86,6 +86,7 @@ def run_predict(
             atomic_write_bytes(out, (run.dir / PREDICTIONS).read_bytes())
         scored = ev.metrics.get("n", 0)
         result = {
+            "split": "inputs",  # not a split of the pilot: compare never takes it for val
             "input": inputs.record(),
             "n": len(records),
             "n_scored": scored,
