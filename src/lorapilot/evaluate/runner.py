@@ -17,7 +17,6 @@ from lorapilot.base.precision import TORCH_DTYPE_NAMES, default_device_type, res
 from lorapilot.data.dataset import PreparedData
 from lorapilot.data.format import PromptFormatter, answer_text, template_hash
 from lorapilot.data.rows import Record, answer_of
-from lorapilot.data.targets import is_text_target
 from lorapilot.evaluate import predict
 from lorapilot.evaluate.metrics import CONTENT_FREE, calibration_offsets, classification_metrics
 from lorapilot.evaluate.served import (
@@ -27,8 +26,7 @@ from lorapilot.evaluate.served import (
     generation_figures,
     token_bytes,
 )
-from lorapilot.evaluate.structured import extraction_metrics, format_metrics
-from lorapilot.evaluate.values import parse_first_json
+from lorapilot.evaluate.structured import Scorer, extraction_metrics, format_metrics
 from lorapilot.fsutil import sha256_json
 from lorapilot.records.progress import Phase
 from lorapilot.spec import PilotSpec
@@ -365,14 +363,11 @@ def score_predictions(
             for i, v in zip(known, metrics.pop(key, [None] * len(known)), strict=True):
                 into[i] = v
         metrics.pop("valid", None)
-        if len(known) < n:  # the unanswered rows: their output parsed as the task reads it
+        if len(known) < n:  # the unanswered rows: parsed as extraction_metrics parses one
+            scorer = Scorer(task, spec.eval.normalize)
             answered = set(known)
-            unknown = [i for i in range(n) if i not in answered]
-            alone = format_metrics([outputs[i] for i in unknown], task)
-            for i, p in zip(unknown, alone["parsed"], strict=True):
-                parsed[i] = p
-                if not is_text_target(task):
-                    errors[i] = parse_first_json(outputs[i])[1]
+            for i in (i for i in range(n) if i not in answered):
+                _, parsed[i], errors[i] = scorer.counts(None, outputs[i], text=records[i].text)
         for i, r in enumerate(records):
             rows.append(
                 {
