@@ -215,3 +215,22 @@ def test_an_adapter_off_its_base_is_refused_and_the_run_kept_as_failed(trained, 
         )
     failed = [r for r in run_json("runs", str(pilot))["runs"] if r["kind"] == "predict"]
     assert [r["status"] for r in failed[-2:]] == ["failed", "failed"]
+
+
+def test_a_parquet_file_is_read_its_answer_column_when_present(trained, tmp_path):
+    """Parquet as the pilot reads it: only the input column needed, the label read when the
+    file has one (a null label: that row predicted, not scored)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pilot, _ = trained
+    labels = yaml.safe_load((pilot / "pilot.yaml").read_text())["task"]["labels"]
+    table = pa.table({"text": ["Love it, thanks!", "Where is my parcel?", "Broken on arrival"],
+                      "label": [labels[0], None, labels[1]], "other": [1, 2, 3]})  # fmt: skip
+    pq.write_table(table, tmp_path / "i.parquet")
+    out = run_json("predict", str(pilot), "--input", str(tmp_path / "i.parquet"), "--no-progress")
+    assert out["n"] == 3 and out["n_scored"] == 2 and out["metrics"]["n"] == 2
+    assert out["input"]["n_with_answer"] == 2
+    pq.write_table(table.drop(["label"]), tmp_path / "bare.parquet")
+    bare = run_json("predict", str(pilot), "--input", str(tmp_path / "bare.parquet"))
+    assert bare["n"] == 3 and bare["n_scored"] == 0
