@@ -138,6 +138,7 @@ def test_run_whole_pilot_then_rerun_reuses_every_phase(tmp_path, default_model_d
     assert written["serving_check"]["serving_agreement"] == gguf["serving_agreement"]
     report = (pilot / "report" / "report.md").read_text()
     assert "## Deliverable: formats and their checks" in report
+    assert f"`lorapilot predict PILOT --run {first['train_run']} --input FILE" in report
     assert "| gguf | deliverable/gguf |" in report
 
 

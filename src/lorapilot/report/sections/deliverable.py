@@ -120,6 +120,15 @@ def _deliverable(s: dict) -> list:
     out: list = [
         Table(["format", "folder", "check", "ok", "agreement", "notes"], rows),
     ]
+    chosen = (s.get("chosen") or {}).get("id") if isinstance(s.get("chosen"), dict) else None
+    if adapter and chosen:
+        out.append(
+            Para(
+                "New inputs through this adapter, as the pilot evaluated it (its prompts, cut "
+                f"and decoding; bound to its base): `lorapilot predict PILOT --run {chosen} "
+                "--input FILE --out predictions.jsonl`"
+            )
+        )
     if notes:
         out += [Sub("Where the served model differs"), Para("; ".join(notes))]
     return out
