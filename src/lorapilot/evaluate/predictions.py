@@ -8,10 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from lorapilot.data.inputs import SHOWN_IDS
 from lorapilot.evaluate.structured import Scorer, format_metrics
 from lorapilot.spec import EvalNormalize, TaskSpec
-
-SHOWN_IDS = 20
 
 
 def prediction_summary(task: TaskSpec, rows: list[dict]) -> dict[str, Any]:

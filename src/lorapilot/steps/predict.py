@@ -85,17 +85,18 @@ def run_predict(
         if out is not None:  # the user's copy, written whole or not at all
             atomic_write_bytes(out, (run.dir / PREDICTIONS).read_bytes())
         scored = ev.metrics.get("n", 0)
+        summary = prediction_summary(pilot.spec.task, ev.predictions)
         result = {
             "split": "inputs",  # not a split of the pilot: compare never takes it for val
             "input": inputs.record(),
             "n": len(records),
             "n_scored": scored,
-            "summary": prediction_summary(pilot.spec.task, ev.predictions),
+            "summary": summary,
             # the inputs that carry an answer, scored as the evaluation scores: an outside
             # check of the adapter, not the decision's validation or test figures
             "metrics": ev.metrics if scored else None,
             "in_pilot_splits": seen,
-            "warnings": [],
+            "warnings": _warnings(inputs, seen, summary["truncated"]),
             "eval_protocol": protocol["eval_protocol"],
             "protocol": protocol,
             "adapter": str(adapter) if adapter else None,
@@ -108,7 +109,6 @@ def run_predict(
             "predictions": str(run.dir / PREDICTIONS),
             "out": str(out) if out is not None else None,
         }
-        result["warnings"] = _warnings(inputs, seen, result["summary"]["truncated"])
         run.update(**result)
     return {"run_id": run.id, "status": run.record.status, **result}
 

@@ -10,7 +10,7 @@ from lorapilot.export.ollama import agreement_of
 from lorapilot.report.blocks import Para, Sub, Table
 from lorapilot.report.formatting import DASH, fmt, isnum, mark
 from lorapilot.report.sections.model import _record
-from lorapilot.report.sections.state import _list
+from lorapilot.report.sections.state import _get, _list
 
 
 def _share(x: Any) -> str:
@@ -120,7 +120,7 @@ def _deliverable(s: dict) -> list:
     out: list = [
         Table(["format", "folder", "check", "ok", "agreement", "notes"], rows),
     ]
-    chosen = (s.get("chosen") or {}).get("id") if isinstance(s.get("chosen"), dict) else None
+    chosen = _get(s, "chosen", "id")
     if adapter and chosen:
         out.append(
             Para(
