@@ -167,3 +167,25 @@ def test_a_sigterm_whose_exception_was_swallowed_still_ends_the_run_as_interrupt
         run.update(after="the signal")  # the body goes on to its end
     (rec,) = registry.list_runs(tmp_path)
     assert rec.status == "interrupted" and rec.result["after"] == "the signal"
+
+
+def test_a_sigterm_wrapped_by_an_import_still_ends_the_run_as_interrupted(tmp_path):
+    """A SIGTERM landing while a class body is created (a module being imported: CI saw it in
+    `baseline`'s `cached_property` on TextModality) comes out as RuntimeError("Error calling
+    __set_name__ ..."); the run ends interrupted and the verb gets `Interrupted` (exit 143)."""
+
+    class Signals:
+        def __set_name__(self, owner, name):
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    with (
+        pytest.raises(registry.Interrupted, match="SIGTERM") as raised,
+        registry.open_run(tmp_path, "baseline"),
+    ):
+
+        class Modality:  # noqa: F841 - created for its __set_name__
+            tokenizer = Signals()
+
+    assert isinstance(raised.value.__cause__, RuntimeError)
+    (rec,) = registry.list_runs(tmp_path)
+    assert rec.status == "interrupted" and rec.error == "received signal SIGTERM"

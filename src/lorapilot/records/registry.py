@@ -325,6 +325,10 @@ def open_run(
             close("interrupted", str(e) or "interrupted by the user (Ctrl-C)")
             raise
         except BaseException as e:
+            if signals:  # the signal's exception came out wrapped: a class body's __set_name__
+                # (an import under way) re-raises it as RuntimeError; still an interruption
+                close("interrupted", f"received signal {signals[0]}")
+                raise Interrupted(f"received signal {signals[0]}") from e
             close("failed", f"{type(e).__name__}: {e}")
             raise
         else:
