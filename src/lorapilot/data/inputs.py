@@ -54,6 +54,12 @@ def read_inputs(
     spec = pilot.spec
     data = spec.data
     renamed = {}
+    if field_name and data.fields.text_template is not None:
+        raise UsageError(
+            f"--field {field_name}: the pilot builds its input from the columns "
+            f"data.fields.text_template names ({', '.join(data.fields.input_columns('text'))}); "
+            "the input file must have those columns"
+        )
     if field_name:
         renamed["image" if spec.task.modality == "image" else "text"] = field_name
     if answer_field:
@@ -69,7 +75,8 @@ def read_inputs(
             path, spec.task, data, display_path=str(path), answers=False
         )
     except UsageError as e:
-        if f"{column!r}" in str(e) and not field_name:
+        templated = data.fields.text_template is not None
+        if f"{column!r}" in str(e) and not field_name and not templated:
             raise UsageError(f"{e} (--field NAME reads the inputs from another column)") from None
         raise
     dropped: list[dict] = []

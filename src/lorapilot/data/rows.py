@@ -14,6 +14,7 @@ from typing import Any
 from lorapilot.data.targets import category_of, is_text_target, json_type, target_validator
 from lorapilot.errors import UsageError
 from lorapilot.spec import DataSpec, TaskSpec
+from lorapilot.spec.data import template_parts
 
 MAX_LINE_BYTES = 1 << 20  # a longer line is refused before it is decoded or parsed
 
@@ -72,6 +73,7 @@ class Record:
     category: str  # stratum for splitting and per-category metrics
     image: ImageMeta | None = None  # image tasks: the decoded file's properties and hashes
     group: str | None = None  # data.split.group's value: the group's examples share a split
+    empty_fields: tuple[str, ...] = ()  # data.fields.text_template's columns empty in this row
 
 
 def answer_of(record: Record) -> Any:
@@ -178,6 +180,11 @@ class RecordBuilder:
         self.answers = answers
         self.row_numbers = row_numbers  # Parquet records have rows, not lines
         self.fields = data.fields
+        self.template = (
+            template_parts(data.fields.text_template)
+            if data.fields.text_template is not None and task.modality != "image"
+            else None
+        )
         self.category_by = data.category if not task.labelled else None
         self.shown = shown
         self.stem = stem
@@ -193,16 +200,21 @@ class RecordBuilder:
 
     def build(self, row: dict, line: int) -> Record:
         fm = self.fields
-        # an image task's input is the image's path (relative to the pilot folder); the
-        # image itself is opened and checked once every row is read (data/images.py)
-        column = fm.image if self.task.modality == "image" else fm.text
-        text = row.get(column, _MISSING)
-        if text is _MISSING or text is None:
-            raise BadRow(f"missing field {column!r}")
-        if not isinstance(text, str):
-            raise BadRow(f"field {column!r} must be a string, got {json_type(text)}")
-        if not text.strip():
-            raise BadRow(f"field {column!r} is empty")
+        empty: tuple[str, ...] = ()
+        if self.template is not None:
+            column = "data.fields.text_template"
+            text, empty = self._from_template(row)
+        else:
+            # an image task's input is the image's path (relative to the pilot folder); the
+            # image itself is opened and checked once every row is read (data/images.py)
+            column = fm.image if self.task.modality == "image" else fm.text
+            text = row.get(column, _MISSING)
+            if text is _MISSING or text is None:
+                raise BadRow(f"missing field {column!r}")
+            if not isinstance(text, str):
+                raise BadRow(f"field {column!r} must be a string, got {json_type(text)}")
+            if not text.strip():
+                raise BadRow(f"field {column!r} is empty")
         if "\x00" in text:
             raise BadRow(f"field {column!r} contains a NUL byte")
         if len(text) > MAX_LINE_BYTES:
@@ -244,7 +256,36 @@ class RecordBuilder:
             split=self.split,
             category=category,
             group=group,
+            empty_fields=empty,
         )
+
+    def _from_template(self, row: dict) -> tuple[str, tuple[str, ...]]:
+        """data.fields.text_template filled from the row, and the columns that were empty.
+        A number is written as it reads (a CSV cell is text already); an absent, null or
+        NaN column is empty, as an empty CSV cell is."""
+        assert self.template is not None
+        out: list[str] = []
+        empty: list[str] = []
+        for literal, name in self.template:
+            out.append(literal)
+            if name is None:
+                continue
+            value = row.get(name)
+            if isinstance(value, float) and value != value:
+                value = None
+            if isinstance(value, bool) or not isinstance(value, str | int | float | None):
+                raise BadRow(
+                    f"field {name!r} (data.fields.text_template) must be a string or a number, "
+                    f"got {json_type(value)}"
+                )
+            value = "" if value is None else str(value)
+            if not value.strip() and name not in empty:
+                empty.append(name)
+            out.append(value)
+        names = list(dict.fromkeys(n for _, n in self.template if n))
+        if len(empty) == len(names):
+            raise BadRow(f"every column of data.fields.text_template is empty: {', '.join(names)}")
+        return "".join(out), tuple(empty)
 
     def _group(self, row: dict) -> str:
         """data.split.group's value: a string or an integer (CSV cells are strings)."""
@@ -350,14 +391,13 @@ def needed_columns(data: DataSpec, task: TaskSpec, answers: bool = True) -> list
     data.split.group and data.category (when it is not a target path) name; with `answers`
     False (inputs to predict) the input alone."""
     fm = data.fields
+    inputs = fm.input_columns(task.modality)
     if not answers:
-        return [fm.image if task.modality == "image" else fm.text]
+        return inputs
     extra = [data.split.group] if data.split.group else []
     if not task.labelled and data.category and not data.category.startswith("target."):
         extra.append(data.category)
-    if task.modality == "image":
-        return list(dict.fromkeys([fm.image, fm.label, *extra]))
-    return list(dict.fromkeys([fm.text, fm.label if task.labelled else fm.target, *extra]))
+    return list(dict.fromkeys([*inputs, fm.label if task.labelled else fm.target, *extra]))
 
 
 def read_columns(

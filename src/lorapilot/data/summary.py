@@ -22,7 +22,14 @@ from lorapilot.evaluate.leaves import root_spec
 from lorapilot.spec import Pilot
 
 # What the shared report says about rows set aside and groups, in the order it is written.
-SET_ASIDE = ("skipped", "skipped_summary", "dropped_by_cleaning", "unlisted_labels", "groups")
+SET_ASIDE = (
+    "skipped",
+    "skipped_summary",
+    "dropped_by_cleaning",
+    "unlisted_labels",
+    "groups",
+    "text_template",
+)
 
 
 def shared_report(
@@ -57,6 +64,9 @@ def shared_report(
             f"in more than one of the given splits: {shown}; their examples share an origin "
             "across splits (split one file with data.file to keep each group whole)"
         )
+    template = template_report(pilot, prepared)
+    if template:
+        warnings += template["warnings"]
     if leaks and spec.data.leakage == "warn":
         warnings.append(
             f"{len(leaks)} duplicate pair(s) across splits kept (data.leakage: warn): "
@@ -80,6 +90,47 @@ def shared_report(
         "dropped_by_cleaning": prepared.dropped,
         **({"unlisted_labels": unlisted} if unlisted else {}),
         **({"groups": groups} if groups is not None else {}),
+        **(
+            {"text_template": {k: v for k, v in template.items() if k != "warnings"}}
+            if template
+            else {}
+        ),
+        "warnings": warnings,
+    }
+
+
+def template_report(pilot: Pilot, prepared: PreparedData) -> dict[str, Any] | None:
+    """With data.fields.text_template: how many examples had each of its columns empty (the
+    place left empty in their text), per split; a warning per column empty somewhere, and a
+    pointed one for a column empty everywhere (a misspelt name in a JSONL file reads as
+    absent in every row)."""
+    template = pilot.spec.data.fields.text_template
+    if template is None or pilot.spec.task.modality == "image":
+        return None
+    columns = pilot.spec.data.fields.input_columns("text")
+    empty = {c: {s: 0 for s in prepared.splits} for c in columns}
+    for split, recs in prepared.splits.items():
+        for r in recs:
+            for c in r.empty_fields:
+                empty[c][split] += 1
+    n = sum(len(v) for v in prepared.splits.values())
+    warnings = []
+    for c, per in empty.items():
+        total = sum(per.values())
+        if total == n:
+            warnings.append(
+                f"column {c!r} of data.fields.text_template is empty or absent in all {n} "
+                "examples: is the name spelt as in the data?"
+            )
+        elif total:
+            warnings.append(
+                f"{total} of {n} example(s) have an empty {c!r} (data.fields.text_template): "
+                "its place in their text is left empty"
+            )
+    return {
+        "template": template,
+        "columns": columns,
+        "empty": {c: {**per, "total": sum(per.values())} for c, per in empty.items()},
         "warnings": warnings,
     }
 

@@ -4,6 +4,7 @@ mapping, cleaning, the split, the sample, lengths and the leak policy."""
 from __future__ import annotations
 
 import re
+import string
 from typing import Annotated, ClassVar, Literal
 
 from pydantic import (
@@ -25,8 +26,67 @@ class FieldMap(_Strict):
     label: str = Field("label", description="Column holding the label (classification).")
     target: str = Field("target", description="Column holding the target object (extraction).")
     id: str | None = Field("id", description="Column holding a stable example id, if any.")
+    text_template: str | None = Field(
+        None,
+        description="The input text built from several columns, each named in braces: "
+        "'Subject: {subject}\\n\\n{body}' (in place of `text`). A column that is empty or "
+        "null in a row leaves its place empty, and the `data` report counts such rows per "
+        "column; a row whose columns are all empty is invalid. `{{` and `}}` are literal "
+        "braces.",
+    )
 
-    _omitted_at: ClassVar[dict[str, tuple]] = {"image": ("image",)}
+    _omitted_at: ClassVar[dict[str, tuple]] = {"image": ("image",), "text_template": (None,)}
+
+    @field_validator("text_template")
+    @classmethod
+    def _template(cls, v: str | None) -> str | None:
+        if v is not None:
+            template_parts(v)
+        return v
+
+    @model_validator(mode="after")
+    def _one_text(self) -> FieldMap:
+        if self.text_template is not None and "text" in self.model_fields_set:
+            raise ValueError(
+                "set text (one column) or text_template (several), not both: the template "
+                "names its columns itself"
+            )
+        return self
+
+    def input_columns(self, modality: str) -> list[str]:
+        """The columns the input is read from: the image path; the text column, or the
+        columns text_template names, in order, once each."""
+        if modality == "image":
+            return [self.image]
+        if self.text_template is None:
+            return [self.text]
+        return list(dict.fromkeys(c for _, c in template_parts(self.text_template) if c))
+
+
+def template_parts(template: str) -> list[tuple[str, str | None]]:
+    """(literal text, column name or None) pairs of a data.fields.text_template. Column names
+    are taken whole (`{Review Text}`, `{a.b}`: no attribute or index lookup); a conversion or
+    format spec is refused, as is a template that names no column."""
+    try:
+        parsed = list(string.Formatter().parse(template))
+    except ValueError as e:
+        raise ValueError(
+            f"{e} (write a column as {{name}}, a literal brace as {{{{ or }}}})"
+        ) from None
+    parts: list[tuple[str, str | None]] = []
+    for literal, name, spec, conversion in parsed:
+        if name is not None and (spec or conversion):
+            shown = f"{name}{'!' + conversion if conversion else ''}{':' + spec if spec else ''}"
+            raise ValueError(
+                f"{{{shown}}}: write a column as {{name}}, with no format spec or conversion "
+                "(a column whose name holds ':' or '!' cannot be named here; rename it)"
+            )
+        if name is not None and not name.strip():
+            raise ValueError("{}: every placeholder names a column, e.g. {body}")
+        parts.append((literal, name))
+    if not any(name for _, name in parts):
+        raise ValueError("names no column: write each column in braces, e.g. '{title}\\n{body}'")
+    return parts
 
 
 class SplitSpec(_Strict):

@@ -98,6 +98,15 @@ class PilotSpec(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _text_template_is_for_text(self) -> PilotSpec:
+        if self.data.fields.text_template is not None and self.task.modality == "image":
+            raise ValueError(
+                "data.fields.text_template builds a text input from columns; an image pilot's "
+                "input is the image (data.fields.image)"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _gguf_is_for_text(self) -> PilotSpec:
         if "gguf" in self.export.formats and self.task.modality == "image":
             raise ValueError(

@@ -32,7 +32,8 @@ data:
   source: "Example messages written by lorapilot init (replace with your data)"
   permission: "Synthetic example data; free to use"
   file: data/examples.jsonl     # JSONL/CSV/Parquet; split into train/val/test by lorapilot
-  fields: {{text: text, label: label, id: id}}
+  fields: {{text: text, label: label, id: id}}   # an input in several columns: in place of
+  #   text, text_template: "Subject: {{subject}}\\n\\n{{body}}"
   split: {{seed: 0, val: 0.2, test: 0.2}}   # add `group: customer` to keep each value of
   #                             # that column in one split (one customer's messages together)
   # unlisted_labels: drop       # leave out rows whose label is not in task.labels, counted
