@@ -221,3 +221,21 @@ def test_check_names_the_key_of_a_bad_template(templated, tmp_path):
     assert "data.fields.text_template" in (res.stdout + res.stderr) and "{subject!r}" in (
         res.stdout + res.stderr
     )
+
+
+def test_a_saved_hf_dataset_reads_the_template_s_columns(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    rows = [
+        {"q": "What is 2+2?", "ctx": "Arithmetic.", "n": 4, "lab": "Tops"},
+        {"q": "Why?", "ctx": None, "n": 1, "lab": "Dresses"},
+    ]
+    datasets.Dataset.from_list(rows).save_to_disk(str(tmp_path / "ds"))
+    spec = DataSpec(
+        file="ds", fields=FieldMap(text_template="Q: {q}\nC: {ctx} ({n})", label="lab", id=None)
+    )
+    records, _ = load_records(tmp_path / "ds", CLF, spec, display_path="ds")
+    assert [r.text for r in records] == ["Q: What is 2+2?\nC: Arithmetic. (4)", "Q: Why?\nC:  (1)"]
+    assert [r.empty_fields for r in records] == [(), ("ctx",)]
+    bad = spec.model_copy(update={"fields": FieldMap(text_template="{q} {body}", label="lab")})
+    with pytest.raises(UsageError, match=r"ds: no column 'body' \(columns: q, ctx, n, lab\)"):
+        load_records(tmp_path / "ds", CLF, bad, display_path="ds")
