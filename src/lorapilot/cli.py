@@ -358,12 +358,22 @@ def baseline(
     limit: LimitOpt = None,
     no_progress: NoProgress = False,
     sets: SetOpt = None,
+    shots: Annotated[
+        int,
+        typer.Option(
+            "--shots",
+            min=0,
+            help="Show the base K training examples (each category in turn) before every "
+            "prompt: a few-shot baseline, the prompting alternative the report sets the "
+            "adapter against. 0: zero-shot, the success criterion's baseline.",
+        ),
+    ] = 0,
 ) -> Shown:
     """Evaluate the unadapted base model on the validation split; keep its outputs and
-    protocol."""
+    protocol. `--shots K`: the base prompted with K training examples first."""
     from lorapilot.steps.baseline import run_baseline
 
-    result = run_baseline(_pilot(pilot, sets), limit=limit, progress=not no_progress)
+    result = run_baseline(_pilot(pilot, sets), limit=limit, progress=not no_progress, shots=shots)
     return Shown(result, views.evaluation)
 
 

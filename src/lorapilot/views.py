@@ -230,6 +230,23 @@ def export(r: dict) -> None:
 def _decision(r: dict) -> None:
     for reason in r["reasons"]:
         stdout.print(f"  - {esc(str(reason))}")
+    _prompting(r.get("prompting"))
+
+
+def _prompting(p: dict | None) -> None:
+    """The adapter against the few-shot prompt (`baseline --shots`), beside the decision."""
+    if not p:
+        return
+    head = f"  against prompting ({p['shots']}-shot base, {p['run_id']}): "
+    if p.get("why_not"):
+        stdout.print(head + f"not compared: {esc(p['why_not'])}")
+        return
+    ci = f" [{p['ci_low']:+.3f}, {p['ci_high']:+.3f}]" if p.get("ci_low") is not None else ""
+    stdout.print(
+        head
+        + f"{p['metric']} {p['few_shot']:.3f} -> {p['adapted']:.3f} ({p['gain']:+.3f}{ci}); "
+        + ("the adapter beats it" if p["adapter_beats_prompting"] else "[yellow]not clearly[/]")
+    )
 
 
 def _limitations(r: dict, shown: tuple[str, ...] = ()) -> None:
@@ -473,6 +490,12 @@ def evaluation(r: dict) -> None:
         f"[green]{r['split']}[/] n={r['n']}  run {r['run_id']}  protocol {r['eval_protocol']}  "
         f"({r['examples_per_s']:.1f} ex/s)"
     )
+    shots = r.get("shots")
+    if shots:  # baseline --shots: the prompting alternative, not the zero-shot baseline
+        stdout.print(
+            f"  few-shot: the base shown {shots['k']} training examples before every prompt "
+            f"(+{shots['prompt_tokens_added']} tokens; {', '.join(map(esc, shots['ids']))})"
+        )
     headline = [k for k in EVALUATION_METRICS if k in m]
     stdout.print("  " + "  ".join(f"{k}={m[k]:.3f}" for k in headline))
     group, per = per_group(m)

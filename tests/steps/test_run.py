@@ -125,13 +125,18 @@ def test_run_whole_pilot_then_rerun_reuses_every_phase(tmp_path, default_model_d
     # export formats added afterwards: nothing is redone, the deliverable gains the GGUF
     # folder with its serving check, and the report shows it (the gate's own tests are in
     # tests/export: here any agreement passes)
+    # and the prompting alternative pre-registered: only its own phase is added
     need_llama_cpp()
     spec["export"] = {"formats": ["peft", "gguf"], "min_agreement": 0.0}
+    spec["eval"] = {**spec.get("eval", {}), "few_shot": 3}
     (pilot / "pilot.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
     third = run_json("run", str(pilot), "--no-progress")
     assert [p["phase"] for p in third["phases"] if not p["reused"]] == [
-        "inspect", "budget", "export gguf", "report"
+        "inspect", "few-shot baseline", "budget", "export gguf", "report"
     ]  # fmt: skip
+    few = third["phases"][3]
+    assert few["phase"] == "few-shot baseline" and few["run_id"] != first["phases"][2]["run_id"]
+    assert third["decision"] == first["decision"]  # against the zero-shot baseline still
     (gguf,) = third["exports"]
     assert gguf["format"] == "gguf" and gguf["ok"] and gguf["train_run"] == first["train_run"]
     written = json.loads((pilot / "deliverable" / "gguf" / "lorapilot.json").read_text())
@@ -140,6 +145,8 @@ def test_run_whole_pilot_then_rerun_reuses_every_phase(tmp_path, default_model_d
     assert "## Deliverable: formats and their checks" in report
     assert f"`lorapilot predict PILOT --run {first['train_run']} --input FILE" in report
     assert "| gguf | deliverable/gguf |" in report
+    assert "### Against prompting: the base shown 3 training examples" in report
+    assert f"| few-shot run | {few['run_id']} |" in report
 
 
 def test_run_does_not_reuse_a_disturbed_probe(tmp_path):

@@ -63,12 +63,19 @@ def _fill(text: str, task: TaskSpec) -> str:
     )
 
 
-def render_messages(task: TaskSpec, text: str) -> list[dict[str, str]]:
-    """System + user turns for one input text."""
+def render_messages(
+    task: TaskSpec, text: str, shots: tuple[tuple[str, str], ...] = ()
+) -> list[dict[str, str]]:
+    """System + user turns for one input text; `shots` (input text, answer) pairs come first
+    as earlier user and assistant turns of the same template (few-shot prompting)."""
     msgs = []
     if task.system:
         msgs.append({"role": "system", "content": _fill(task.system, task)})
-    msgs.append({"role": "user", "content": _fill(task.template, task).replace("{text}", text)})
+    user = _fill(task.template, task)
+    for shot_text, shot_answer in shots:
+        msgs.append({"role": "user", "content": user.replace("{text}", shot_text)})
+        msgs.append({"role": "assistant", "content": shot_answer})
+    msgs.append({"role": "user", "content": user.replace("{text}", text)})
     return msgs
 
 
@@ -177,7 +184,10 @@ class PromptFormatter:
         max_length: int,
         truncation_side: str = "left",
         loss_on: str = "completion",
+        shots: tuple[tuple[str, str], ...] = (),
     ):
+        """`shots`: demonstrations before every prompt (a few-shot baseline's prompt; see
+        `with_shots`), never in training examples."""
         if not getattr(tokenizer, "chat_template", None):
             raise UsageError(
                 "the base model's tokenizer has no chat template; lorapilot builds prompts from it "
@@ -188,18 +198,35 @@ class PromptFormatter:
         self.max_length = max_length
         self.truncation_side = truncation_side
         self.loss_on = loss_on
+        self.shots = tuple(shots)
         self.special_ids = set(tokenizer.all_special_ids)
         self._check_template()
+
+    def with_shots(self, shots: list[tuple[str, str]], answer_budget: int) -> PromptFormatter:
+        """This formatter with `shots` (input text, answer) before every prompt: each
+        demonstration's text cut as this formatter cuts an input, and max_length grown by
+        what the demonstrations add, so every input keeps the room it has without them."""
+        fitted = tuple((self.fit_text(t, answer_budget)[0], a) for t, a in shots)
+        out = PromptFormatter(
+            self.tok, self.task, self.max_length, self.truncation_side, self.loss_on, fitted
+        )
+        out.max_length += len(out._ids(out.prompt_text("x"))) - len(
+            self._ids(self.prompt_text("x"))
+        )
+        return out
 
     # -- rendering ---------------------------------------------------------------
 
     def prompt_text(self, text: str) -> str:
         return self.tok.apply_chat_template(
-            render_messages(self.task, text), tokenize=False, add_generation_prompt=True
+            render_messages(self.task, text, self.shots),
+            tokenize=False,
+            add_generation_prompt=True,
         )
 
     def full_text(self, text: str, answer: str) -> str:
-        msgs = render_messages(self.task, text) + [{"role": "assistant", "content": answer}]
+        msgs = render_messages(self.task, text, self.shots)
+        msgs.append({"role": "assistant", "content": answer})
         return self.tok.apply_chat_template(msgs, tokenize=False)
 
     def _ids(self, s: str) -> list[int]:

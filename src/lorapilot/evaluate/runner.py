@@ -45,8 +45,11 @@ def prefix_cache_on(setting: str, device_type: str | None = None) -> bool:
     return (device_type or default_device_type()) == "cpu"
 
 
-def make_protocol(spec: PilotSpec, tokenizer: Any, prepared: PreparedData) -> dict:
-    """Everything that changes predictions, and its hash `eval_protocol`."""
+def make_protocol(
+    spec: PilotSpec, tokenizer: Any, prepared: PreparedData, shots: dict | None = None
+) -> dict:
+    """Everything that changes predictions, and its hash `eval_protocol`; `shots`: a few-shot
+    baseline's demonstrations (k, seed, ids, the tokens they add)."""
     task, ev = spec.task, spec.eval
     mode = ev.mode if task.kind == "classification" else "generate"
     max_new = ev.max_new_tokens or (prepared.answer_budget + GENERATION_MARGIN)
@@ -72,6 +75,8 @@ def make_protocol(spec: PilotSpec, tokenizer: Any, prepared: PreparedData) -> di
     }
     if spec.eval.label_scoring != "sum":  # absent at the default: older hashes hold
         proto["label_scoring"] = spec.eval.label_scoring
+    if shots:  # absent for every zero-shot evaluation: their hashes hold
+        proto["shots"] = shots
     held = held_weights(spec, proto["precision"])
     if held is not None:  # weights rounded below the evaluation's precision (explicit dtype)
         proto["weights_dtype"] = held

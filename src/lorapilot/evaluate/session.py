@@ -45,16 +45,26 @@ def evaluate_split(
     progress: bool = True,
     final: bool = False,
     log: Callable[[str], None] | None = None,
+    shots: int = 0,
 ) -> dict:
-    """Evaluate the base (or base + adapter) on a split inside a run of `kind`."""
+    """Evaluate the base (or base + adapter) on a split inside a run of `kind`; `shots`: the
+    base prompted with that many training examples first (a few-shot baseline)."""
     if split == "test" and not final:
         raise UsageError(
             "the test split is reserved: use `lorapilot eval PILOT --split test --final`"
         )
     if split not in ("val", "test"):
         raise UsageError(f"--split {split!r}: must be val or test")
+    if shots and (adapter_dir is not None or pilot.spec.task.modality == "image"):
+        raise UsageError(
+            "--shots: few-shot prompting is a baseline of a text pilot's base model (an image "
+            "pilot's baseline is a linear probe; an adapter is evaluated as it was trained)"
+        )
     with open_run(pilot, kind, parent=parent) as run:
-        loaded = modality_of(pilot).load(adapter_dir)
+        if shots:  # on the record from the start: a few-shot run is never taken for zero-shot
+            run.update(shots={"k": shots})
+        modality = modality_of(pilot)
+        loaded = modality.load(adapter_dir, shots=shots) if shots else modality.load(adapter_dir)
         resolved, model, prepared = loaded.resolved, loaded.model, loaded.prepared
         run.record.data_version = prepared.version
         records = _limit(prepared.splits[split], limit)
@@ -109,6 +119,8 @@ def evaluate_split(
             "predictions": str(run.dir / "predictions.jsonl"),
             **base_out,
         }
+        if "shots" in protocol:
+            out["shots"] = protocol["shots"]
         if result.calibration is not None:
             out["calibration"] = result.calibration
         if result.generation is not None:  # eval.generation_check: as a chat server answers

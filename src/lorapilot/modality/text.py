@@ -130,8 +130,14 @@ class TextModality:
         return []  # the tokenizer, template and files are checked where they are loaded
 
     def load(
-        self, adapter_dir: Path | None = None, manifest: dict | None = None, resolved: Any = None
+        self,
+        adapter_dir: Path | None = None,
+        manifest: dict | None = None,
+        resolved: Any = None,
+        shots: int = 0,
     ) -> Loaded:
+        """`shots`: the base evaluated (`evaluate_base`) with that many demonstrations from
+        the training split before every prompt: a few-shot baseline."""
         from lorapilot.base.models import attach_adapter, is_full_finetune, load_base
         from lorapilot.data.format import template_hash, tokenizer_hash
         from lorapilot.evaluate.runner import evaluate_records, make_protocol
@@ -153,6 +159,15 @@ class TextModality:
             model = attach_adapter(model, Path(adapter_dir))
         prepared = prepare_data(pilot, tok)
         fmt = formatter_for(pilot, tok)
+        base_fmt, shot_info = fmt, None
+        if shots:
+            from lorapilot.data.dataset import model_context
+            from lorapilot.data.shots import few_shot_formatter
+
+            base_fmt, shot_info = few_shot_formatter(
+                fmt, prepared.splits.get("train") or [], spec.task, shots, spec.train.seed,
+                prepared.answer_budget, model_context(tok),
+            )  # fmt: skip
 
         evaluate = self._evaluator(tok, fmt, prepared)
 
@@ -163,10 +178,10 @@ class TextModality:
             lora = adapter_dir is not None and not full
             with model.disable_adapter() if lora else contextlib.nullcontext():
                 ev = evaluate_records(
-                    base, tok, fmt, spec, records, protocol, progress=progress, label=label,
+                    base, tok, base_fmt, spec, records, protocol, progress=progress, label=label,
                     log=log, generation_check=spec.eval.generation_check,
                 )  # fmt: skip
             return ev, {}
 
-        protocol = make_protocol(spec, tok, prepared)
+        protocol = make_protocol(spec, tok, prepared, shot_info)
         return Loaded(resolved, model, prepared, evaluate, evaluate_base, problems, protocol)

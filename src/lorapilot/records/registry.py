@@ -189,9 +189,23 @@ def get_run(pilot_dir: Path, run_id: str) -> RunRecord:
     return rec
 
 
-def latest_run(pilot_dir: Path, kind: str, status: str = "completed") -> RunRecord | None:
-    runs = [r for r in list_runs(pilot_dir, kind) if r.status == status]
+def latest_run(
+    pilot_dir: Path,
+    kind: str,
+    status: str = "completed",
+    where: Callable[[RunRecord], bool] | None = None,
+) -> RunRecord | None:
+    """The latest run of `kind` with `status` (and for which `where` holds)."""
+    runs = [
+        r for r in list_runs(pilot_dir, kind) if r.status == status and (where is None or where(r))
+    ]
     return runs[-1] if runs else None
+
+
+def is_few_shot(rec: RunRecord) -> bool:
+    """A baseline run of the base prompted with training examples (`baseline --shots`): the
+    prompting alternative, never the zero-shot baseline the success criterion names."""
+    return bool(rec.result.get("shots"))
 
 
 class RunHandle:

@@ -27,6 +27,7 @@ from lorapilot.evaluate.records import BASELINE_PREDICTIONS
 from lorapilot.evaluate.served import generation_warning
 from lorapilot.fsutil import read_json_or_none, read_jsonl
 from lorapilot.records import registry
+from lorapilot.report.prompting import prompting_alternative, prompting_warnings
 from lorapilot.spec import Pilot
 
 
@@ -127,6 +128,11 @@ def run_summary(pilot: Pilot, rec: registry.RunRecord, baseline: registry.RunRec
     row["peak_memory_bytes"], row["median_step_s"] = (
         _step_figures(pilot, rec) if rec.kind == "train" else (None, None)
     )
+    if rec.kind == "baseline" and registry.is_few_shot(rec):  # the prompting alternative:
+        k = (res.get("shots") or {}).get("k")  # set against the adapter, not the baseline
+        row["variant"] = f"{k}-shot prompt"
+        row["shots"] = res.get("shots")
+        return row
     if baseline is None or not row["metrics"] or rec.id == baseline.id or row["split"] != "val":
         return row
     ok, why = comparable(
@@ -228,8 +234,11 @@ def collect(pilot: Pilot) -> dict:
     """Everything compare/report need, from the run records."""
     spec = pilot.spec
     runs = registry.list_runs(pilot.dir)
-    latest = {k: registry.latest_run(pilot.dir, k) for k in ("data", "baseline", "probe", "smoke")}
-    baseline = latest["baseline"]
+    latest = {k: registry.latest_run(pilot.dir, k) for k in ("data", "probe", "smoke")}
+    baseline = registry.latest_run(
+        pilot.dir, "baseline", where=lambda r: not registry.is_few_shot(r)
+    )
+    latest["baseline"] = baseline
     rows = [run_summary(pilot, r, baseline) for r in runs]
     chosen, selection = choose_run(pilot, rows)
     decision = None
@@ -298,6 +307,7 @@ def collect(pilot: Pilot) -> dict:
         decision["chosen_by"] = SELECTION_RULE
     ledger = read_jsonl(registry.runs_dir(pilot.dir) / "test_ledger.jsonl")
     exports = exported(pilot)
+    prompting = prompting_alternative(pilot, chosen)
     curves = {}
     for r in runs:
         if r.kind == "train":
@@ -323,6 +333,7 @@ def collect(pilot: Pilot) -> dict:
         "chosen": chosen,
         "selection": selection,
         "baseline": baseline and run_summary(pilot, baseline, None),
+        "prompting": prompting,
         "data": latest["data"] and latest["data"].result,
         "probe": latest["probe"] and latest["probe"].result,
         "probes": probes_by_variant(runs),
@@ -344,7 +355,8 @@ def collect(pilot: Pilot) -> dict:
         )
         + degenerate_baseline(baseline and _rows(registry.runs_dir(pilot.dir) / baseline.id))
         + export_warnings(exports)
-        + generation_warnings(chosen),
+        + generation_warnings(chosen)
+        + prompting_warnings(prompting),
     }
 
 

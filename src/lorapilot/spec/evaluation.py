@@ -82,6 +82,17 @@ class EvalSpec(_Strict):
         "agreement). "
         "Reported, not gated, not part of the eval protocol; false saves its time.",
     )
+    few_shot: int | None = Field(
+        None,
+        ge=1,
+        le=64,
+        description="K: the prompting alternative, pre-registered. `lorapilot run` also "
+        "evaluates the base shown K training examples before every prompt (`baseline --shots "
+        "K`: the categories in turn, seeded by train.seed), and `compare` and the report set "
+        "the chosen adapter against it (gain, paired CI, whether it reaches success.min_gain). "
+        "Text pilots; reported beside the decision, which stays against the zero-shot "
+        "baseline.",
+    )
 
     # omitted from the spec hash at their defaults: specs written before them hash the same
     _omitted_at: ClassVar[dict[str, tuple]] = {
@@ -89,6 +100,7 @@ class EvalSpec(_Strict):
         "label_scoring": ("sum",),
         "shared_prefix": ("auto",),
         "generation_check": (True,),
+        "few_shot": (None,),
     }
 
 

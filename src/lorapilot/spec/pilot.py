@@ -98,6 +98,15 @@ class PilotSpec(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _few_shot_is_for_text(self) -> PilotSpec:
+        if self.eval.few_shot is not None and self.task.modality == "image":
+            raise ValueError(
+                "eval.few_shot: prompting with examples is a text pilot's alternative; an "
+                "image pilot's baseline is a linear probe on the frozen features"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _text_template_is_for_text(self) -> PilotSpec:
         if self.data.fields.text_template is not None and self.task.modality == "image":
             raise ValueError(

@@ -8,8 +8,12 @@ from lorapilot.spec import Pilot
 
 
 def run_baseline(
-    pilot: Pilot, *, limit: int | None = None, progress: bool = True, log=None
+    pilot: Pilot, *, limit: int | None = None, progress: bool = True, log=None, shots: int = 0
 ) -> dict:
     """Evaluate the base model on val inside a `baseline` run (images: a linear probe on the
-    frozen features, fitted on train)."""
-    return evaluate_split(pilot, "baseline", split="val", limit=limit, progress=progress, log=log)
+    frozen features, fitted on train). `shots`: K training examples shown before every
+    prompt; such a run is the prompting alternative the report sets the adapter against,
+    never the baseline of the success criterion (the zero-shot one, pre-registered)."""
+    return evaluate_split(
+        pilot, "baseline", split="val", limit=limit, progress=progress, log=log, shots=shots
+    )

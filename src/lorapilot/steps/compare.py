@@ -18,6 +18,7 @@ def run_compare(pilot: Pilot) -> dict[str, Any]:
         "chosen": state["chosen"] and state["chosen"]["id"],
         "selection": state["selection"],
         "test_gain": (state["test"] or {}).get("gain"),
+        "prompting": state["prompting"],
         "decision": (state["decision"] or {}).get("decision"),
         "reasons": (state["decision"] or {}).get("reasons", []),
     }

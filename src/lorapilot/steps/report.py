@@ -35,6 +35,7 @@ def run_report(pilot: Pilot) -> dict[str, Any]:
         "chosen_run": state["chosen"] and state["chosen"]["id"],
         "selection": state["selection"],
         "test_gain": (state["test"] or {}).get("gain"),
+        "prompting": state["prompting"],
         "gates": decision.get("gates"),
         "limitations": state["limitations"],
     }

@@ -60,9 +60,11 @@ PHASES = (
 def inputs_key(pilot: Pilot, env: dict) -> str:
     """What a phase's result depends on; a change means the phase is redone. The limits are
     not part of it: raising a limit that refused the plan redoes nothing already measured; nor
-    are the export formats, which only add to the deliverable."""
+    are the export formats, which only add to the deliverable, nor eval.few_shot, which only
+    adds the prompting alternative's own phase."""
     spec = pilot.spec.model_dump(mode="json")
     spec["limits"] = spec["tracking"] = spec["export"] = None
+    spec["eval"].pop("few_shot", None)
     return (
         "in-"
         + sha256_json(
@@ -126,7 +128,7 @@ def run_pipeline(
     shapes: dict[str, Pilot] = {}  # one probe per distinct step shape, the first variant's
     for vp in plan:
         shapes.setdefault(step_shape(vp.spec.model_dump(mode="json")), vp)
-    n_phases = len(PHASES) - 2 + len(shapes) + len(plan)
+    n_phases = len(PHASES) - 2 + len(shapes) + len(plan) + bool(pilot.spec.eval.few_shot)
     phases: list[dict] = []
     t_all = time.time()
 
@@ -163,7 +165,16 @@ def run_pipeline(
         raise CheckFailed(
             "inspect: some examples' loss tokens do not decode to their answer", {"phases": phases}
         )
-    phase("baseline", "baseline", lambda: run_baseline(pilot, progress=progress, log=log))
+    zero_shot = lambda r: not registry.is_few_shot(r)  # noqa: E731
+    phase("baseline", "baseline", lambda: run_baseline(pilot, progress=progress, log=log),
+          where=zero_shot)  # fmt: skip
+    k = pilot.spec.eval.few_shot
+    if k:  # the prompting alternative the report sets the adapter against
+        phase(
+            "few-shot baseline", "baseline",
+            lambda: run_baseline(pilot, progress=progress, log=log, shots=k),
+            where=lambda r: (r.result.get("shots") or {}).get("k") == k,
+        )  # fmt: skip
     sm = phase(
         "smoke",
         "smoke",

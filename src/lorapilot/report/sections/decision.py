@@ -168,6 +168,45 @@ def _decision(s: dict) -> list:
         )
     else:
         out.append(Para("no paired bootstrap: the gain cannot be told from noise"))
+    return out + _prompting(s)
+
+
+def _prompting(s: dict) -> list:
+    """The chosen adapter against the base prompted with K training examples, if measured."""
+    p = s.get("prompting")
+    if not isinstance(p, dict):
+        return []
+    out: list = [Sub(f"Against prompting: the base shown {p.get('shots')} training examples")]
+    if p.get("why_not"):
+        return out + [Para(f"not compared ({p.get('run_id')}): {p['why_not']}")]
+    beats = p.get("adapter_beats_prompting")
+    ci = (
+        f"[{fdelta(p.get('ci_low'))}, {fdelta(p.get('ci_high'))}]"
+        if isnum(p.get("ci_low"))
+        else DASH
+    )
+    out.append(
+        KV(
+            [
+                ("few-shot run", p.get("run_id")),
+                (f"{p.get('metric')}, {p.get('shots')}-shot base", fmt(p.get("few_shot"))),
+                (f"{p.get('metric')}, adapted", fmt(p.get("adapted"))),
+                ("gain over prompting", fdelta(p.get("gain"))),
+                ("95% CI (paired bootstrap)", ci),
+                (
+                    "adapter beats prompting",
+                    Mark("yes" if beats else "no", bool(beats)),
+                ),
+            ]
+        )
+    )
+    out.append(
+        Para(
+            "Reported, not part of the decision: the success criterion is pre-registered "
+            "against the zero-shot baseline. Beating prompting means a gain of at least "
+            f"success.min_gain ({fdelta(p.get('min_gain'))}) with the CI above 0."
+        )
+    )
     return out
 
 

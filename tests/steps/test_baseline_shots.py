@@ -1,0 +1,112 @@
+"""`baseline --shots K`: the base prompted with K training examples, the prompting alternative
+an adapter must beat; recorded as a baseline run of its own, never taken for the zero-shot
+baseline of the success criterion; compare and the report set the chosen adapter against
+it. Tiny random models."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from conftest import EXAMPLES, init_tiny_pilot, run_cli, run_json
+
+from lorapilot.data.rows import Record
+from lorapilot.data.shots import pick_shots
+from lorapilot.errors import UsageError
+from lorapilot.spec import load_pilot
+
+
+def _rec(i: int, cat: str) -> Record:
+    return Record(id=f"r{i:02d}", text=f"text {i}", label=cat, target=None, source=f"f:{i}",
+                  split="train", category=cat)  # fmt: skip
+
+
+RECORDS = [_rec(i, c) for i, c in enumerate("aaaaaabbbc")]
+
+
+def test_shots_take_the_categories_in_turn_commonest_first_and_are_seeded():
+    three = pick_shots(RECORDS, 3, seed=0)
+    assert sorted(r.category for r in three) == ["a", "b", "c"]
+    five = pick_shots(RECORDS, 5, seed=0)
+    assert sorted(r.category for r in five) == ["a", "a", "b", "b", "c"]
+    assert len({r.id for r in pick_shots(RECORDS, 10, seed=0)}) == 10
+    assert len(pick_shots(RECORDS, 50, seed=0)) == 10  # no more than there are
+    assert [r.id for r in pick_shots(RECORDS, 5, seed=0)] == [r.id for r in five]
+    assert {r.id for r in pick_shots(RECORDS, 5, seed=1)} != {r.id for r in five}
+    assert pick_shots(RECORDS, 0, seed=0) == []
+    two = pick_shots(RECORDS, 2, seed=0)  # fewer than the categories: the commonest
+    assert sorted(r.category for r in two) == ["a", "b"]
+
+
+@pytest.fixture(scope="module")
+def pilot(tmp_path_factory, tiny_model_dir):
+    return init_tiny_pilot(tmp_path_factory.mktemp("shots"), tiny_model_dir, max_steps=3)
+
+
+def test_a_few_shot_baseline_shows_the_examples_and_stays_beside_the_decision(pilot):
+    zero = run_json("baseline", str(pilot), "--no-progress")
+    few = run_json("baseline", str(pilot), "--shots", "3", "--no-progress")
+    shots = few["shots"]
+    assert shots["k"] == 3 and len(shots["ids"]) == 3 and shots["seed"] == 0
+    assert sorted(shots["categories"]) == ["complaint", "praise", "question"]
+    assert shots["prompt_tokens_added"] > 0
+    assert few["protocol"]["shots"] == shots and "shots" not in zero["protocol"]
+    assert few["eval_protocol"] != zero["eval_protocol"] and few["n"] == zero["n"]
+    data = json.loads((pilot / "runs" / zero["run_id"] / "run.json").read_text())
+    rows = [json.loads(x) for x in (pilot / "data" / "examples.jsonl").read_text().splitlines()]
+    texts = {r["id"]: r["text"] for r in rows}
+    preds = [json.loads(x) for x in open(few["predictions"])]
+    for p in preds:  # every prompt: the three demonstrations, then the input, as the template
+        for sid in shots["ids"]:
+            assert f"Message:\n{texts[sid]}\n\nCategory:" in p["prompt"]
+        assert p["prompt"].count("Category:") == 4
+    zero_preds = [json.loads(x) for x in open(zero["predictions"])]
+    assert [p["id"] for p in preds] == [p["id"] for p in zero_preds]
+    assert all(p["prompt"].count("Category:") == 1 for p in zero_preds)
+    assert data["status"] == "completed"
+
+    train = run_json("train", str(pilot), "--no-progress")
+    cmp = run_json("compare", str(pilot))
+    assert cmp["baseline"] == zero["run_id"]  # the later few-shot run is not the baseline
+    row = next(r for r in cmp["runs"] if r["id"] == few["run_id"])
+    assert row["variant"] == "3-shot prompt" and "deltas" not in row
+    p = cmp["prompting"]
+    assert p["run_id"] == few["run_id"] and p["adapted_run"] == train["run_id"]
+    assert p["shots"] == 3 and p["why_not"] is None and p["metric"] == "macro_f1"
+    assert p["gain"] == pytest.approx(p["adapted"] - p["few_shot"], abs=1e-6)
+    assert p["few_shot"] == pytest.approx(few["metrics"]["macro_f1"])
+    assert p["ci_low"] <= p["gain"] <= p["ci_high"]
+    assert p["adapter_beats_prompting"] == (p["gain"] >= 0.10 and p["ci_low"] > 0)
+    rep = run_json("report", str(pilot))
+    assert rep["prompting"] == p
+    md = open(rep["markdown"]).read()
+    assert "### Against prompting: the base shown 3 training examples" in md
+    assert f"| few-shot run | {few['run_id']} |" in md
+    if not p["adapter_beats_prompting"]:
+        assert any("a few-shot prompt may serve" in x for x in rep["limitations"])
+
+
+def test_too_many_shots_for_the_context_are_refused(pilot):
+    # data.max_length auto: the model's whole context, no room left for demonstrations
+    res = run_cli(
+        "baseline", str(pilot), "--shots", "2", "--set", "data.max_length=auto", "--no-progress"
+    )
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert "--shots 2: the 2 demonstrations add" in res.stderr
+    assert "more than the model's context" in res.stderr
+    res = run_cli("baseline", str(pilot), "--shots", "-1")
+    assert res.returncode == 2
+
+
+def test_an_image_pilot_has_no_few_shot_baseline(tmp_path):
+    from lorapilot.evaluate.session import evaluate_split
+
+    image = load_pilot(EXAMPLES / "fashion-items")
+    with pytest.raises(UsageError, match="few-shot prompting is a baseline of a text pilot"):
+        evaluate_split(image, "baseline", shots=3)
+    spec = yaml.safe_load((EXAMPLES / "fashion-items" / "pilot.yaml").read_text())
+    spec["eval"] = {**(spec.get("eval") or {}), "few_shot": 3}
+    (tmp_path / "pilot.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    res = run_cli("check", str(tmp_path))
+    assert res.returncode == 2 and "eval.few_shot" in res.stdout + res.stderr
