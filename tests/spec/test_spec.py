@@ -173,6 +173,17 @@ def test_export_formats_change_no_hash_and_are_checked():
     assert "export.min_agreement" in bad({**BASE, "export": {"min_agreement": 1.5}})
 
 
+def test_few_shot_changes_no_hash_and_is_bounded():
+    """eval.few_shot only adds the prompting alternative's own run: no other result changes,
+    so the spec hash (reuse, resume, the smoke gate) and every protocol ignore it."""
+    a = spec_from_dict(BASE)
+    assert a.eval.few_shot is None and "few_shot" not in a.model_dump()["eval"]
+    b = spec_from_dict({**BASE, "eval": {"few_shot": 5}})
+    assert b.eval.few_shot == 5 and b.spec_hash() == a.spec_hash()
+    assert "eval.few_shot" in bad({**BASE, "eval": {"few_shot": 0}})
+    assert "eval.few_shot" in bad({**BASE, "eval": {"few_shot": 65}})
+
+
 def test_json_schema_describes_the_spec():
     sch = json_schema()
     assert {"name", "hypothesis", "task", "data"} <= set(sch["required"])

@@ -203,9 +203,11 @@ class PilotSpec(_Strict):
         return ["base", *(v.name for v in self.variants)]
 
     def spec_hash(self) -> str:
-        """Hash of the resolved spec, `tracking` held at its default, `export` and
-        `limits.gpu_prices` left out: where runs are mirrored, what is exported and what a GPU
-        would cost change no result, so changing them keeps reuse and resume working. `smoke`
+        """Hash of the resolved spec, `tracking` held at its default, `export`,
+        `limits.gpu_prices` and `eval.few_shot` left out: where runs are mirrored, what is
+        exported, what a GPU would cost and whether a few-shot baseline is also evaluated (its
+        own run records its K) change no other result, so changing them keeps reuse, resume
+        and the smoke gate working. `smoke`
         counts only when it differs from its defaults, so that specs written before it existed
         keep their hash. `model.dtype: auto` hashes as `float32`, the default it replaced: it
         computes exactly what an fp32 base under autocast computes (tests/base/test_frozen.py),
@@ -216,6 +218,7 @@ class PilotSpec(_Strict):
         resolved["tracking"] = []
         resolved.pop("export", None)
         resolved["limits"].pop("gpu_prices", None)
+        resolved["eval"].pop("few_shot", None)
         if resolved.get("smoke") == SmokeSpec().model_dump(mode="json"):
             resolved.pop("smoke")
         return sha256_json(resolved)
