@@ -463,6 +463,15 @@ def predict(
         int | None, typer.Option("--limit", help="Predict only the first N inputs.")
     ] = None,
     no_progress: NoProgress = False,
+    shots: Annotated[
+        int,
+        typer.Option(
+            "--shots",
+            min=0,
+            help="With --base: the base shown K training examples first, as `baseline "
+            "--shots K` prompted it (the prompting alternative, when it serves).",
+        ),
+    ] = 0,
 ) -> Shown:
     """Apply an adapter (or the base) to new inputs: the pilot's prompts, truncation,
     decoding and parsing, every prediction kept in a `predict` run; inputs with an answer are
@@ -480,6 +489,7 @@ def predict(
         limit=limit,
         progress=not no_progress,
         log=step_log(as_json),
+        shots=shots,
     )
     return Shown(result, views.prediction)
 

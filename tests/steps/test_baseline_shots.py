@@ -66,6 +66,20 @@ def test_a_few_shot_baseline_shows_the_examples_and_stays_beside_the_decision(pi
     assert all(p["prompt"].count("Category:") == 1 for p in zero_preds)
     assert data["status"] == "completed"
 
+    # the prompting alternative on new inputs: the same prompts, the same predictions
+    new = pilot / "new.jsonl"
+    new.write_text("".join(json.dumps({"id": f"n{i}", "text": p["text"], "label": p["gold"]})
+                           + "\n" for i, p in enumerate(preds)))  # fmt: skip
+    out = run_json("predict", str(pilot), "--input", str(new), "--base", "--shots", "3",
+                   "--no-progress")  # fmt: skip
+    assert out["shots"] == shots and out["eval_protocol"] == few["eval_protocol"]
+    assert out["metrics"]["macro_f1"] == pytest.approx(few["metrics"]["macro_f1"])
+    got = [json.loads(x) for x in open(out["predictions"])]
+    assert [g["parsed"] for g in got] == [p["parsed"] for p in preds]
+    assert [g["prompt"] for g in got] == [p["prompt"] for p in preds]
+    res = run_cli("predict", str(pilot), "--input", str(new), "--shots", "3")
+    assert res.returncode == 2 and "--shots 3: demonstrations prompt the base model" in res.stderr
+
     train = run_json("train", str(pilot), "--no-progress")
     cmp = run_json("compare", str(pilot))
     assert cmp["baseline"] == zero["run_id"]  # the later few-shot run is not the baseline
@@ -83,8 +97,10 @@ def test_a_few_shot_baseline_shows_the_examples_and_stays_beside_the_decision(pi
     md = open(rep["markdown"]).read()
     assert "### Against prompting: the base shown 3 training examples" in md
     assert f"| few-shot run | {few['run_id']} |" in md
-    if not p["adapter_beats_prompting"]:
-        assert any("a few-shot prompt may serve" in x for x in rep["limitations"])
+    # 3 steps of a tiny random model gain nothing over its own few-shot prompt
+    assert p["adapter_beats_prompting"] is False
+    assert any("a few-shot prompt may serve" in x for x in rep["limitations"])
+    assert "`lorapilot predict PILOT --base --shots 3 --input FILE`" in md
 
 
 def test_too_many_shots_for_the_context_are_refused(pilot):

@@ -171,7 +171,9 @@ class TextModality:
 
         evaluate = self._evaluator(tok, fmt, prepared)
 
-        def evaluate_base(records, protocol, *, label="baseline", progress=True, log=None):
+        def evaluate_base(
+            records, protocol, *, label="baseline", progress=True, log=None, generation=None
+        ):
             # an attached adapter switched off: the same model, protocol and rows; a full
             # fine-tune replaced the weights, so the base is loaded again beside it
             base = load_base(pilot, resolved)[1] if full else model
@@ -179,7 +181,9 @@ class TextModality:
             with model.disable_adapter() if lora else contextlib.nullcontext():
                 ev = evaluate_records(
                     base, tok, base_fmt, spec, records, protocol, progress=progress, label=label,
-                    log=log, generation_check=spec.eval.generation_check,
+                    log=log,
+                    generation_check=spec.eval.generation_check if generation is None
+                    else generation,
                 )  # fmt: skip
             return ev, {}
 

@@ -53,12 +53,21 @@ def run_predict(
     limit: int | None = None,
     progress: bool = True,
     log: Callable[[str], None] | None = None,
+    shots: int = 0,
 ) -> dict:
     """Predict every input of `input_path` with train run `run_id`'s adapter (default: the one
-    the final test confirmed, else the latest completed), or the base with `base=True`."""
+    the final test confirmed, else the latest completed), or the base with `base=True`
+    (`shots`: shown that many training examples first, as `baseline --shots` shows them)."""
     say = log or (lambda m: None)
     if base and run_id:
         raise UsageError("--base and --run: choose one (the base model, or a run's adapter)")
+    if shots and not base:
+        raise UsageError(
+            f"--shots {shots}: demonstrations prompt the base model (--base); an adapter is "
+            "prompted as it was trained"
+        )
+    if shots and pilot.spec.task.modality == "image":
+        raise UsageError("--shots: few-shot prompting is for text pilots")
     if limit is not None and limit <= 0:
         raise UsageError(f"--limit {limit}: must be a positive number of inputs")
     if out is not None and (Path(out).is_dir() or not Path(out).parent.is_dir()):
@@ -71,14 +80,24 @@ def run_predict(
     inputs = read_inputs(pilot, input_path, field_name, answer_field)
     records = inputs.records[:limit] if limit else inputs.records
     with open_run(pilot, "predict", parent=parent) as run:
-        loaded = _load(pilot, adapter)
+        if shots:  # the prompting alternative, exactly as its baseline run prompted it
+            loaded = modality_of(pilot).load(shots=shots)
+            protocol = loaded.protocol
+        else:
+            loaded = _load(pilot, adapter)
         run.record.data_version = loaded.prepared.version
         seen = overlap(records, loaded.prepared.splits)
         for split, found in seen.items():
             say(f"{found['n']} of the inputs are examples of the pilot's {split} split")
-        ev, protocol = loaded.evaluate(
-            loaded.model, records, label="predict", progress=progress, log=log, generation=False
-        )
+        if shots:
+            ev, _ = loaded.evaluate_base(
+                records, protocol, label="predict", progress=progress, log=log, generation=False
+            )
+        else:
+            ev, protocol = loaded.evaluate(
+                loaded.model, records, label="predict", progress=progress, log=log,
+                generation=False,
+            )  # fmt: skip
         if limit is not None:
             protocol["limit"] = limit
         write_predictions(run.dir / PREDICTIONS, ev.predictions)
@@ -99,6 +118,7 @@ def run_predict(
             "warnings": _warnings(inputs, seen, summary["truncated"]),
             "eval_protocol": protocol["eval_protocol"],
             "protocol": protocol,
+            **({"shots": protocol["shots"]} if shots else {}),
             "adapter": str(adapter) if adapter else None,
             "train_run": parent,
             "base": loaded.resolved.record(),

@@ -116,7 +116,8 @@ def _deliverable(s: dict) -> list:
             ])  # fmt: skip
     if not rows:
         return [Para("nothing exported yet: `lorapilot run` fills deliverable/ (spec key "
-                     "export.formats), `lorapilot export` writes one format")]  # fmt: skip
+                     "export.formats), `lorapilot export` writes one format"),
+                *_prompt_instead(s)]  # fmt: skip
     out: list = [
         Table(["format", "folder", "check", "ok", "agreement", "notes"], rows),
     ]
@@ -129,6 +130,21 @@ def _deliverable(s: dict) -> list:
                 "--input FILE --out predictions.jsonl`"
             )
         )
+    out += _prompt_instead(s)
     if notes:
         out += [Sub("Where the served model differs"), Para("; ".join(notes))]
     return out
+
+
+def _prompt_instead(s: dict) -> list:
+    """When the adapter did not clearly beat the few-shot prompt: how to run that prompt."""
+    p = s.get("prompting")
+    if not isinstance(p, dict) or p.get("adapter_beats_prompting") is not False:
+        return []
+    return [
+        Para(
+            f"The base shown {p.get('shots')} training examples came within reach of the "
+            "adapter (Decision, Against prompting); new inputs through that prompt: "
+            f"`lorapilot predict PILOT --base --shots {p.get('shots')} --input FILE`"
+        )
+    ]
