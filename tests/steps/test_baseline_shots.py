@@ -126,3 +126,29 @@ def test_an_image_pilot_has_no_few_shot_baseline(tmp_path):
     (tmp_path / "pilot.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
     res = run_cli("check", str(tmp_path))
     assert res.returncode == 2 and "eval.few_shot" in res.stdout + res.stderr
+
+
+def test_an_extraction_pilot_s_demonstrations_answer_in_json(tmp_path, tiny_model_dir):
+    """Generated answers: each demonstration's assistant turn is its target as the pilot
+    trains it (compact JSON in the spec's field order); the input's answer is generated."""
+    run_json("init", "x", "--dir", str(tmp_path), "--task", "extraction")
+    pilot = tmp_path / "x"
+    spec = yaml.safe_load((pilot / "pilot.yaml").read_text())
+    spec["model"] = {"base": str(tiny_model_dir)}
+    spec["train"].update(precision="fp32")
+    spec["eval"] = {**spec.get("eval", {}), "max_new_tokens": 4}
+    (pilot / "pilot.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    few = run_json("baseline", str(pilot), "--shots", "2", "--limit", "3", "--no-progress")
+    rows = {
+        r["id"]: r
+        for r in map(json.loads, (pilot / "data" / "examples.jsonl").read_text().splitlines())
+    }
+    assert few["protocol"]["mode"] == "generate" and few["shots"]["k"] == 2
+    preds = [json.loads(x) for x in open(few["predictions"])]
+    assert len(preds) == 3
+    for p in preds:
+        for sid in few["shots"]["ids"]:
+            target = rows[sid]["target"]
+            first = next(iter(target))  # the answer as trained: its first field comes first
+            assert f"Order:\n{rows[sid]['text']}\n\nJSON:" in p["prompt"]
+            assert f'{{"{first}": {json.dumps(target[first])}' in p["prompt"]
