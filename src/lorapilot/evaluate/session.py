@@ -63,8 +63,7 @@ def evaluate_split(
     with open_run(pilot, kind, parent=parent) as run:
         if shots:  # on the record from the start: a few-shot run is never taken for zero-shot
             run.update(shots={"k": shots})
-        modality = modality_of(pilot)
-        loaded = modality.load(adapter_dir, shots=shots) if shots else modality.load(adapter_dir)
+        loaded = modality_of(pilot).load(adapter_dir, shots=shots)
         resolved, model, prepared = loaded.resolved, loaded.model, loaded.prepared
         run.record.data_version = prepared.version
         records = _limit(prepared.splits[split], limit)

@@ -49,11 +49,16 @@ class Modality(Protocol):
         ...
 
     def load(
-        self, adapter_dir: Path | None = None, manifest: dict | None = None, resolved: Any = None
+        self,
+        adapter_dir: Path | None = None,
+        manifest: dict | None = None,
+        resolved: Any = None,
+        shots: int = 0,
     ) -> Loaded:
         """The base, with the saved adapter at `adapter_dir` attached; with its `manifest`,
         the pins beyond the base's weights checked (problems listed, never raised).
-        `resolved`: the base as the caller already resolved it (not resolved again)."""
+        `resolved`: the base as the caller already resolved it (not resolved again).
+        `shots`: `evaluate_base` shows the base that many training examples first (text)."""
         ...
 
 

@@ -209,9 +209,16 @@ class ImageModality:
         )
 
     def load(
-        self, adapter_dir: Path | None = None, manifest: dict | None = None, resolved: Any = None
+        self,
+        adapter_dir: Path | None = None,
+        manifest: dict | None = None,
+        resolved: Any = None,
+        shots: int = 0,
     ) -> Loaded:
-        """The classifier with a new head, the saved adapter (and its saved head) on top."""
+        """The classifier with a new head, the saved adapter (and its saved head) on top.
+        No few-shot prompting: the baseline is a linear probe on the frozen features."""
+        if shots:
+            raise UsageError("--shots: few-shot prompting is for text pilots")
         from lorapilot.base.models import attach_adapter, is_full_finetune
         from lorapilot.evaluate.image_predict import image_protocol
         from lorapilot.evaluate.image_session import probe_predictions

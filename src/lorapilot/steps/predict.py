@@ -80,16 +80,13 @@ def run_predict(
     inputs = read_inputs(pilot, input_path, field_name, answer_field)
     records = inputs.records[:limit] if limit else inputs.records
     with open_run(pilot, "predict", parent=parent) as run:
-        if shots:  # the prompting alternative, exactly as its baseline run prompted it
-            loaded = modality_of(pilot).load(shots=shots)
-            protocol = loaded.protocol
-        else:
-            loaded = _load(pilot, adapter)
+        loaded = _load(pilot, adapter, shots)
         run.record.data_version = loaded.prepared.version
         seen = overlap(records, loaded.prepared.splits)
         for split, found in seen.items():
             say(f"{found['n']} of the inputs are examples of the pilot's {split} split")
-        if shots:
+        if shots:  # the prompting alternative, exactly as `baseline --shots` prompted it
+            protocol = loaded.protocol
             ev, _ = loaded.evaluate_base(
                 records, protocol, label="predict", progress=progress, log=log, generation=False
             )
@@ -133,12 +130,13 @@ def run_predict(
     return {"run_id": run.id, "status": run.record.status, **result}
 
 
-def _load(pilot: Pilot, adapter: Path | None):
+def _load(pilot: Pilot, adapter: Path | None, shots: int = 0):
     """The base, with the adapter attached on the base it was trained on (its files, the
     base's weights and quantization, the tokenizer and template checked as `verify` checks
-    them): predictions on another base would be another model's, reported as this one's."""
+    them): predictions on another base would be another model's, reported as this one's.
+    Without an adapter, `shots`: the base's prompt shows that many training examples."""
     if adapter is None:
-        return modality_of(pilot).load()
+        return modality_of(pilot).load(shots=shots)
     manifest = read_manifest(adapter)
     resolved, _, problems = pinned_base(pilot, adapter, manifest)
     if not problems:
