@@ -185,6 +185,7 @@ class RecordBuilder:
             if data.fields.text_template is not None and task.modality != "image"
             else None
         )
+        self.template_columns = data.fields.input_columns(task.modality)
         self.category_by = data.category if not task.labelled else None
         self.shown = shown
         self.stem = stem
@@ -282,7 +283,7 @@ class RecordBuilder:
             if not value.strip() and name not in empty:
                 empty.append(name)
             out.append(value)
-        names = list(dict.fromkeys(n for _, n in self.template if n))
+        names = self.template_columns
         if len(empty) == len(names):
             raise BadRow(f"every column of data.fields.text_template is empty: {', '.join(names)}")
         return "".join(out), tuple(empty)

@@ -163,6 +163,17 @@ def get_metric(metrics: dict, name: str) -> Any:
         raise KeyError(f"no metric {name!r}") from None
 
 
+def metric_value(metrics: dict | None, name: str) -> float | None:
+    """get_metric as a number, None when the metric is absent or not a number."""
+    if not metrics:
+        return None
+    try:
+        v = get_metric(metrics, name)
+    except KeyError:
+        return None
+    return float(v) if isinstance(v, (int, float)) else None
+
+
 # --------------------------------------------------------------------------- paired bootstrap
 
 # Index cells drawn per chunk: bounds memory (~32 MB) whatever n_boot x n is.

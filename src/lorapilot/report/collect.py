@@ -22,7 +22,8 @@ from lorapilot.decision.rule import (
     gate,
 )
 from lorapilot.evaluate.guards import check_absolute_guards, check_guards, guard_metrics
-from lorapilot.evaluate.metrics import get_metric, per_group
+from lorapilot.evaluate.metrics import metric_value as _num
+from lorapilot.evaluate.metrics import per_group
 from lorapilot.evaluate.records import BASELINE_PREDICTIONS
 from lorapilot.evaluate.served import generation_warning
 from lorapilot.fsutil import read_json_or_none, read_jsonl
@@ -41,16 +42,6 @@ def latest_smoke(runs: list, spec_hash: str) -> dict | None:
 
 def _rows(run_dir: Path) -> list[dict]:
     return read_jsonl(run_dir / "predictions.jsonl")
-
-
-def _num(metrics: dict | None, name: str) -> float | None:
-    if not metrics:
-        return None
-    try:
-        v = get_metric(metrics, name)
-    except KeyError:
-        return None
-    return float(v) if isinstance(v, (int, float)) else None
 
 
 def deltas(base: dict, cand: dict) -> dict:

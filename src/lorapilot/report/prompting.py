@@ -9,18 +9,10 @@ from __future__ import annotations
 from typing import Any
 
 from lorapilot.decision.rule import bootstrap_for, protocol_differences
-from lorapilot.evaluate.metrics import get_metric
+from lorapilot.evaluate.metrics import metric_value
 from lorapilot.fsutil import read_jsonl
 from lorapilot.records import registry
 from lorapilot.spec import Pilot
-
-
-def _value(metrics: dict | None, name: str) -> float | None:
-    try:
-        v = get_metric(metrics or {}, name)
-    except (KeyError, TypeError, ValueError):
-        return None
-    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
 
 
 def prompting_alternative(pilot: Pilot, chosen: dict | None) -> dict[str, Any] | None:
@@ -39,7 +31,7 @@ def prompting_alternative(pilot: Pilot, chosen: dict | None) -> dict[str, Any] |
         "shots": shots.get("k"),
         "shot_ids": shots.get("ids"),
         "metric": metric,
-        "few_shot": _value(few.result.get("metrics"), metric),
+        "few_shot": metric_value(few.result.get("metrics"), metric),
         "adapted": None,
         "adapted_run": None,
         "gain": None,
@@ -52,7 +44,7 @@ def prompting_alternative(pilot: Pilot, chosen: dict | None) -> dict[str, Any] |
     if chosen is None:
         out["why_not"] = "no adapter chosen yet"
         return out
-    out["adapted_run"], out["adapted"] = chosen["id"], _value(chosen.get("metrics"), metric)
+    out["adapted_run"], out["adapted"] = chosen["id"], metric_value(chosen.get("metrics"), metric)
     chosen_rec = registry.get_run(pilot.dir, chosen["id"])
     a = {k: v for k, v in (few.result.get("protocol") or {}).items() if k != "shots"}
     b = dict(chosen_rec.result.get("protocol") or {})
