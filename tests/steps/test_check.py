@@ -285,3 +285,30 @@ def test_check_says_number_or_integer_by_the_key_and_bounds_what_it_can(tmp_path
     msg = error("adapter.r=100000")
     assert "adapter.r: 100000 is larger than the smallest dimension it adapts (192" in msg
     assert run_json("check", str(pilot), "--set", "adapter.r=192")["ok"]
+
+
+def test_a_column_the_csv_or_parquet_file_lacks_is_named_from_its_header(tmp_path):
+    """The header (CSV) or schema (Parquet) alone, no record: a column data.fields or
+    data.fields.text_template names and the file lacks is refused before any long run."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pilot = _pilot(tmp_path / "p", {"file": "data/t.csv", "fields": {"label": "queue"}})
+    (pilot / "data" / "t.csv").write_text("id,body,queue\n1,printer on fire,technical\n")
+    err = _error(pilot)
+    assert "data.file: 'data/t.csv'" in err
+    assert "no column 'text' (columns: id, body, queue); set data.fields" in err
+    spec = yaml.safe_load((pilot / "pilot.yaml").read_text())
+    spec["data"]["fields"] = {"text_template": "{subject}\n{body}", "label": "queue"}
+    (pilot / "pilot.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    assert "no column 'subject' (columns: id, body, queue)" in _error(pilot)
+    (pilot / "data" / "t.csv").write_text("id,subject,body,queue\n1,Help,on fire,technical\n")
+    (src,) = check_data_source(load_pilot(pilot))["sources"]
+    assert src["columns"] == ["id", "subject", "body", "queue"]
+    pq.write_table(pa.table({"id": [1], "body": ["x"], "queue": ["technical"]}),
+                   pilot / "data" / "t.parquet")  # fmt: skip
+    spec["data"]["file"] = "data/t.parquet"
+    (pilot / "pilot.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    assert "no column 'subject' (columns: id, body, queue)" in _error(pilot)
+    res = run_cli("check", str(pilot))
+    assert res.returncode == 2 and "Traceback" not in res.stderr

@@ -24,8 +24,8 @@ from lorapilot.data.rows import (
     Skipped,
     collect_rows,
     jsonable,
-    needed_columns,
     read_columns,
+    require_columns,
 )
 from lorapilot.errors import UsageError
 from lorapilot.fsutil import sha256_file, sha256_json
@@ -238,12 +238,7 @@ def _rows(
 
     ds = table.ds
     names = list(ds.column_names)
-    for col in needed_columns(data, task):
-        if col not in names:
-            raise UsageError(
-                f"{table.shown}: no column {col!r} (columns: {', '.join(names)}); "
-                "set data.fields to map your column names"
-            )
+    require_columns(names, data, task, table.shown)
     wanted = read_columns(data, task, names)
     image_cols = [c for c, f in ds.features.items() if c in wanted and type(f).__name__ == "Image"]
     if image_cols and pilot_dir is None:

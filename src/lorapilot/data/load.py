@@ -23,9 +23,9 @@ from lorapilot.data.rows import (
     collect_rows,
     json_message,
     jsonable,
-    needed_columns,
     no_constant,
     read_columns,
+    require_columns,
 )
 from lorapilot.data.targets import json_type
 from lorapilot.errors import UsageError
@@ -182,6 +182,30 @@ def _jsonl_rows(path: Path) -> Iterator[tuple[int, dict | BadRow]]:
             yield lineno, obj
 
 
+def header_of(path: Path, fmt: str) -> list[str] | None:
+    """A CSV's header row or a Parquet file's column names, reading no record (`check`);
+    None for another format or a header the loader would refuse (it names the problem)."""
+    if fmt == "parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        try:
+            return list(pq.read_schema(path).names)
+        except (pa.ArrowException, OSError):
+            return None
+    if fmt != "csv":
+        return None
+    with path.open("rb") as f:
+        for _, raw in _lines(f):
+            if raw is None:
+                return None
+            try:
+                return next(csv.reader([raw.decode("utf-8")]), None)
+            except (UnicodeDecodeError, csv.Error):
+                return None
+    return None
+
+
 def _csv_rows(
     path: Path, data: DataSpec, task: TaskSpec, shown: str, answers: bool = True
 ) -> Iterator[tuple[int, dict | BadRow]]:
@@ -219,12 +243,7 @@ def _csv_rows(
         if len(set(header)) != len(header):
             dups = sorted({h for h in header if header.count(h) > 1})
             raise UsageError(f"{shown}:1: duplicate column names in the header: {dups}")
-        for col in needed_columns(data, task, answers):
-            if col not in header:
-                raise UsageError(
-                    f"{shown}:1: no column {col!r} (columns: {', '.join(header)}); "
-                    "set data.fields to map your column names"
-                )
+        require_columns(header, data, task, f"{shown}:1", answers)
         while True:
             start = reader.line_num + 1
             try:
@@ -272,12 +291,7 @@ def _parquet_rows(
         raise UsageError(f"{shown}: not a readable Parquet file: {e}") from None
     with pf:
         names = pf.schema_arrow.names
-        for col in needed_columns(data, task, answers):
-            if col not in names:
-                raise UsageError(
-                    f"{shown}: no column {col!r} (columns: {', '.join(names)}); "
-                    "set data.fields to map your column names"
-                )
+        require_columns(names, data, task, shown, answers)
         wanted = read_columns(data, task, names, answers)
         row = 0
         try:

@@ -401,6 +401,20 @@ def needed_columns(data: DataSpec, task: TaskSpec, answers: bool = True) -> list
     return list(dict.fromkeys([*inputs, fm.label if task.labelled else fm.target, *extra]))
 
 
+def require_columns(
+    names: list[str], data: DataSpec, task: TaskSpec, shown: str, answers: bool = True
+) -> None:
+    """The columns every row must have (needed_columns), found among a file's `names`, else
+    a UsageError naming the first one missing and the columns there are (`shown`: the file,
+    with `:1` for a CSV header)."""
+    for col in needed_columns(data, task, answers):
+        if col not in names:
+            raise UsageError(
+                f"{shown}: no column {col!r} (columns: {', '.join(names)}); "
+                "set data.fields to map your column names"
+            )
+
+
 def read_columns(
     data: DataSpec, task: TaskSpec, names: list[str], answers: bool = True
 ) -> list[str]:

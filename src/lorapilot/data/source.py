@@ -111,6 +111,16 @@ def _file_problem(path: Path, entry: dict, data: DataSpec, task: TaskSpec) -> st
         return f"cannot read: {e.strerror or e}"
     if entry["bytes"] == 0:
         return "empty file (0 bytes): no records"
+    from lorapilot.data.load import header_of
+    from lorapilot.data.rows import require_columns
+
+    names = header_of(path, fmt)  # the header alone: a column data.fields names, missing
+    if names is not None:
+        entry["columns"] = names
+        try:
+            require_columns(names, data, task, "")
+        except UsageError as e:
+            return str(e).removeprefix(": ")
     return None
 
 
