@@ -234,3 +234,27 @@ def test_a_parquet_file_is_read_its_answer_column_when_present(trained, tmp_path
     pq.write_table(table.drop(["label"]), tmp_path / "bare.parquet")
     bare = run_json("predict", str(pilot), "--input", str(tmp_path / "bare.parquet"))
     assert bare["n"] == 3 and bare["n_scored"] == 0
+
+
+def test_a_saved_hf_dataset_split_is_read_and_a_datasetdict_names_its_splits(trained, tmp_path):
+    """A folder datasets' save_to_disk wrote for one split, read as the pilot reads HF data
+    (the label optional); a DatasetDict folder or a plain folder is refused, naming why."""
+    datasets = pytest.importorskip("datasets")
+    pilot, _ = trained
+    labels = yaml.safe_load((pilot / "pilot.yaml").read_text())["task"]["labels"]
+    rows = {"text": ["Love it, thanks!", "Where is my parcel?", "Broken on arrival"],
+            "label": [labels[0], None, labels[1]]}  # fmt: skip
+    ds = datasets.Dataset.from_dict(rows)
+    ds.save_to_disk(str(tmp_path / "new"))
+    out = run_json("predict", str(pilot), "--input", str(tmp_path / "new"), "--no-progress")
+    assert out["n"] == 3 and out["n_scored"] == 2 and len(out["input"]["sha256"]) == 64
+    _jsonl(tmp_path / "same.jsonl", [{"text": t} for t in rows["text"]])
+    same = run_json("predict", str(pilot), "--input", str(tmp_path / "same.jsonl"))
+    parsed = [json.loads(x)["parsed"] for x in open(out["predictions"])]
+    assert parsed == [json.loads(x)["parsed"] for x in open(same["predictions"])]
+    datasets.DatasetDict({"train": ds, "test": ds}).save_to_disk(str(tmp_path / "dd"))
+    proc = run_cli("predict", str(pilot), "--input", str(tmp_path / "dd"))
+    assert proc.returncode == 2 and "holds a DatasetDict (splits: test, train)" in proc.stderr
+    (tmp_path / "plain").mkdir()
+    proc = run_cli("predict", str(pilot), "--input", str(tmp_path / "plain"))
+    assert proc.returncode == 2 and "or a folder datasets' save_to_disk wrote" in proc.stderr

@@ -230,7 +230,11 @@ def cache_tables(hf: HFDataset, pilot_dir: Path | None = None) -> list[Table]:
 
 
 def _rows(
-    table: Table, data: DataSpec, task: TaskSpec, pilot_dir: Path | None = None
+    table: Table,
+    data: DataSpec,
+    task: TaskSpec,
+    pilot_dir: Path | None = None,
+    answers: bool = True,
 ) -> Iterator[tuple[int, dict | BadRow]]:
     """(row number, column -> JSON value); ClassLabel integers become their names; an `Image`
     column's embedded bytes become a file in the pilot folder, named by its path."""
@@ -238,8 +242,8 @@ def _rows(
 
     ds = table.ds
     names = list(ds.column_names)
-    require_columns(names, data, task, table.shown)
-    wanted = read_columns(data, task, names)
+    require_columns(names, data, task, table.shown, answers)
+    wanted = read_columns(data, task, names, answers)
     image_cols = [c for c, f in ds.features.items() if c in wanted and type(f).__name__ == "Image"]
     if image_cols and pilot_dir is None:
         raise UsageError(f"{table.shown}: an Image column is read only inside a pilot folder")
@@ -267,15 +271,22 @@ def _rows(
 
 
 def table_records(
-    tables: list[Table], task: TaskSpec, data: DataSpec, pilot_dir: Path | None = None
+    tables: list[Table],
+    task: TaskSpec,
+    data: DataSpec,
+    pilot_dir: Path | None = None,
+    answers: bool = True,
 ) -> tuple[list[Record], list[Skipped]]:
-    """Every table through the same record builder and policies as a data file."""
+    """Every table through the same record builder and policies as a data file (`answers`
+    False: inputs to predict, their label or target optional)."""
     records: list[Record] = []
     skipped: list[Skipped] = []
     for t in tables:
-        builder = RecordBuilder(task, data, t.shown, t.stem, t.split, row_numbers=True)
+        builder = RecordBuilder(
+            task, data, t.shown, t.stem, t.split, row_numbers=True, answers=answers
+        )
         recs, skips = collect_rows(
-            _rows(t, data, task, pilot_dir),
+            _rows(t, data, task, pilot_dir, answers),
             builder,
             data,
             t.shown,
@@ -295,8 +306,9 @@ def load_saved(
     shown: str,
     key: str = "data.file",
     pilot_dir: Path | None = None,
+    answers: bool = True,
 ) -> tuple[list[Record], list[Skipped]]:
-    return table_records(saved_tables(path, shown, key, split), task, data, pilot_dir)
+    return table_records(saved_tables(path, shown, key, split), task, data, pilot_dir, answers)
 
 
 def load_cached(

@@ -68,12 +68,26 @@ def read_inputs(
         data = data.model_copy(update={"fields": data.fields.model_copy(update=renamed)})
     path = Path(path)
     if path.is_dir():
-        raise UsageError(f"{path}: --input must be a JSONL, CSV or Parquet file, not a folder")
+        from lorapilot.data import hf
+
+        kind = hf.saved_kind(path)
+        if kind == "dataset_dict":
+            names = sorted(p.name for p in path.iterdir() if hf.saved_kind(p) == "dataset")
+            raise UsageError(
+                f"{path}: --input holds a DatasetDict (splits: {', '.join(names)}); give one "
+                f"split's folder, e.g. {path / (names[0] if names else 'test')}"
+            )
+        if kind is None:
+            raise UsageError(
+                f"{path}: --input must be a JSONL, CSV or Parquet file, or a folder "
+                "datasets' save_to_disk wrote for one split"
+            )
     column = data.fields.image if spec.task.modality == "image" else data.fields.text
     try:
         records, skipped = load_records(
-            path, spec.task, data, display_path=str(path), answers=False
-        )
+            path, spec.task, data, display_path=str(path), key="--input",
+            pilot_dir=pilot.dir, answers=False,
+        )  # fmt: skip
     except UsageError as e:
         templated = data.fields.text_template is not None
         if f"{column!r}" in str(e) and not field_name and not templated:
@@ -92,7 +106,16 @@ def read_inputs(
             f"{path}: no input to predict ({len(skipped)} rows set aside, {len(dropped)} empty "
             "after cleaning)"
         )
-    return Inputs(path, sha256_file(path), records, skipped, dropped)
+    return Inputs(path, _digest(path), records, skipped, dropped)
+
+
+def _digest(path: Path) -> str:
+    """A file's sha256; a save_to_disk folder's: of its arrow files, as its data version has."""
+    if path.is_file():
+        return sha256_file(path)
+    from lorapilot.data.hf import arrow_hash, saved_tables
+
+    return arrow_hash(saved_tables(path, str(path), "--input", None))
 
 
 def overlap(inputs: list[Record], splits: dict[str, list[Record]]) -> dict[str, Any]:

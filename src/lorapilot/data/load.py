@@ -81,7 +81,9 @@ def load_records(
         from lorapilot.data import hf  # `datasets` is an optional extra
 
         if hf.saved_kind(path):
-            return hf.load_saved(path, task, data, split, shown, key or "data.file", pilot_dir)
+            return hf.load_saved(
+                path, task, data, split, shown, key or "data.file", pilot_dir, answers
+            )
         if task.modality == "image":
             from lorapilot.data.images import folder_records
 
