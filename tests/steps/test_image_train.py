@@ -69,6 +69,26 @@ def test_smoke_train_verify_and_test_on_a_tiny_vit_and_a_missing_head_fails_veri
     got = [json.loads(x) for x in open(pr["predictions"]).read().splitlines()]
     assert [g["parsed"] for g in got[:-1]] == [r["parsed"] for r in val]
     assert got[-1]["parsed"] in LABELS and got[-1]["correct"] is None
+    # a folder of images inside the pilot: a file at its top is an input without an answer,
+    # one in a folder named after a label is scored; the same predictions as listed above
+    new = pilot / "new"
+    (new / LABELS[0]).mkdir(parents=True)
+    shutil.copy(pilot / val[0]["image"], new / LABELS[0] / "a.png")
+    shutil.copy(pilot / "data" / "new.png", new / "b.png")
+    (new / "notes.txt").write_text("not an image")  # a bad row, as in the pilot's folders
+    proc = run_cli("predict", str(pilot), "--input", str(new))
+    assert proc.returncode == 2 and "new/notes.txt: not an image file extension" in proc.stderr
+    (new / "notes.txt").unlink()
+    folder = run_json("predict", str(pilot), "--input", str(new), "--no-progress")
+    assert folder["n"] == 2 and folder["n_scored"] == 1 and folder["input"]["skipped"] == 0
+    rows = {g["id"]: g for g in map(json.loads, open(folder["predictions"]))}
+    assert rows["new/b.png"]["parsed"] == got[-1]["parsed"]
+    assert rows[f"new/{LABELS[0]}/a.png"]["parsed"] == val[0]["parsed"]
+    assert rows[f"new/{LABELS[0]}/a.png"]["gold"] == LABELS[0]
+    outside = tmp_path / "outside"
+    shutil.copytree(new, outside)
+    proc = run_cli("predict", str(pilot), "--input", str(outside))
+    assert proc.returncode == 2 and "must be inside the pilot folder" in proc.stderr
 
     # Merged: plain transformers loads it with the pilot's labels and the trained head.
     ex = run_json("export", str(pilot), "--merge", "--out", str(tmp_path / "merged"))

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from lorapilot.data.rows import BadRow, ImageMeta, Record, Skipped
+from lorapilot.data.rows import UNLABELLED, BadRow, ImageMeta, Record, Skipped
 from lorapilot.errors import UsageError
 from lorapilot.spec import IMAGE_EXTENSIONS, DataSpec, TaskSpec
 
@@ -357,12 +357,14 @@ def is_image_folder(path: Path) -> bool:
 
 
 def folder_records(
-    path: Path, rel: str, task: TaskSpec, split: str | None, data: DataSpec
-) -> tuple[list[Record], list[Skipped]]:
+    path: Path, rel: str, task: TaskSpec, split: str | None, data: DataSpec,
+    answers: bool = True,
+) -> tuple[list[Record], list[Skipped]]:  # fmt: skip
     """`<rel>/<label>/<file>` -> one record a file, labelled by its folder, in sorted order
     (ids and sources are the paths relative to the pilot folder). Hidden files are ignored;
     a file at the top level, a folder that is not a label, a file with another extension
-    is a bad row."""
+    is a bad row. `answers` False (new photos to predict): a file at the top or in a folder
+    that is not a label is an input without an answer."""
     labels = set(task.labels or [])
     rows: list[tuple[str, str | None, str | None]] = []  # (relative path, label, problem)
     unlisted: list[Skipped] = []  # under data.unlisted_labels: drop
@@ -373,7 +375,12 @@ def folder_records(
             frel = Path(rel) / here / name
             shown = frel.as_posix()
             parts = here.parts
-            if not parts:
+            if not answers and (not parts or parts[0] not in labels):
+                ok = Path(name).suffix.lower() in IMAGE_EXTENSIONS
+                known = ", ".join(IMAGE_EXTENSIONS)
+                rows.append((shown, UNLABELLED, None if ok else
+                             f"not an image file extension (known: {known})"))  # fmt: skip
+            elif not parts:
                 rows.append(
                     (
                         shown,
@@ -421,7 +428,7 @@ def folder_records(
             Record(
                 id=shown,
                 text=shown,
-                label=label,
+                label=None if label == UNLABELLED else label,
                 target=None,
                 source=shown,
                 split=split,

@@ -18,7 +18,7 @@ from lorapilot.data.dedup import normalize_for_dedup
 from lorapilot.data.load import load_records
 from lorapilot.data.rows import Record, Skipped, answer_of, skipped_summary
 from lorapilot.errors import UsageError
-from lorapilot.fsutil import sha256_file
+from lorapilot.fsutil import sha256_file, sha256_json
 from lorapilot.spec import Pilot
 
 SHOWN_IDS = 20  # ids listed per overlap or cut, the counts are whole
@@ -67,6 +67,7 @@ def read_inputs(
     if renamed:
         data = data.model_copy(update={"fields": data.fields.model_copy(update=renamed)})
     path = Path(path)
+    shown = str(path)
     if path.is_dir():
         from lorapilot.data import hf
 
@@ -77,15 +78,17 @@ def read_inputs(
                 f"{path}: --input holds a DatasetDict (splits: {', '.join(names)}); give one "
                 f"split's folder, e.g. {path / (names[0] if names else 'test')}"
             )
-        if kind is None:
+        if kind is None and spec.task.modality != "image":
             raise UsageError(
                 f"{path}: --input must be a JSONL, CSV or Parquet file, or a folder "
                 "datasets' save_to_disk wrote for one split"
             )
+        if kind is None:  # a folder of images: their paths are the pilot folder's
+            shown = _in_pilot(pilot, path)
     column = data.fields.image if spec.task.modality == "image" else data.fields.text
     try:
         records, skipped = load_records(
-            path, spec.task, data, display_path=str(path), key="--input",
+            path, spec.task, data, display_path=shown, key="--input",
             pilot_dir=pilot.dir, answers=False,
         )  # fmt: skip
     except UsageError as e:
@@ -109,13 +112,30 @@ def read_inputs(
     return Inputs(path, _digest(path), records, skipped, dropped)
 
 
+def _in_pilot(pilot: Pilot, path: Path) -> str:
+    """A folder of images as a path relative to the pilot folder, as image paths are
+    written (a pilot folder holds its images, so that it can be copied whole)."""
+    root = pilot.dir.resolve()
+    full = path.resolve()
+    if not full.is_relative_to(root):
+        raise UsageError(
+            f"{path}: a folder of images to predict must be inside the pilot folder {root} "
+            "(image paths are the pilot folder's); copy it there"
+        )
+    return full.relative_to(root).as_posix()
+
+
 def _digest(path: Path) -> str:
-    """A file's sha256; a save_to_disk folder's: of its arrow files, as its data version has."""
+    """A file's sha256; a save_to_disk folder's: of its arrow files, as its data version has;
+    a folder of images: of every file's path and bytes."""
     if path.is_file():
         return sha256_file(path)
-    from lorapilot.data.hf import arrow_hash, saved_tables
+    from lorapilot.data.hf import arrow_hash, saved_kind, saved_tables
 
-    return arrow_hash(saved_tables(path, str(path), "--input", None))
+    if saved_kind(path):
+        return arrow_hash(saved_tables(path, str(path), "--input", None))
+    files = sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
+    return sha256_json([[p.relative_to(path).as_posix(), sha256_file(p)] for p in files])
 
 
 def overlap(inputs: list[Record], splits: dict[str, list[Record]]) -> dict[str, Any]:

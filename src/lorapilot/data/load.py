@@ -87,7 +87,7 @@ def load_records(
         if task.modality == "image":
             from lorapilot.data.images import folder_records
 
-            return folder_records(path, shown, task, split, data)
+            return folder_records(path, shown, task, split, data, answers)
         raise UsageError(
             f"{shown}: not a file, nor a folder written by datasets' save_to_disk "
             f"(no {hf.DICT_META}, or {' and '.join(hf.DATASET_META)}, in it)"
