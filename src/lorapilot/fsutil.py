@@ -100,6 +100,13 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
+def sha256_tree(folder: str | os.PathLike) -> str:
+    """Hash of every file under `folder`: its path relative to the folder and its bytes."""
+    root = Path(folder)
+    files = sorted(p for p in root.rglob("*") if p.is_file())
+    return sha256_json([[p.relative_to(root).as_posix(), sha256_file(p)] for p in files])
+
+
 def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 

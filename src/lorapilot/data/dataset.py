@@ -26,7 +26,7 @@ from lorapilot.data.split import (
     split_records,
 )
 from lorapilot.errors import CheckFailed, UsageError
-from lorapilot.fsutil import sha256_file, sha256_json
+from lorapilot.fsutil import sha256_file, sha256_json, sha256_tree
 from lorapilot.spec import Pilot
 
 
@@ -95,9 +95,7 @@ def source_hashes(pilot: Pilot, datasets_only: bool = False) -> dict[str, str]:
                 out[rel] = arrow_hash(saved_tables(path, rel, key, split))
                 continue
             if not datasets_only:  # an image folder: every file's path and bytes
-                files = sorted(p for p in path.rglob("*") if p.is_file())
-                out[rel] = sha256_json([[p.relative_to(path).as_posix(), sha256_file(p)]
-                                        for p in files])  # fmt: skip
+                out[rel] = sha256_tree(path)
             continue
         if not datasets_only:
             out[rel] = sha256_file(path)

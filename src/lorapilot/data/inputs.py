@@ -18,7 +18,7 @@ from lorapilot.data.dedup import normalize_for_dedup
 from lorapilot.data.load import load_records
 from lorapilot.data.rows import Record, Skipped, answer_of, skipped_summary
 from lorapilot.errors import UsageError
-from lorapilot.fsutil import sha256_file, sha256_json
+from lorapilot.fsutil import sha256_file, sha256_tree
 from lorapilot.spec import Pilot
 
 SHOWN_IDS = 20  # ids listed per overlap or cut, the counts are whole
@@ -134,8 +134,7 @@ def _digest(path: Path) -> str:
 
     if saved_kind(path):
         return arrow_hash(saved_tables(path, str(path), "--input", None))
-    files = sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
-    return sha256_json([[p.relative_to(path).as_posix(), sha256_file(p)] for p in files])
+    return sha256_tree(path)
 
 
 def overlap(inputs: list[Record], splits: dict[str, list[Record]]) -> dict[str, Any]:
