@@ -331,6 +331,14 @@ def inspect(
         ),
     ] = None,
     sets: SetOpt = None,
+    shots: Annotated[
+        int,
+        typer.Option(
+            "--shots",
+            min=0,
+            help="Show the prompts as `baseline --shots K` builds them: K training examples first.",
+        ),
+    ] = 0,
 ) -> Shown:
     """Show examples of every category after the exact preprocessing, loss tokens highlighted.
     Each example's loss tokens are decoded and checked against its answer; a mismatch exits 1.
@@ -342,7 +350,7 @@ def inspect(
         raise UsageError(
             f"--split {split!r}: inspect samples train or val (the test split is reserved)"
         )
-    result = run_inspect(_pilot(pilot, sets), per_category, split, seed, out)
+    result = run_inspect(_pilot(pilot, sets), per_category, split, seed, out, shots)
     if as_json:
         for ex in result["examples"]:
             ex.pop("pieces", None)

@@ -411,6 +411,12 @@ def inspect(r: dict) -> None:
     stdout.print(
         f"\ncategories: {esc(', '.join(r['categories']))}  (green = tokens that carry the loss)"
     )
+    if r.get("shots"):  # inspect --shots: the few-shot baseline's prompts
+        sh = r["shots"]
+        stdout.print(
+            f"as the few-shot baseline prompts: {sh['k']} training examples first "
+            f"({', '.join(map(esc, sh['ids']))}; +{sh['prompt_tokens_added']} tokens)"
+        )
     if not r["ok"]:
         stdout.print("[red]some examples' loss tokens do not decode to their answer[/]")
 

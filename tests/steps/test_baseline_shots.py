@@ -66,6 +66,13 @@ def test_a_few_shot_baseline_shows_the_examples_and_stays_beside_the_decision(pi
     assert all(p["prompt"].count("Category:") == 1 for p in zero_preds)
     assert data["status"] == "completed"
 
+    # inspect --shots: the same demonstrations before every example, the loss on its answer
+    ins = run_json("inspect", str(pilot), "--shots", "3", "--per-category", "1")
+    assert ins["ok"] and ins["shots"] == shots and len(ins["examples"]) == 3
+    for ex in ins["examples"]:
+        assert ex["rendered"].count("Category:") == 4 and ex["match"]
+        assert all(f"Message:\n{texts[sid]}\n\nCategory:" in ex["rendered"] for sid in shots["ids"])
+    assert "shots" not in run_json("inspect", str(pilot), "--per-category", "1")
     # the prompting alternative on new inputs: the same prompts, the same predictions
     new = pilot / "new.jsonl"
     new.write_text("".join(json.dumps({"id": f"n{i}", "text": p["text"], "label": p["gold"]})

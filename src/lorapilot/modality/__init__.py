@@ -31,9 +31,16 @@ class Modality(Protocol):
         ...
 
     def inspect(
-        self, prepared: PreparedData, split: str, per_category: int, seed: int, out: Path | None
+        self,
+        prepared: PreparedData,
+        split: str,
+        per_category: int,
+        seed: int,
+        out: Path | None,
+        shots: int = 0,
     ) -> dict[str, Any]:
-        """Examples per category after the exact preprocessing (`ok` False: a mismatch)."""
+        """Examples per category after the exact preprocessing (`ok` False: a mismatch);
+        `shots`: the prompts as `baseline --shots` builds them (text)."""
         ...
 
     def trainee(

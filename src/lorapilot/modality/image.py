@@ -71,10 +71,18 @@ class ImageModality:
         return None
 
     def inspect(
-        self, prepared: PreparedData, split: str, per_category: int, seed: int, out: Path | None
+        self,
+        prepared: PreparedData,
+        split: str,
+        per_category: int,
+        seed: int,
+        out: Path | None,
+        shots: int = 0,
     ) -> dict[str, Any]:
         """Per category: its image statistics and a contact sheet PNG (`out`, default
         PILOT/inspect/) of sampled examples, original beside transformed."""
+        if shots:
+            raise UsageError("--shots: few-shot prompting is for text pilots")
         pipe = self.pipeline
         recs = prepared.splits.get(split) or []
         out = out or self.pilot.dir / "inspect"

@@ -37,10 +37,19 @@ class TextModality:
         return truncation_failure(report.get("truncation") or {})
 
     def inspect(
-        self, prepared: PreparedData, split: str, per_category: int, seed: int, out: Path | None
+        self,
+        prepared: PreparedData,
+        split: str,
+        per_category: int,
+        seed: int,
+        out: Path | None,
+        shots: int = 0,
     ) -> dict[str, Any]:
         spec = self.pilot.spec
         fmt = formatter_for(self.pilot, self.tokenizer)
+        shot_info = None
+        if shots:  # the prompts as `baseline --shots` builds them
+            fmt, shot_info = self._few_shot(fmt, prepared, shots)
         recs = prepared.splits.get(split) or []
         views = []
         for rec in sample_per_category(recs, per_category, seed):
@@ -52,7 +61,19 @@ class TextModality:
             "split": split,
             "categories": sorted({r.category for r in recs}),
             "examples": views,
+            **({"shots": shot_info} if shot_info else {}),
         }
+
+    def _few_shot(self, fmt: Any, prepared: PreparedData, shots: int) -> tuple[Any, dict]:
+        """`fmt` with `shots` training examples before every prompt, and their record."""
+        from lorapilot.data.dataset import model_context
+        from lorapilot.data.shots import few_shot_formatter
+
+        spec = self.pilot.spec
+        return few_shot_formatter(
+            fmt, prepared.splits.get("train") or [], spec.task, shots, spec.train.seed,
+            prepared.answer_budget, model_context(fmt.tok),
+        )  # fmt: skip
 
     def _evaluator(self, tok: Any, fmt: Any, prepared: PreparedData):
         """(model, records, label=, progress=, log=) -> (EvalResult, protocol)."""
@@ -161,13 +182,7 @@ class TextModality:
         fmt = formatter_for(pilot, tok)
         base_fmt, shot_info = fmt, None
         if shots:
-            from lorapilot.data.dataset import model_context
-            from lorapilot.data.shots import few_shot_formatter
-
-            base_fmt, shot_info = few_shot_formatter(
-                fmt, prepared.splits.get("train") or [], spec.task, shots, spec.train.seed,
-                prepared.answer_budget, model_context(tok),
-            )  # fmt: skip
+            base_fmt, shot_info = self._few_shot(fmt, prepared, shots)
 
         evaluate = self._evaluator(tok, fmt, prepared)
 

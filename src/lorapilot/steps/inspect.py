@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from lorapilot.errors import UsageError
 from lorapilot.modality import modality_of
 from lorapilot.spec import Pilot
 
@@ -18,8 +19,12 @@ def run_inspect(
     split: str = "train",
     seed: int = 0,
     out: Path | None = None,
+    shots: int = 0,
 ) -> dict[str, Any]:
-    """Sampled examples per category after the exact preprocessing, with their check."""
+    """Sampled examples per category after the exact preprocessing, with their check;
+    `shots`: as the few-shot baseline prompts them (the demonstrations first)."""
+    if shots and pilot.spec.task.modality == "image":
+        raise UsageError("--shots: few-shot prompting is for text pilots")
     modality = modality_of(pilot)
     prepared = modality.prepare(enforce_leakage=False)
-    return modality.inspect(prepared, split, per_category, seed, out)
+    return modality.inspect(prepared, split, per_category, seed, out, shots)
