@@ -12,6 +12,16 @@ from lorapilot.errors import UsageError
 from lorapilot.spec import TaskSpec
 
 
+def refuse_shots_for_images(task: TaskSpec, shots: int) -> None:
+    """`--shots` prompts a text model with examples: refused for an image pilot, whose
+    baseline is a linear probe on the frozen features."""
+    if shots and task.modality == "image":
+        raise UsageError(
+            "--shots: few-shot prompting is a baseline of a text pilot's base model (an image "
+            "pilot's baseline is a linear probe on the frozen features)"
+        )
+
+
 def pick_shots(records: list[Record], k: int, seed: int) -> list[Record]:
     """K training examples: the categories in turn, commonest first (K at least the number
     of categories shows each one), each category's examples in a seeded order; the chosen

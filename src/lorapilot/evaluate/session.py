@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from lorapilot.data.shots import refuse_shots_for_images
 from lorapilot.errors import UsageError
 from lorapilot.evaluate.records import (
     BASELINE_PREDICTIONS,
@@ -55,10 +56,11 @@ def evaluate_split(
         )
     if split not in ("val", "test"):
         raise UsageError(f"--split {split!r}: must be val or test")
-    if shots and (adapter_dir is not None or pilot.spec.task.modality == "image"):
+    refuse_shots_for_images(pilot.spec.task, shots)
+    if shots and adapter_dir is not None:
         raise UsageError(
-            "--shots: few-shot prompting is a baseline of a text pilot's base model (an image "
-            "pilot's baseline is a linear probe; an adapter is evaluated as it was trained)"
+            "--shots: few-shot prompting is a baseline of a text pilot's base model; an adapter "
+            "is evaluated as it was trained"
         )
     with open_run(pilot, kind, parent=parent) as run:
         if shots:  # on the record from the start: a few-shot run is never taken for zero-shot

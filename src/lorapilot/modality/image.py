@@ -22,6 +22,7 @@ from lorapilot.data.imagestats import (
     pixel_changes,
     shortcut_warnings,
 )
+from lorapilot.data.shots import refuse_shots_for_images
 from lorapilot.data.summary import shared_report
 from lorapilot.errors import UsageError
 from lorapilot.fsutil import atomic_write_bytes
@@ -81,8 +82,7 @@ class ImageModality:
     ) -> dict[str, Any]:
         """Per category: its image statistics and a contact sheet PNG (`out`, default
         PILOT/inspect/) of sampled examples, original beside transformed."""
-        if shots:
-            raise UsageError("--shots: few-shot prompting is for text pilots")
+        refuse_shots_for_images(self.pilot.spec.task, shots)
         pipe = self.pipeline
         recs = prepared.splits.get(split) or []
         out = out or self.pilot.dir / "inspect"
@@ -225,8 +225,7 @@ class ImageModality:
     ) -> Loaded:
         """The classifier with a new head, the saved adapter (and its saved head) on top.
         No few-shot prompting: the baseline is a linear probe on the frozen features."""
-        if shots:
-            raise UsageError("--shots: few-shot prompting is for text pilots")
+        refuse_shots_for_images(self.pilot.spec.task, shots)
         from lorapilot.base.models import attach_adapter, is_full_finetune
         from lorapilot.evaluate.image_predict import image_protocol
         from lorapilot.evaluate.image_session import probe_predictions

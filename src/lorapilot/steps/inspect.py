@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from lorapilot.errors import UsageError
+from lorapilot.data.shots import refuse_shots_for_images
 from lorapilot.modality import modality_of
 from lorapilot.spec import Pilot
 
@@ -23,8 +23,7 @@ def run_inspect(
 ) -> dict[str, Any]:
     """Sampled examples per category after the exact preprocessing, with their check;
     `shots`: as the few-shot baseline prompts them (the demonstrations first)."""
-    if shots and pilot.spec.task.modality == "image":
-        raise UsageError("--shots: few-shot prompting is for text pilots")
+    refuse_shots_for_images(pilot.spec.task, shots)  # before the images are all read
     modality = modality_of(pilot)
     prepared = modality.prepare(enforce_leakage=False)
     return modality.inspect(prepared, split, per_category, seed, out, shots)

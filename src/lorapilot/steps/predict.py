@@ -12,6 +12,7 @@ from pathlib import Path
 from lorapilot.base.manifest import read_manifest
 from lorapilot.data.inputs import Inputs, overlap, read_inputs
 from lorapilot.data.rows import skipped_summary
+from lorapilot.data.shots import refuse_shots_for_images
 from lorapilot.decision.plan import pilot_of_run
 from lorapilot.decision.reload import pinned_base
 from lorapilot.errors import CheckFailed, UsageError
@@ -66,8 +67,7 @@ def run_predict(
             f"--shots {shots}: demonstrations prompt the base model (--base); an adapter is "
             "prompted as it was trained"
         )
-    if shots and pilot.spec.task.modality == "image":
-        raise UsageError("--shots: few-shot prompting is for text pilots")
+    refuse_shots_for_images(pilot.spec.task, shots)
     if limit is not None and limit <= 0:
         raise UsageError(f"--limit {limit}: must be a positive number of inputs")
     if out is not None and (Path(out).is_dir() or not Path(out).parent.is_dir()):
