@@ -54,6 +54,9 @@ def prompting_alternative(pilot: Pilot, chosen: dict | None) -> dict[str, Any] |
     if differ:
         out["why_not"] = "besides the demonstrations, the evaluations differ: " + ", ".join(differ)
         return out
+    if out["few_shot"] is None or out["adapted"] is None:
+        out["why_not"] = f"{metric} is not among both runs' metrics"
+        return out
     runs = registry.runs_dir(pilot.dir)
     boot = bootstrap_for(
         spec.task.kind, metric,
@@ -61,9 +64,6 @@ def prompting_alternative(pilot: Pilot, chosen: dict | None) -> dict[str, Any] |
         read_jsonl(runs / chosen["id"] / "predictions.jsonl"),
         spec.task.labels, task=spec.task, norm=spec.eval.normalize,
     )  # fmt: skip
-    if out["few_shot"] is None or out["adapted"] is None:
-        out["why_not"] = f"{metric} is not among both runs' metrics"
-        return out
     out["gain"] = round(out["adapted"] - out["few_shot"], 6)
     if boot is not None:
         out["ci_low"], out["ci_high"] = boot.get("ci_low"), boot.get("ci_high")
