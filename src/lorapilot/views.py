@@ -328,15 +328,25 @@ def init(r: dict) -> None:
 def data(r: dict) -> None:
     stdout.print(f"[green]data ok[/] version [bold]{r['version']}[/]  run {r['run_id']}")
     stdout.print(f"  source: {esc(str(r['source']))}\n  permission: {esc(str(r['permission']))}")
-    t = Table(title="examples per split and category")
+    sets = r.get("label_sets")  # a multi-label task: examples carrying each label
+    t = Table(title="examples per split and " + ("label" if sets else "category"))
     splits = list(r["splits"])
-    t.add_column("category")
+    t.add_column("label" if sets else "category")
     for s in splits:
         t.add_column(s, justify="right")
     for cat, row in sorted(r["per_category"].items()):
         t.add_row(esc(cat), *(str(row.get(s, 0)) for s in splits))
-    t.add_row("[bold]total[/]", *(f"[bold]{r['splits'][s]}[/]" for s in splits))
+    t.add_row("[bold]examples[/]", *(f"[bold]{r['splits'][s]}[/]" for s in splits))
+    if sets:
+        per = sets["labels_per_example"]
+        t.add_row("labels per example", *(f"{per[s]['mean']:.2f}" for s in splits))
     stdout.print(t)
+    if sets and sets["commonest_combinations"]:
+        shown = ", ".join(
+            f"{esc(' + '.join(c['labels']))} ({c['examples']})"
+            for c in sets["commonest_combinations"][:5]
+        )
+        stdout.print(f"  commonest label combinations: {shown}")
     if "images" in r:
         _image_data(r)
     lt = Table(title="tokens per example (template + answer)")
@@ -479,12 +489,12 @@ def _counts(c: dict | None) -> str:
 
 # The metrics a terminal line shows, where the task has them (every one is in --json).
 EVALUATION_METRICS = (
-    "accuracy", "macro_f1", "json_valid_rate", "schema_valid_rate", "required_fields_rate",
+    "accuracy", "macro_f1", "micro_f1", "json_valid_rate", "schema_valid_rate", "required_fields_rate",
     "field_f1", "leaf_f1", "exact_match", "format_valid_rate", "answer_match",
     "ungrounded_value_rate",
 )  # fmt: skip
 MAIN_METRICS = (
-    "accuracy", "macro_f1", "json_valid_rate", "field_f1", "leaf_f1", "format_valid_rate",
+    "accuracy", "macro_f1", "micro_f1", "json_valid_rate", "field_f1", "leaf_f1", "format_valid_rate",
     "answer_match",
 )  # fmt: skip
 DELTA_METRICS = ("macro_f1", "field_f1", "leaf_f1", "format_valid_rate", "answer_match")

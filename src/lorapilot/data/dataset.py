@@ -21,6 +21,8 @@ from lorapilot.data.source import file_sources
 from lorapilot.data.split import (
     SPLITS,
     category_counts,
+    label_counts,
+    multi_label_strata,
     sample_records,
     split_groups,
     split_records,
@@ -43,8 +45,13 @@ class PreparedData:
     version: str = ""
     answer_budget: int = 0
     answer_room: int = 0  # the longest answer's completion tokens, even where it cannot fit
+    labels: list[str] | None = None  # a multi-label task's: counts() are per label
 
     def counts(self) -> dict[str, dict[str, int]]:
+        """{split: {category: examples}}; for a multi-label task {split: {label: examples
+        carrying it}} (its categories are strata, the rarest label of each example)."""
+        if self.labels is not None:
+            return label_counts(self.splits, self.labels)
         return category_counts(self.splits)
 
 
@@ -290,6 +297,8 @@ def prepare_data(pilot: Pilot, tokenizer: Any, *, enforce_leakage: bool = True) 
     data = spec.data
     records, skipped = load_all(pilot)
     records, dropped = clean_records(records, data.cleaning, data.max_chars)
+    if spec.task.multi_label:
+        records = multi_label_strata(records, list(spec.task.labels or []))
     splits = _split_and_sample(pilot, records, skipped)
     items = [DupItem(r.id, s, r.text) for s, recs in splits.items() for r in recs]
     dups = find_duplicates(items, threshold=data.near_dup_threshold, seed=data.split.seed)
@@ -331,6 +340,7 @@ def prepare_data(pilot: Pilot, tokenizer: Any, *, enforce_leakage: bool = True) 
         target_excluded=target_excluded,
         answer_budget=budget,
         answer_room=room,
+        labels=list(spec.task.labels or []) if spec.task.multi_label else None,
     )
     prepared.version = data_version(pilot, splits, template_hash(tokenizer, spec.task))
     if enforce_leakage:

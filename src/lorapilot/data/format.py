@@ -26,6 +26,7 @@ from typing import Any
 from lorapilot.errors import UsageError
 from lorapilot.fsutil import sha256_bytes, sha256_json
 from lorapilot.spec import FieldSpec, TaskSpec, ValueSpec
+from lorapilot.spec.task import LABEL_SEPARATOR
 
 IGNORE_INDEX = -100
 
@@ -80,11 +81,16 @@ def render_messages(
 
 
 def answer_text(task: TaskSpec, label: str | None, target: dict | None) -> str:
-    """The assistant turn: the label, or the target as compact JSON in the spec's field order."""
+    """The assistant turn: the label (a multi-label example's labels, comma-separated), or
+    the target as compact JSON in the spec's field order."""
     if task.kind == "classification":
         if label is None:
             raise ValueError("classification example without a label")
         return label
+    if task.multi_label:  # the labels that apply, in task.labels order
+        if not target:
+            raise ValueError("multi-label example without a label")
+        return LABEL_SEPARATOR.join(target)
     if target is None:
         raise ValueError("extraction example without a target")
     if isinstance(target, str):  # a regex-only format task: the target is the text itself

@@ -228,7 +228,9 @@ class RecordBuilder:
         target = None
         answer = row.get(fm.label if self.task.labelled else fm.target, _MISSING)
         if self.answers or answer not in (_MISSING, None):
-            if self.task.labelled:
+            if self.task.multi_label:
+                target = self._label_set(answer)
+            elif self.task.labelled:
                 label = self._label(answer)
             else:
                 target = self._target(answer)
@@ -321,6 +323,45 @@ class RecordBuilder:
                 "such examples out, counted per label, set data.unlisted_labels: drop"
             )
         return label
+
+    def _label_set(self, cell: Any) -> list[str]:
+        """A multi-label example's labels, in task.labels order: a JSON list of labels, or
+        a text cell split on data.fields.label_separator. A label named twice counts once."""
+        name = self.fields.label
+        if cell is _MISSING or cell is None:
+            raise BadRow(f"missing field {name!r}")
+        if isinstance(cell, str):
+            parts = [p.strip() for p in cell.split(self.fields.label_separator)]
+            if any(not p for p in parts) and cell.strip():
+                raise BadRow(
+                    f"field {name!r} ({_show(cell)}) has an empty label between separators "
+                    f"({self.fields.label_separator!r}, data.fields.label_separator)"
+                )
+            parts = [p for p in parts if p]
+        elif isinstance(cell, list | tuple) and all(isinstance(p, str) for p in cell):
+            parts = list(cell)
+        else:
+            raise BadRow(
+                f"field {name!r} must be a list of labels or a text of labels separated by "
+                f"{self.fields.label_separator!r} (data.fields.label_separator), got "
+                f"{json_type(cell)}"
+            )
+        if not parts:
+            raise BadRow(
+                f"field {name!r} names no label: a multi-label example needs at least one "
+                "(for texts to which none applies, add a label such as 'none' to task.labels)"
+            )
+        for label in parts:
+            if label not in self.labels:
+                if self.drop_unlisted:
+                    raise UnlistedLabel(f"label {_show(label)} is not in task.labels", label)
+                allowed = ", ".join(self.task.labels or [])
+                raise BadRow(
+                    f"label {_show(label)} is not one of the task labels ({allowed}); to leave "
+                    "such examples out, counted per label, set data.unlisted_labels: drop"
+                )
+        given = set(parts)
+        return [lab for lab in self.task.labels or [] if lab in given]
 
     def _target(self, target: Any) -> Any:
         name = self.fields.target

@@ -3,7 +3,9 @@
 Each category is split on its own, so every category keeps its share in val and test, and
 adding examples of one category never moves the examples of another. The order within a
 category depends only on the ids and `f"{seed}:{category}"`, never on file order or on
-Python's hash seed, so the same data and seed give the same split on any machine.
+Python's hash seed, so the same data and seed give the same split on any machine. (A
+multi-label example's category is the rarest of its labels in the whole data: there, adding
+examples can change which label is rarest, and so move examples.)
 """
 
 from __future__ import annotations
@@ -73,6 +75,25 @@ def split_records(
     return out
 
 
+def multi_label_strata(records: list[Record], labels: list[str]) -> list[Record]:
+    """A multi-label example's category: the rarest of its labels over all the records
+    (ties: task.labels order), so each label's rare examples are spread over the splits in
+    proportion instead of riding with a commoner label they co-occur with (the first step of
+    iterative stratification, Sechidis et al. 2011). Records without labels keep theirs."""
+    count: dict[str, int] = defaultdict(int)
+    for r in records:
+        for label in r.target or ():
+            count[label] += 1
+    rank = {label: i for i, label in enumerate(labels)}
+    out = []
+    for r in records:
+        if r.target:
+            rarest = min(r.target, key=lambda lab: (count[lab], rank.get(lab, len(rank))))
+            r = dataclasses.replace(r, category=rarest)
+        out.append(r)
+    return out
+
+
 def split_groups(
     records: Iterable[Record], seed: int, val: float, test: float
 ) -> dict[str, list[Record]]:
@@ -132,6 +153,19 @@ def category_counts(splits: dict[str, list[Record]]) -> dict[str, dict[str, int]
             c[r.category] += 1
         counts[name] = c
     return counts
+
+
+def label_counts(splits: dict[str, list[Record]], labels: list[str]) -> dict[str, dict[str, int]]:
+    """{split: {label: examples carrying it}} for a multi-label task (an example counts for
+    each of its labels), every label listed in every split."""
+    out = {}
+    for name, part in splits.items():
+        c = dict.fromkeys(labels, 0)
+        for r in part:
+            for label in r.target or ():
+                c[label] = c.get(label, 0) + 1
+        out[name] = c
+    return out
 
 
 def sample_size(n: int, size: int | float) -> int:

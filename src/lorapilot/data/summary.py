@@ -29,6 +29,7 @@ SET_ASIDE = (
     "unlisted_labels",
     "groups",
     "text_template",
+    "label_sets",
 )
 
 
@@ -90,12 +91,38 @@ def shared_report(
         "dropped_by_cleaning": prepared.dropped,
         **({"unlisted_labels": unlisted} if unlisted else {}),
         **({"groups": groups} if groups is not None else {}),
+        **({"label_sets": label_set_report(prepared)} if prepared.labels is not None else {}),
         **(
             {"text_template": {k: v for k, v in template.items() if k != "warnings"}}
             if template
             else {}
         ),
         "warnings": warnings,
+    }
+
+
+def label_set_report(prepared: PreparedData, shown: int = 10) -> dict[str, Any]:
+    """A multi-label task's sets: labels per example per split (mean, and how many examples
+    have 1, 2, ... labels) and the commonest combinations of two labels or more."""
+    per_split: dict[str, Any] = {}
+    combos: dict[str, int] = {}
+    for split, records in prepared.splits.items():
+        sizes: dict[str, int] = {}
+        for r in records:
+            k = len(r.target or ())
+            sizes[str(k)] = sizes.get(str(k), 0) + 1
+            if k > 1:
+                key = "\x1f".join(r.target)
+                combos[key] = combos.get(key, 0) + 1
+        n = len(records)
+        per_split[split] = {
+            "mean": round(sum(int(k) * v for k, v in sizes.items()) / n, 3) if n else 0.0,
+            "examples_by_count": dict(sorted(sizes.items(), key=lambda kv: int(kv[0]))),
+        }
+    top = sorted(combos.items(), key=lambda kv: (-kv[1], kv[0]))[:shown]
+    return {
+        "labels_per_example": per_split,
+        "commonest_combinations": [{"labels": k.split("\x1f"), "examples": v} for k, v in top],
     }
 
 

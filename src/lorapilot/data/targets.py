@@ -229,6 +229,10 @@ def category_of(
     a discount) reach val and test instead of all landing in train by chance. A category
     that is a list or an object is a ValueError naming it; a missing one is `none`.
     """
+    if task.multi_label:  # provisional: multi_label_strata sets the rarest of its labels
+        if not target:
+            raise ValueError("a multi-label example needs a label")
+        return target[0]
     if task.labelled:
         if label is None:
             raise ValueError("a classification example needs a label")

@@ -17,6 +17,8 @@ from lorapilot.evaluate.guards import RuleResult, check_guards, check_success
 from lorapilot.evaluate.metrics import (
     classification_counts,
     classification_totals,
+    multi_label_counts,
+    multi_label_totals,
     get_metric,
     paired_bootstrap_counts_many,
     paired_bootstrap_macro_f1,
@@ -209,6 +211,21 @@ def bootstrap_metrics(
 
         def compute(totals: dict) -> dict:
             return classification_totals(totals, labels)
+
+    elif task_kind == "multi_label_classification":  # a set of labels per example
+        if not labels:
+            raise ValueError("classification metrics need the task's labels")
+
+        def counts(row: dict, gold: list[str]) -> dict:
+            bad = row.get("parsed") is None or bool(row.get("unknown_labels"))
+            return multi_label_counts(gold, row.get("parsed"), labels, bad)
+
+        golds = [b["gold"] for b, _ in pairs]
+        base_c = [counts(b, g) for g, (b, _) in zip(golds, pairs, strict=True)]
+        cand_c = [counts(c, g) for g, (_, c) in zip(golds, pairs, strict=True)]
+
+        def compute(totals: dict) -> dict:
+            return multi_label_totals(totals, labels)
 
     else:
         if task is None:

@@ -1,4 +1,5 @@
-"""Evaluation metrics (pure, no I/O): classification, metric lookup, paired bootstrap.
+"""Evaluation metrics (pure, no I/O): classification (one label or several), metric
+lookup, paired bootstrap.
 
 Extraction and format metrics are in `structured`, value parsing in `values`.
 
@@ -109,6 +110,80 @@ def classification_totals(totals: dict, labels: list[str]) -> dict:
         "invalid_rate": _div(totals.get("invalid", 0), n),
         "per_category": per_category,
     }
+
+
+# --------------------------------------------------------------------------- multi-label
+
+
+def parse_label_set(output: str, labels: list[str]) -> tuple[list[str] | None, list[str]]:
+    """(the labels a generated answer names, in task.labels order, or None when it names
+    none; the comma-separated parts that are not labels). Parts compare stripped and
+    casefolded, as a single label's answer does; a label named twice counts once."""
+    lookup = {lab.casefold(): lab for lab in labels}
+    found: set[str] = set()
+    unknown: list[str] = []
+    for part in output.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        label = lookup.get(part.casefold())
+        if label is None:
+            unknown.append(part)
+        else:
+            found.add(label)
+    named = [lab for lab in labels if lab in found]
+    return named or None, unknown
+
+
+def multi_label_counts(
+    gold: Sequence[str], pred: Sequence[str] | None, labels: list[str], invalid: bool = False
+) -> dict:
+    """One example's counts, summed into `multi_label_totals`: every label is a yes/no
+    decision (tp, gold, predicted per label); `correct` when the sets are equal; `invalid`
+    when the answer named no label or something that is not one (its labels still count)."""
+    g, p = set(gold), set(pred or ())
+    c: dict = {"n": 1, "correct": g == p, "invalid": bool(invalid or pred is None)}
+    for label in labels:
+        if label in g:
+            c[("gold", label)] = 1
+        if label in p:
+            c[("pred", label)] = 1
+            if label in g:
+                c[("tp", label)] = 1
+    return c
+
+
+def multi_label_totals(totals: dict, labels: list[str]) -> dict:
+    """Exact-set accuracy, macro-F1 over the labels (as classification_totals: labels
+    absent from gold and predictions left out), micro-F1 over every (example, label)
+    decision, invalid rate and per-label scores, from summed `multi_label_counts`."""
+    out = classification_totals(totals, labels)
+    tp, gold, pred = (sum(totals.get((k, lab), 0) for lab in labels) for k in ("tp", "gold", "pred"))
+    n = totals.get("n", 0)
+    out["micro_f1"] = _f1(_div(tp, pred), _div(tp, gold))
+    out["labels_per_example"] = _div(gold, n)
+    out["predicted_per_example"] = _div(pred, n)
+    return out
+
+
+def multi_label_metrics(
+    gold: Sequence[Sequence[str]],
+    pred: Sequence[Sequence[str] | None],
+    labels: list[str],
+    invalid: Sequence[bool] | None = None,
+) -> dict:
+    """multi_label_totals over examples: `gold` and `pred` label lists per example."""
+    if len(gold) != len(pred):
+        raise ValueError(f"{len(gold)} gold label sets but {len(pred)} predictions")
+    unknown = sorted({g for gs in gold for g in gs} - set(labels))
+    if unknown:
+        raise ValueError(f"gold labels not in the task's labels: {unknown[:5]}")
+    flags = invalid if invalid is not None else [False] * len(gold)
+    totals: dict = {}
+    for g, p, bad in zip(gold, pred, flags, strict=True):
+        for k, v in multi_label_counts(g, p, labels, bad).items():
+            totals[k] = totals.get(k, 0) + v
+    return multi_label_totals(totals, labels)
 
 
 # --------------------------------------------------------------------------- calibration

@@ -1,6 +1,6 @@
 """What a batch of predictions holds when there is no answer key to score them against (pure):
 for a classification how many inputs went to each label (and how many answers were none,
-when the labels are generated); for extraction and format tasks how many outputs were
+when the labels are generated; a multi-label input counts for each of its labels); for extraction and format tasks how many outputs were
 valid JSON, valid under the target schema (or the format's regex); for every task how many
 inputs were cut to fit `data.max_length`."""
 
@@ -18,7 +18,14 @@ def prediction_summary(task: TaskSpec, rows: list[dict]) -> dict[str, Any]:
     ones)."""
     n = len(rows)
     out: dict[str, Any] = {"n": n}
-    if task.labelled:
+    if task.multi_label:  # each input counts once for every label it was given
+        counts = dict.fromkeys(task.labels or [], 0)
+        for r in rows:
+            for label in r["parsed"] or ():
+                counts[label] += 1
+        out["predicted"] = counts
+        out["not_a_label"] = sum(r["parsed"] is None or bool(r.get("unknown_labels")) for r in rows)
+    elif task.labelled:
         counts = dict.fromkeys(task.labels or [], 0)
         none = 0
         for r in rows:

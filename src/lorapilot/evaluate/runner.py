@@ -18,7 +18,13 @@ from lorapilot.data.dataset import PreparedData
 from lorapilot.data.format import PromptFormatter, answer_text, template_hash
 from lorapilot.data.rows import Record, answer_of
 from lorapilot.evaluate import predict
-from lorapilot.evaluate.metrics import CONTENT_FREE, calibration_offsets, classification_metrics
+from lorapilot.evaluate.metrics import (
+    CONTENT_FREE,
+    calibration_offsets,
+    classification_metrics,
+    multi_label_metrics,
+    parse_label_set,
+)
 from lorapilot.evaluate.served import (
     CONSTRAINED,
     LabelChoice,
@@ -349,6 +355,32 @@ def score_predictions(
                 }
                 row["all_labels_scored"] = len(row["scores"]) == len(labels)
             rows.append(row)
+    elif task.multi_label:
+        assert outputs is not None
+        labels = list(task.labels or [])
+        parsed = [parse_label_set(o, labels) for o in outputs]
+        invalid = [p is None or bool(unknown) for p, unknown in parsed]
+        metrics = multi_label_metrics(
+            [records[i].target for i in known],
+            [parsed[i][0] for i in known],
+            labels,
+            [invalid[i] for i in known],
+        )
+        for i, r in enumerate(records):
+            named, unknown = parsed[i]
+            rows.append(
+                {
+                    "id": r.id,
+                    "category": r.category,
+                    "text": r.text,
+                    "prompt": prompt_texts[i],
+                    "raw_output": outputs[i],
+                    "parsed": named,
+                    "unknown_labels": unknown,
+                    "gold": r.target,
+                    "correct": None if r.target is None else set(named or ()) == set(r.target),
+                }
+            )
     else:
         assert outputs is not None
         sub = [records[i] for i in known]

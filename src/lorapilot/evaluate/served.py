@@ -239,3 +239,18 @@ def gbnf_choice(labels: list[str]) -> str:
     if not labels or any(not lab for lab in labels):
         raise ValueError("a grammar of labels needs labels, none of them empty")
     return "root ::= " + " | ".join(gbnf_literal(lab) for lab in labels) + "\n"
+
+
+def gbnf_label_set(labels: list[str], separator: str = ", ") -> str:
+    """A GBNF grammar whose sentences are the multi-label answers the adapter was trained to
+    write: one or more of the labels, each once, in task.labels order, `separator` between.
+    Rule `l<i>` is label i followed, optionally, by a later label's rule."""
+    if not labels or any(not lab for lab in labels):
+        raise ValueError("a grammar of labels needs labels, none of them empty")
+    n = len(labels)
+    lines = ["root ::= " + " | ".join(f"l{i}" for i in range(n))]
+    for i, lab in enumerate(labels):
+        later = " | ".join(f"l{j}" for j in range(i + 1, n))
+        rest = f" ({gbnf_literal(separator)} ({later}))?" if later else ""
+        lines.append(f"l{i} ::= {gbnf_literal(lab)}{rest}")
+    return "\n".join(lines) + "\n"

@@ -36,7 +36,12 @@ from lorapilot.data.format import render_messages
 from lorapilot.errors import CheckFailed, LorapilotError, UsageError
 from lorapilot.evaluate.metrics import CONTENT_FREE, calibration_offsets
 from lorapilot.evaluate.runner import label_token_ids, score_predictions, stop_token_ids
-from lorapilot.evaluate.served import gbnf_choice, generation_figures, generation_warning
+from lorapilot.evaluate.served import (
+    gbnf_choice,
+    gbnf_label_set,
+    generation_figures,
+    generation_warning,
+)
 from lorapilot.export import classify as classify_module
 from lorapilot.export import gguf_files as gf
 from lorapilot.export import ollama
@@ -294,9 +299,12 @@ def recheck(
 
 def _grammar_of(spec) -> tuple[str, str | None, dict | None]:
     """(file name, GBNF text, JSON Schema) of the answers a server may constrain to: a
-    classification's labels (scored or generated), an extraction's fields."""
+    classification's labels (scored or generated; a multi-label one's lists of them), an
+    extraction's fields."""
     if spec.task.kind == "classification" and spec.task.labels:
         return GRAMMAR_FILE, gbnf_choice(list(spec.task.labels)), None
+    if spec.task.multi_label:  # one or more labels, in task.labels order
+        return GRAMMAR_FILE, gbnf_label_set(list(spec.task.labels or [])), None
     return FIELDS_GRAMMAR_FILE, gbnf_of(spec.task), json_schema_of(spec.task)
 
 

@@ -96,7 +96,7 @@ def gbnf_of(task: TaskSpec) -> str | None:
     """The grammar of an extraction task with `fields` (None for others: a classification, a
     regex-checked format, a target given only as task.json_schema, whose key order the
     training data chooses)."""
-    if task.kind == "classification" or not task.fields:
+    if task.labelled or not task.fields:
         return None
     rules = _Rules()
     root = rules.object(task.fields, "")
@@ -109,6 +109,6 @@ def json_schema_of(task: TaskSpec) -> dict | None:
     """The JSON Schema of a JSON answer as the adapter writes it (data.targets.answer_schema:
     task.json_schema, else built from task.fields with every key present); None for a label
     or a regex-checked text."""
-    if task.kind == "classification" or is_text_target(task):
+    if task.labelled or is_text_target(task):
         return None
     return answer_schema(task)

@@ -416,6 +416,8 @@ def degenerate_baseline(predictions: list[dict] | None, share: float = 0.5) -> l
     counts: dict[str, int] = {}
     for r in predictions:
         label = r.get("parsed")
+        if isinstance(label, list):  # a multi-label answer: the same set every time
+            label = ", ".join(label)
         if isinstance(label, str):
             counts[label] = counts.get(label, 0) + 1
     if not counts:

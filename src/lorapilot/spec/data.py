@@ -35,7 +35,18 @@ class FieldMap(_Strict):
         "braces.",
     )
 
-    _omitted_at: ClassVar[dict[str, tuple]] = {"image": ("image",), "text_template": (None,)}
+    label_separator: str = Field(
+        ",",
+        min_length=1,
+        description="multi_label_classification: what separates the labels of a label cell "
+        "given as text (a CSV cell `anger,sadness`); a JSON list is read as it is.",
+    )
+
+    _omitted_at: ClassVar[dict[str, tuple]] = {
+        "image": ("image",),
+        "text_template": (None,),
+        "label_separator": (",",),
+    }
 
     @field_validator("text_template")
     @classmethod

@@ -8,7 +8,7 @@ from __future__ import annotations
 import difflib
 import re
 
-LABELLED = ("classification", "image_classification")  # one label per example
+LABELLED = ("classification", "multi_label_classification", "image_classification")
 PER_CATEGORY_CLASSIFICATION = ("precision", "recall", "f1", "support", "predicted")
 PER_FIELD = ("accuracy", "precision", "recall", "f1", "support", "predicted")
 SUBTREE = ("leaf_gold", "leaf_predicted", "leaf_precision", "leaf_recall", "leaf_f1")
@@ -33,6 +33,11 @@ GROUNDED = ("ungrounded_value_rate", "grounding_checked")
 TOP_LEVEL = {
     "classification": ("accuracy", "macro_f1", "invalid_rate"),
     "image_classification": ("accuracy", "macro_f1", "invalid_rate"),
+    # accuracy: the whole label set right; micro_f1 pools every (example, label) decision
+    "multi_label_classification": (
+        "accuracy", "macro_f1", "micro_f1", "invalid_rate", "labels_per_example",
+        "predicted_per_example",
+    ),  # fmt: skip
     "extraction": _EXTRACTION,
     "format": ("format_valid_rate", "answer_match", *_EXTRACTION),
 }
@@ -41,6 +46,7 @@ ANSWER_GROUP = ("answer_match",)
 PER_GROUP = {
     "classification": {"per_category": PER_CATEGORY_CLASSIFICATION},
     "image_classification": {"per_category": PER_CATEGORY_CLASSIFICATION},
+    "multi_label_classification": {"per_category": PER_CATEGORY_CLASSIFICATION},
     "extraction": {"per_field": PER_FIELD, "per_category": PER_CATEGORY_EXTRACTION},
     "format": {"per_field": PER_FIELD, "per_category": PER_CATEGORY_EXTRACTION},
 }

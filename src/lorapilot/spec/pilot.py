@@ -137,6 +137,17 @@ class PilotSpec(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _multi_label_generates(self) -> PilotSpec:
+        if self.task.multi_label and self.eval.mode == "score":
+            if "mode" in self.eval.model_fields_set:
+                raise ValueError(
+                    "eval.mode: score ranks single labels; a multi_label_classification task "
+                    "generates its list of labels (eval.mode: generate, or leave it out)"
+                )
+            self.eval.__dict__["mode"] = "generate"
+        return self
+
+    @model_validator(mode="after")
     def _category_source(self) -> PilotSpec:
         by = self.data.category
         if by is None:

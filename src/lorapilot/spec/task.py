@@ -17,6 +17,9 @@ from lorapilot.spec.common import _known_names, _Strict
 ValueType = Literal["string", "number", "integer", "boolean", "date", "list", "object", "map"]
 _NESTED_KEYS = ("fields", "items", "values", "ordered")
 SCALAR_TYPES = ("string", "number", "integer", "boolean", "date")
+LABELLED_KINDS = ("classification", "multi_label_classification", "image_classification")
+LABEL_SEPARATOR = ", "
+"""Between the labels of a multi-label answer, in task.labels order: `anger, sadness`."""
 
 
 class ValueSpec(_Strict):
@@ -208,12 +211,21 @@ class ImageSpec(_Strict):
 class TaskSpec(_Strict):
     """What the model must do, and exactly how it is asked."""
 
-    kind: Literal["classification", "extraction", "format", "image_classification"] = Field(
-        description="classification: one label per text; extraction: a JSON object of named "
-        "fields; format: output that must follow a JSON schema or regex; image_classification: "
-        "one label per image."
+    kind: Literal[
+        "classification",
+        "multi_label_classification",
+        "extraction",
+        "format",
+        "image_classification",
+    ] = Field(
+        description="classification: one label per text; multi_label_classification: every "
+        "label that applies to a text (one or more), answered as a comma-separated list; "
+        "extraction: a JSON object of named fields; format: output that must follow a JSON "
+        "schema or regex; image_classification: one label per image."
     )
-    labels: list[str] | None = Field(None, description="Allowed labels (classification).")
+    labels: list[str] | None = Field(
+        None, description="Allowed labels (classification, multi_label_classification)."
+    )
     fields: list[FieldSpec] | None = Field(None, description="Target fields (extraction).")
     json_schema: dict[str, Any] | None = Field(
         None, description="JSON schema the output must satisfy (extraction/format)."
@@ -274,6 +286,19 @@ class TaskSpec(_Strict):
     def _by_kind(self) -> TaskSpec:
         if self.labelled and not self.labels:
             raise ValueError(f"task.labels is required for a {self.kind} task")
+        if self.multi_label:
+            joined = [lab for lab in self.labels or [] if LABEL_SEPARATOR.strip() in lab]
+            spaced = [lab for lab in self.labels or [] if lab != lab.strip()]
+            if spaced:
+                raise ValueError(
+                    f"label {spaced[0]!r} starts or ends with a space, which a multi-label "
+                    "answer's comma-separated labels cannot keep"
+                )
+            if joined:
+                raise ValueError(
+                    f"label {joined[0]!r} holds a comma: a multi-label answer lists its labels "
+                    "separated by commas (rename the label, e.g. with ' and ' or '/')"
+                )
         if self.image is not None and self.kind != "image_classification":
             raise ValueError("task.image applies to image_classification tasks")
         if self.kind == "image_classification" and self.image is None:
@@ -306,8 +331,14 @@ class TaskSpec(_Strict):
 
     @property
     def labelled(self) -> bool:
-        """One label per example (text or image): label metrics, a per-label split."""
-        return self.kind in ("classification", "image_classification")
+        """Answers drawn from task.labels (one per example, or several for a multi-label
+        task): label metrics, per-label categories, the label column of the data."""
+        return self.kind in LABELLED_KINDS
+
+    @property
+    def multi_label(self) -> bool:
+        """Every label that applies: the answer is a list of labels, not one."""
+        return self.kind == "multi_label_classification"
 
     @property
     def modality(self) -> Literal["text", "image"]:
