@@ -489,13 +489,13 @@ def _counts(c: dict | None) -> str:
 
 # The metrics a terminal line shows, where the task has them (every one is in --json).
 EVALUATION_METRICS = (
-    "accuracy", "macro_f1", "micro_f1", "json_valid_rate", "schema_valid_rate", "required_fields_rate",
-    "field_f1", "leaf_f1", "exact_match", "format_valid_rate", "answer_match",
-    "ungrounded_value_rate",
+    "accuracy", "macro_f1", "micro_f1", "json_valid_rate", "schema_valid_rate",
+    "required_fields_rate", "field_f1", "leaf_f1", "exact_match", "format_valid_rate",
+    "answer_match", "ungrounded_value_rate",
 )  # fmt: skip
 MAIN_METRICS = (
-    "accuracy", "macro_f1", "micro_f1", "json_valid_rate", "field_f1", "leaf_f1", "format_valid_rate",
-    "answer_match",
+    "accuracy", "macro_f1", "micro_f1", "json_valid_rate", "field_f1", "leaf_f1",
+    "format_valid_rate", "answer_match",
 )  # fmt: skip
 DELTA_METRICS = ("macro_f1", "field_f1", "leaf_f1", "format_valid_rate", "answer_match")
 

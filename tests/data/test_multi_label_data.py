@@ -131,15 +131,16 @@ def test_data_report_and_training_on_a_multi_label_pilot(tmp_path, tiny_model_di
     sets_report = d["label_sets"]
     assert sets_report["labels_per_example"]["train"]["mean"] > 1.0
     assert {tuple(c["labels"]) for c in sets_report["commonest_combinations"]} == {
-        ("joy", "neutral"), ("anger", "sadness")
+        ("joy", "neutral"),
+        ("anger", "sadness"),
     }
     view = run_cli("data", str(pilot))
     assert view.returncode == 0 and "examples per split and label" in view.stdout
 
     base = run_json("baseline", str(pilot), "--json")
     assert set(base["metrics"]) >= {"micro_f1", "macro_f1", "accuracy", "invalid_rate"}
-    rows = [json.loads(line) for line in
-            (pilot / "runs" / base["run_id"] / "predictions.jsonl").read_text().splitlines()]  # fmt: skip
+    lines = (pilot / "runs" / base["run_id"] / "predictions.jsonl").read_text().splitlines()
+    rows = [json.loads(line) for line in lines]
     assert all(isinstance(r["gold"], list) and "unknown_labels" in r for r in rows)
 
     t = run_json("train", str(pilot), "--json")

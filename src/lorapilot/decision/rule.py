@@ -17,9 +17,9 @@ from lorapilot.evaluate.guards import RuleResult, check_guards, check_success
 from lorapilot.evaluate.metrics import (
     classification_counts,
     classification_totals,
+    get_metric,
     multi_label_counts,
     multi_label_totals,
-    get_metric,
     paired_bootstrap_counts_many,
     paired_bootstrap_macro_f1,
 )

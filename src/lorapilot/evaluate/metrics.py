@@ -158,7 +158,9 @@ def multi_label_totals(totals: dict, labels: list[str]) -> dict:
     absent from gold and predictions left out), micro-F1 over every (example, label)
     decision, invalid rate and per-label scores, from summed `multi_label_counts`."""
     out = classification_totals(totals, labels)
-    tp, gold, pred = (sum(totals.get((k, lab), 0) for lab in labels) for k in ("tp", "gold", "pred"))
+    tp, gold, pred = (
+        sum(totals.get((k, lab), 0) for lab in labels) for k in ("tp", "gold", "pred")
+    )
     n = totals.get("n", 0)
     out["micro_f1"] = _f1(_div(tp, pred), _div(tp, gold))
     out["labels_per_example"] = _div(gold, n)

@@ -35,7 +35,11 @@ TOP_LEVEL = {
     "image_classification": ("accuracy", "macro_f1", "invalid_rate"),
     # accuracy: the whole label set right; micro_f1 pools every (example, label) decision
     "multi_label_classification": (
-        "accuracy", "macro_f1", "micro_f1", "invalid_rate", "labels_per_example",
+        "accuracy",
+        "macro_f1",
+        "micro_f1",
+        "invalid_rate",
+        "labels_per_example",
         "predicted_per_example",
     ),  # fmt: skip
     "extraction": _EXTRACTION,
