@@ -1,8 +1,8 @@
 """What a batch of predictions holds when there is no answer key to score them against (pure):
 for a classification how many inputs went to each label (and how many answers were none,
 when the labels are generated; a multi-label input counts for each of its labels); for
-extraction and format tasks how many outputs were valid JSON, valid under the target schema (or the format's regex); for every task how many
-inputs were cut to fit `data.max_length`."""
+extraction and format tasks how many outputs were valid JSON, valid under the target schema
+(or the format's regex); for every task how many inputs were cut to fit `data.max_length`."""
 
 from __future__ import annotations
 
