@@ -859,7 +859,11 @@ def init(
     as_json: JsonFlag = False,
     task: Annotated[
         str,
-        typer.Option("--task", help="classification, extraction, format or image_classification."),
+        typer.Option(
+            "--task",
+            help="classification, multi_label_classification, extraction, format or "
+            "image_classification.",
+        ),
     ] = "classification",
     directory: Annotated[Path, typer.Option("--dir", help="Where to create the folder.")] = Path(
         "."

@@ -120,6 +120,61 @@ def _classification_rows(rng: random.Random) -> list[dict]:
     return rows
 
 
+MULTI_LABEL_YAML = """\
+# {name}: a lorapilot pilot. Edit, then: lorapilot check {name} && lorapilot run {name}
+name: {name}
+hypothesis: >-
+  A LoRA adapter on the base model names every topic a customer message raises (one or
+  more) clearly better than the base model prompted zero-shot.
+task:
+  kind: multi_label_classification
+  labels: [billing, delivery, product, account]
+  # The answer is every label that applies, in this order, separated by ", ".
+  system: "Name every topic the message raises, separated by commas, from: {{labels}}."
+  template: "Message:\\n{{text}}\\n\\nTopics:"
+model:
+  base: smollm2-135m-instruct
+data:
+  source: "Example messages written by lorapilot init (replace with your data)"
+  permission: "Synthetic example data; free to use"
+  file: data/examples.jsonl
+  # the label column: a JSON list, or text split on label_separator (a CSV cell "a|b")
+  fields: {{text: text, label: labels, id: id}}   # label_separator: "|"
+  split: {{seed: 0, val: 0.2, test: 0.2}}   # stratified on each example's rarest label
+  max_length: 128
+adapter: {{method: lora, r: 8, alpha: 16, dropout: 0.0, target_modules: all-linear}}
+train: {{seed: 0, epochs: 4, lr: 0.001, micro_batch: 8, precision: auto}}
+# micro_f1 pools every (message, topic) decision; macro_f1 averages the topics
+success: {{metric: macro_f1, min_gain: 0.10}}
+guards:
+  - {{metric: per_category.f1, max_drop: 0.05}}
+limits: {{memory_gb: 8, time_hours: 1, usd_per_hour: 0, rental_days: 3}}
+"""
+
+
+def _multi_label_rows(rng: random.Random) -> list[dict]:
+    said = {
+        "billing": ["I was charged twice this month", "the invoice shows the wrong amount",
+                    "my refund has not arrived"],
+        "delivery": ["the parcel came a week late", "the courier left the box in the rain",
+                     "tracking has not moved since Monday"],
+        "product": ["the blender leaks from the base", "the lid cracked on the first day",
+                    "the charger stopped working"],
+        "account": ["I cannot log in to my account", "the password reset email never came",
+                    "please change the email on my account"],
+    }  # fmt: skip
+    topics = list(said)
+    rows = []
+    for first in topics:
+        for a in said[first]:
+            rows.append({"text": a[0].upper() + a[1:] + ".", "labels": [first]})
+            for second in topics[topics.index(first) + 1 :]:
+                for b in said[second]:
+                    rows.append({"text": f"{a[0].upper() + a[1:]}, and {b}.",
+                                 "labels": [first, second]})  # fmt: skip
+    return rows
+
+
 IMAGE_YAML = """\
 # {name}: a lorapilot image pilot. Edit, then: lorapilot check {name} && lorapilot run {name}
 name: {name}
@@ -261,9 +316,16 @@ def _extraction_rows(rng: random.Random) -> list[dict]:
     return rows
 
 
-TASKS = ("classification", "extraction", "format", "image_classification")
+TASKS = (
+    "classification",
+    "multi_label_classification",
+    "extraction",
+    "format",
+    "image_classification",
+)
 _TEXT = {  # the spec and the rows of each text task
     "classification": (CLASSIFICATION_YAML, _classification_rows),
+    "multi_label_classification": (MULTI_LABEL_YAML, _multi_label_rows),
     "extraction": (EXTRACTION_YAML, _extraction_rows),
     "format": (FORMAT_YAML, _format_rows),
 }

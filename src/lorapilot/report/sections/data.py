@@ -40,15 +40,20 @@ def _data(s: dict) -> list:
         )
     ]
     per = d.get("per_category") or {}
+    sets = d.get("label_sets") if isinstance(d.get("label_sets"), dict) else None
     if per:
         cols = list(splits) or list(dict.fromkeys(k for v in per.values() for k in v))
-        out += [
-            Sub("Examples per category"),
-            Table(
-                ["category", *cols],
-                [[c, *(fmt((n or {}).get(sp, 0)) for sp in cols)] for c, n in per.items()],
-            ),
-        ]
+        what = "label" if sets else "category"  # a multi-label example counts for each label
+        rows = [[c, *(fmt((n or {}).get(sp, 0)) for sp in cols)] for c, n in per.items()]
+        if sets:
+            mean = sets.get("labels_per_example") or {}
+            rows.append(["labels per example", *(fmt((mean.get(sp) or {}).get("mean"))
+                                                 for sp in cols)])  # fmt: skip
+        out += [Sub(f"Examples per {what}"), Table([what, *cols], rows)]
+        combos = (sets or {}).get("commonest_combinations") or []
+        if combos:
+            shown = "; ".join(f"{' + '.join(c['labels'])} ({c['examples']})" for c in combos)
+            out.append(Para(f"Commonest combinations of labels: {shown}."))
     if isinstance(d.get("images"), dict):
         out += _images(d, s.get("contact_sheets") or [])
     out.append(Sub("Duplicates and leaks"))
