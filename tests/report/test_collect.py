@@ -190,3 +190,16 @@ def test_a_chosen_adapter_that_generates_other_labels_is_a_limitation():
     )
     assert "152 of 154 are (90.0%)" in line and "constrained to the labels, " not in line
     assert generation_warnings({"id": "t9"}) == [] and generation_warnings(None) == []
+
+
+def test_a_multi_label_adapter_that_never_names_two_labels_is_a_limitation():
+    from lorapilot.report.collect import label_set_warnings
+
+    rows = [{"gold": ["joy"], "parsed": ["joy"]}, {"gold": ["joy", "anger"], "parsed": ["joy"]},
+            {"gold": ["fear"], "parsed": None}]  # fmt: skip
+    [line] = label_set_warnings(rows)
+    assert "one label at most" in line and "1 of 3 have two or more" in line
+    rows[0]["parsed"] = ["joy", "anger"]  # it names two somewhere: no warning
+    assert label_set_warnings(rows) == []
+    single = [{"gold": ["joy"], "parsed": ["joy"]}]  # no example has two: nothing to miss
+    assert label_set_warnings(single) == []

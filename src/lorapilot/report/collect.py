@@ -347,7 +347,12 @@ def collect(pilot: Pilot) -> dict:
         + degenerate_baseline(baseline and _rows(registry.runs_dir(pilot.dir) / baseline.id))
         + export_warnings(exports)
         + generation_warnings(chosen)
-        + prompting_warnings(prompting),
+        + prompting_warnings(prompting)
+        + (
+            label_set_warnings(_rows(registry.runs_dir(pilot.dir) / chosen["id"]))
+            if chosen and spec.task.multi_label
+            else []
+        ),
     }
 
 
@@ -395,6 +400,22 @@ def export_warnings(exports: list[dict]) -> list[str]:
         f"the {e.get('format')} export in {e.get('folder')}: {w}"
         for e in exports
         for w in (e.get("serving_check") or {}).get("warnings") or []
+    ]
+
+
+def label_set_warnings(predictions: list[dict]) -> list[str]:
+    """A multi-label adapter that names one label at most where validation examples have
+    several has learnt a single-label classifier: its exact-set accuracy and the recall of
+    co-occurring labels are capped, which a macro-F1 gain alone does not show."""
+    gold = [r for r in predictions if isinstance(r.get("gold"), list)]
+    several = sum(len(r["gold"]) > 1 for r in gold)
+    named = sum(len(r.get("parsed") or ()) > 1 for r in gold)
+    if not several or named:
+        return []
+    return [
+        f"the chosen adapter named one label at most for every validation example, while "
+        f"{several} of {len(gold)} have two or more: it answers as a single-label classifier "
+        "(compare `labels_per_example` with `predicted_per_example`)"
     ]
 
 
