@@ -154,3 +154,24 @@ def test_data_report_and_training_on_a_multi_label_pilot(tmp_path, tiny_model_di
                                                   {"text": "x", "tags": ["joy"]}])  # fmt: skip
     p = run_json("predict", str(pilot), "--input", str(inputs), "--json")
     assert set(p["summary"]["predicted"]) == set(LABELS)
+
+
+def test_a_saved_dataset_with_a_list_of_class_labels_reads_their_names(tmp_path):
+    """HF multi-label sets (go_emotions) hold `List(ClassLabel)`: integers, named here."""
+    datasets = pytest.importorskip("datasets")
+    from lorapilot.data.dataset import load_all
+    from lorapilot.spec import load_pilot
+
+    feats = datasets.Features({"text": datasets.Value("string"),
+                               "tags": datasets.Sequence(datasets.ClassLabel(names=LABELS))})  # fmt: skip
+    rows = [{"text": "a", "tags": [3, 0]}, {"text": "b", "tags": [1]}, {"text": "c", "tags": []}]
+    pilot = tmp_path / "p"
+    datasets.Dataset.from_list(rows, features=feats).save_to_disk(str(pilot / "data" / "ds"))
+    (pilot / "pilot.yaml").write_text(yaml.safe_dump({
+        "name": "m", "hypothesis": "h",
+        "task": {"kind": "multi_label_classification", "labels": LABELS},
+        "data": {"file": "data/ds", "fields": {"label": "tags", "id": None}, "on_error": "skip"},
+    }))  # fmt: skip
+    recs, skipped = load_all(load_pilot(pilot))
+    assert [r.target for r in recs] == [["anger", "sadness"], ["joy"]]
+    assert len(skipped) == 1 and "names no label" in skipped[0].problem

@@ -313,3 +313,26 @@ def test_a_generated_classification_is_held_to_labels_gbnf_too():
                   adapter_file="adapter.gguf", merged_file=None, system=None,
                   user_template="{text}", check=check, grammar="labels.gbnf")  # fmt: skip
     assert "100.0% of the answers are the label lorapilot generated." in text
+
+
+def test_a_multi_label_export_states_its_grammar_as_lists_of_labels():
+    """A multi-label pilot's labels.gbnf holds the ordered label lists; the README says so."""
+    from lorapilot.export.gguf_export import _grammar_of
+    from lorapilot.spec import PilotSpec
+
+    spec = PilotSpec.model_validate({
+        "name": "m", "hypothesis": "h", "data": {"file": "d.jsonl"},
+        "task": {"kind": "multi_label_classification", "labels": ["a", "b"]},
+    })  # fmt: skip
+    file, grammar, schema = _grammar_of(spec)
+    assert (file, schema) == ("labels.gbnf", None)
+    assert grammar.splitlines()[:2] == ["root ::= l0 | l1", 'l0 ::= "a" (", " (l1))?']
+    check = {"n_examples": 4, "serving_agreement": 1.0, "serving_agreement_min": 0.98,
+             "constrained_agreement": 0.75, "constrained_label_rate": None,
+             "configs": [], "reference": {}}  # fmt: skip
+    text = readme(pilot="p", train_run="t", base_file="base.gguf", base_note="n",
+                  adapter_file="adapter.gguf", merged_file=None, system=None,
+                  user_template="{text}", check=check, grammar="labels.gbnf",
+                  label_sets=True)  # fmt: skip
+    assert "75.0% of the answers are the labels lorapilot generated." in text
+    assert "one or more of the labels' exact texts" in text and "answers only a label" not in text

@@ -236,7 +236,8 @@ def _rows(
     pilot_dir: Path | None = None,
     answers: bool = True,
 ) -> Iterator[tuple[int, dict | BadRow]]:
-    """(row number, column -> JSON value); ClassLabel integers become their names; an `Image`
+    """(row number, column -> JSON value); ClassLabel integers (also in a list of them)
+    become their names; an `Image`
     column's embedded bytes become a file in the pilot folder, named by its path."""
     import pyarrow as pa
 
@@ -247,10 +248,12 @@ def _rows(
     image_cols = [c for c, f in ds.features.items() if c in wanted and type(f).__name__ == "Image"]
     if image_cols and pilot_dir is None:
         raise UsageError(f"{table.shown}: an Image column is read only inside a pilot folder")
-    class_names = {
-        c: f.names
+    class_names = {c: f.names for c, f in ds.features.items() if c in wanted and _is_class(f)}
+    # a list of ClassLabel (`List`, or `Sequence` in older datasets): a multi-label column
+    class_lists = {
+        c: f.feature.names
         for c, f in ds.features.items()
-        if c in wanted and type(f).__name__ == "ClassLabel"
+        if c in wanted and _is_class(getattr(f, "feature", None))
     }
     row = 0
     try:
@@ -262,12 +265,27 @@ def _rows(
                     v = values.get(c)
                     if isinstance(v, int):
                         values[c] = labels[v] if 0 <= v < len(labels) else None
+                for c, labels in class_lists.items():
+                    v = values.get(c)
+                    if isinstance(v, list):
+                        values[c] = [_class_name(labels, x) for x in v]
                 for c in image_cols:
                     assert pilot_dir is not None
                     values[c] = embedded_image_path(pilot_dir, values.get(c))
                 yield row, {k: jsonable(v) for k, v in values.items()}
     except pa.ArrowException as e:
         raise UsageError(f"{table.shown}:row {row + 1}: cannot read the data: {e}") from None
+
+
+def _is_class(feature: Any) -> bool:
+    return type(feature).__name__ == "ClassLabel"
+
+
+def _class_name(names: list[str], v: Any) -> Any:
+    """A ClassLabel integer's name; anything else as it is (the row check names it)."""
+    if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < len(names):
+        return names[v]
+    return v
 
 
 def table_records(

@@ -204,6 +204,7 @@ def export_gguf(
                 classifier=CLASSIFY_FILE if classifier is not None else None,
                 grammar=grammar_file if grammar is not None else None,
                 schema=SCHEMA_FILE if schema is not None else None,
+                label_sets=spec.task.multi_label,
             )
         )  # fmt: skip
         return {

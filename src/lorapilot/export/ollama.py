@@ -69,8 +69,10 @@ def readme(
     classifier: str | None = None,
     grammar: str | None = None,
     schema: str | None = None,
+    label_sets: bool = False,
 ) -> str:
-    """How to serve the export, and what its serving check found."""
+    """How to serve the export, and what its serving check found (`label_sets`: a
+    multi-label pilot, whose grammar holds lists of labels)."""
     name = f"{pilot}-{train_run}".lower().replace("_", "-")
     sys_flag = f' -sys "{system}"' if system else ""
     verdict = "passed" if check.get("ok") else "FAILED"
@@ -97,6 +99,11 @@ def readme(
         out.append(f"- `{grammar}`: the answer's fields as a llama.cpp grammar (as trained)")
     if schema:
         out.append(f"- `{schema}`: the answer's JSON Schema (Ollama's `format`)")
+    elif grammar and label_sets:
+        out.append(
+            f"- `{grammar}`: the labels as a llama.cpp grammar (answers one or more labels, "
+            "in the pilot's order, separated by `, `)"
+        )
     elif grammar:
         out.append(f"- `{grammar}`: the labels as a llama.cpp grammar (answers only a label)")
     out += [
@@ -135,7 +142,7 @@ def readme(
         *(
             _fields_lines(grammar, schema, check, base_file, adapter_file)
             if schema
-            else _grammar_lines(grammar, check, base_file, adapter_file)
+            else _grammar_lines(grammar, check, base_file, adapter_file, label_sets)
         ),
         *_classifier_lines(classifier, check, merged_file),
         "Check it again (the files re-hashed, the validation split predicted in llama.cpp):",
@@ -187,21 +194,29 @@ def _classifier_lines(classifier: str | None, check: dict, merged_file: str | No
     return lines
 
 
-def _grammar_lines(grammar: str | None, check: dict, base_file: str, adapter_file: str):
+def _grammar_lines(
+    grammar: str | None, check: dict, base_file: str, adapter_file: str, label_sets: bool = False
+):
     """How to serve the labels constrained to their text, and what that answered in the check."""
     if not grammar:
         return []
+    allows = (
+        "one or more of the labels' exact texts, each once, in the pilot's order and separated "
+        "by `, ` (as the adapter was trained to answer)"
+        if label_sets
+        else "only the labels' exact text"
+    )
     rate = check.get("constrained_agreement")
     scored = check.get("constrained_label_rate") is not None  # label scoring, not generation
     measured = (
         "The serving check decoded the validation split this way (greedy, in llama.cpp's "
-        f"grammar sampler over this very file): {rate:.1%} of the answers are the label "
+        f"grammar sampler over this very file): {rate:.1%} of the answers are the "
         + (
-            "lorapilot scored. A grammar makes every answer a label, not the scored one: it "
+            "label lorapilot scored. A grammar makes every answer a label, not the scored one: it "
             "lets the model pick the likeliest allowed token one at a time, which can commit "
             "to the first token of another label."
             if scored
-            else "lorapilot generated."
+            else ("labels" if label_sets else "label") + " lorapilot generated."
         )
         if rate is not None
         else ""
@@ -209,7 +224,7 @@ def _grammar_lines(grammar: str | None, check: dict, base_file: str, adapter_fil
     return [
         "## Constrained to the labels",
         "",
-        f"`{grammar}` allows only the labels' exact text, then the end of the turn. {measured}",
+        f"`{grammar}` allows {allows}, then the end of the turn. {measured}",
         "",
         "```bash",
         f"llama-server -m {base_file} --lora {adapter_file} --grammar-file {grammar} --temp 0",
