@@ -162,8 +162,8 @@ def test_a_saved_dataset_with_a_list_of_class_labels_reads_their_names(tmp_path)
     from lorapilot.data.dataset import load_all
     from lorapilot.spec import load_pilot
 
-    feats = datasets.Features({"text": datasets.Value("string"),
-                               "tags": datasets.Sequence(datasets.ClassLabel(names=LABELS))})  # fmt: skip
+    tags = datasets.Sequence(datasets.ClassLabel(names=LABELS))
+    feats = datasets.Features({"text": datasets.Value("string"), "tags": tags})
     rows = [{"text": "a", "tags": [3, 0]}, {"text": "b", "tags": [1]}, {"text": "c", "tags": []}]
     pilot = tmp_path / "p"
     datasets.Dataset.from_list(rows, features=feats).save_to_disk(str(pilot / "data" / "ds"))
