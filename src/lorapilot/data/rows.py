@@ -351,16 +351,7 @@ class RecordBuilder:
                 f"field {name!r} names no label: a multi-label example needs at least one "
                 "(for texts to which none applies, add a label such as 'none' to task.labels)"
             )
-        for label in parts:
-            if label not in self.labels:
-                if self.drop_unlisted:
-                    raise UnlistedLabel(f"label {_show(label)} is not in task.labels", label)
-                allowed = ", ".join(self.task.labels or [])
-                raise BadRow(
-                    f"label {_show(label)} is not one of the task labels ({allowed}); to leave "
-                    "such examples out, counted per label, set data.unlisted_labels: drop"
-                )
-        given = set(parts)
+        given = {self._label(label) for label in parts}  # each one listed, as a single label
         return [lab for lab in self.task.labels or [] if lab in given]
 
     def _target(self, target: Any) -> Any:
