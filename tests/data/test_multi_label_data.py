@@ -91,6 +91,12 @@ def test_spec_rules_for_multi_label():
         PilotSpec.model_validate({**base, "success": {"metric": "micro_f2", "min_gain": 0.1}})
     PilotSpec.model_validate({**base, "guards": [{"metric": "per_category.joy.f1",
                                                   "max_drop": 0.1}]})  # fmt: skip
+    sep = {"file": "d.jsonl", "fields": {"label_separator": "o"}}  # 'o' is in joy
+    with pytest.raises(ValidationError, match="occurs in the label 'joy'"):
+        PilotSpec.model_validate({**base, "data": sep})
+    single = {**base, "task": {"kind": "classification", "labels": LABELS}}
+    with pytest.raises(ValidationError, match="splits a multi-label example's labels"):
+        PilotSpec.model_validate({**single, "data": {**sep, "fields": {"label_separator": "|"}}})
 
 
 def _rec(i: int, labels: list[str]) -> Record:

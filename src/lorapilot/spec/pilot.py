@@ -137,6 +137,23 @@ class PilotSpec(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _label_separator(self) -> PilotSpec:
+        sep = self.data.fields.label_separator
+        if "label_separator" in self.data.fields.model_fields_set and not self.task.multi_label:
+            raise ValueError(
+                "data.fields.label_separator splits a multi-label example's labels "
+                f"(task.kind: multi_label_classification); this pilot has task.kind: "
+                f"{self.task.kind}"
+            )
+        holding = [lab for lab in self.task.labels or [] if self.task.multi_label and sep in lab]
+        if holding:
+            raise ValueError(
+                f"data.fields.label_separator {sep!r} occurs in the label {holding[0]!r}, "
+                "so a label cell could not be split; choose another separator"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _multi_label_generates(self) -> PilotSpec:
         if self.task.multi_label and self.eval.mode == "score":
             if "mode" in self.eval.model_fields_set:
