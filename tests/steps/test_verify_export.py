@@ -286,3 +286,30 @@ def test_a_16_bit_merge_of_generated_answers_is_gated_on_their_tokens(tmp_path, 
     assert out["ok"] == (out["merge_token_agreement"] >= 0.99)
     assert proc.returncode == (0 if out["ok"] else 1)
     assert {"leaf_f1", "json_valid_rate"} <= set(out["merge_metrics"])
+
+
+def test_a_dora_adapter_trains_verifies_and_merges(tmp_path, tiny_model_dir):
+    """adapter.dora (as a `--set` variant): trained, audited, reloaded in a fresh process and
+    merged with its outputs checked; refused up front where the deliverable is a GGUF LoRA."""
+    pilot = tmp_path / "tt"
+    shutil.copytree(EXAMPLES / "ticket-triage", pilot, ignore=shutil.ignore_patterns("runs"))
+    spec = yaml.safe_load((pilot / "pilot.yaml").read_text())
+    spec["model"] = {"base": str(tiny_model_dir)}
+    spec["train"].update(max_steps=3, lr=0.01, precision="fp32")
+    spec.pop("export", None)
+    (pilot / "pilot.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    t = run_json("train", str(pilot), "--set", "adapter.dora=true", "--set",
+                 "adapter.rslora=true", "--no-progress")  # fmt: skip
+    config = json.loads((pilot / "runs" / t["run_id"] / "adapter" / "adapter_config.json")
+                        .read_text())  # fmt: skip
+    assert config["use_dora"] is True and config["use_rslora"] is True
+    audit = t["update_audit"]
+    assert audit["ok"] and any("lora_magnitude_vector" in n for n in audit["changed"])
+    v = run_json("verify", str(pilot), "--run", t["run_id"])
+    assert v["ok"] and v["n_mismatched_predictions"] == 0
+    ex = run_json("export", str(pilot), "--run", t["run_id"], "--merge", "--out",
+                  str(tmp_path / "merged"))  # fmt: skip
+    assert ex["ok"]
+    bad = run_cli("check", str(pilot), "--set", "adapter.dora=true", "--set",
+                  "export.formats=[peft, gguf]")  # fmt: skip
+    assert bad.returncode == 2 and "no GGUF LoRA form" in bad.stderr

@@ -93,6 +93,37 @@ def test_lora_named_modules_and_modules_to_save(tiny_model_dir):
     assert any("modules_to_save" in n for n in info["trainable_tensors"])
 
 
+def test_dora_trains_a_magnitude_per_output_and_passes_the_audit(tiny_model_dir, batches):
+    model, info = lora(tiny_model_dir, dora=True)
+    magnitudes = [n for n in info["trainable_tensors"] if "lora_magnitude_vector" in n]
+    assert len(magnitudes) == 14 and len(info["trainable_tensors"]) == 42
+    per_layer = 8 * (2 * 64 + 2 * 48 + 3 * 96) + (32 + 16 + 16 + 32 + 64 + 64 + 32)
+    assert info["trainable_params"] == 2 * per_layer  # + one magnitude per output
+    from lorapilot.sizing.memory import ModelShape
+    from lorapilot.sizing.probe_plan import lora_trainable_params
+
+    shape = ModelShape.from_config(model.get_base_model().config.to_dict())
+    assert lora_trainable_params(shape, AdapterSpec(r=8, dora=True)) == info["trainable_params"]
+    result = run_update_audit(model, batches, adamw)
+    assert result["ok"], result["problems"]
+    assert sorted(result["changed"]) == info["trainable_tensors"]
+
+
+def test_rslora_scales_by_the_square_root_of_the_rank(tiny_model_dir):
+    model, _ = lora(tiny_model_dir, rslora=True)
+    layer = model.get_base_model().model.layers[0].self_attn.q_proj
+    assert layer.scaling["default"] == pytest.approx(16 / 8**0.5)
+    assert model.peft_config["default"].use_rslora
+    plain, _ = lora(tiny_model_dir)
+    assert plain.get_base_model().model.layers[0].self_attn.q_proj.scaling["default"] == 2.0
+
+
+def test_lora_options_need_a_lora_adapter():
+    with pytest.raises(ValueError, match="dora is an option of a LoRA adapter"):
+        AdapterSpec(method="full", dora=True)
+    assert "dora" not in AdapterSpec().model_dump() and "rslora" not in AdapterSpec().model_dump()
+
+
 def test_unknown_target_module_is_a_usage_error(tiny_model_dir):
     with pytest.raises(UsageError, match="adapter.target_modules"):
         lora(tiny_model_dir, target_modules=["no_such_proj"])

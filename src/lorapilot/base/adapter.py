@@ -61,6 +61,8 @@ def build_adapter(
         target_modules=adapter.target_modules,  # "all-linear" is understood by peft itself
         modules_to_save=list(adapter.modules_to_save) or None,
         task_type=task_type,  # None: a plain module (an image classifier)
+        use_rslora=adapter.rslora,
+        use_dora=adapter.dora,
     )
     try:
         if seed is None:

@@ -57,8 +57,8 @@ def pick_examples(lengths: Sequence[int], target: int, n: int) -> list[int]:
 
 def lora_trainable_params(shape: ModelShape, adapter: AdapterSpec) -> int:
     """Trainable parameters of the spec's adapter, from the shapes alone: r x (in + out)
-    per adapted Linear of every layer, plus full copies of `modules_to_save` embeddings
-    or LM head. Module names match peft's rule (equal, or ending in "." + the name)."""
+    per adapted Linear of every layer (and DoRA's magnitude, one per output), plus full
+    copies of `modules_to_save` embeddings or LM head. Module names match peft's rule (equal, or ending in "." + the name)."""
     if adapter.method == "full":
         return shape.n_params
     n = 0
@@ -69,7 +69,7 @@ def lora_trainable_params(shape: ModelShape, adapter: AdapterSpec) -> int:
             targets = adapter.target_modules
             if targets == "all-linear" or any(name == t or name.endswith("." + t) for t in targets):
                 d_in, d_out = dims(shape)
-                n += adapter.r * (d_in + d_out)
+                n += adapter.r * (d_in + d_out) + (d_out if adapter.dora else 0)
     for m in adapter.modules_to_save:
         if m.rsplit(".", 1)[-1] in ("lm_head", "embed_tokens"):
             n += shape.vocab * shape.hidden

@@ -125,6 +125,15 @@ class PilotSpec(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _gguf_has_no_dora(self) -> PilotSpec:
+        if "gguf" in self.export.formats and self.adapter.dora:
+            raise ValueError(
+                "export.formats: gguf: a DoRA adapter (adapter.dora) has no GGUF LoRA form in "
+                "llama.cpp; export merged (export --merge, or formats: [peft, merged])"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _calibration_is_for_label_scoring(self) -> PilotSpec:
         if self.eval.label_scoring == "calibrated" and (
             self.task.kind != "classification" or self.eval.mode != "score"

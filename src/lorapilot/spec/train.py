@@ -26,6 +26,26 @@ class AdapterSpec(_Strict):
         "all-linear", description="Module names to adapt, or `all-linear`."
     )
     modules_to_save: list[str] = Field(default_factory=list, description="Extra trained modules.")
+    rslora: bool = Field(
+        False,
+        description="Rank-stabilised LoRA (Kalajdzievski 2023; PEFT use_rslora): scale = alpha / "
+        "sqrt(r), so ranks compared as variants learn at comparable rates.",
+    )
+    dora: bool = Field(
+        False,
+        description="DoRA (Liu et al. 2024; PEFT use_dora): each adapted weight split into a "
+        "trained magnitude per output and a LoRA-updated direction. Slower, more memory (the "
+        "weight's norm is recomputed every forward); no GGUF LoRA form (export merged).",
+    )
+
+    _omitted_at: ClassVar[dict[str, tuple]] = {"rslora": (False,), "dora": (False,)}
+
+    @model_validator(mode="after")
+    def _lora_options(self) -> AdapterSpec:
+        on = [k for k in ("rslora", "dora") if getattr(self, k)]
+        if on and self.method != "lora":
+            raise ValueError(f"{on[0]} is an option of a LoRA adapter (method: lora)")
+        return self
 
 
 class TrainSpec(_Strict):
