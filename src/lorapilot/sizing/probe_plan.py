@@ -58,7 +58,8 @@ def pick_examples(lengths: Sequence[int], target: int, n: int) -> list[int]:
 def lora_trainable_params(shape: ModelShape, adapter: AdapterSpec) -> int:
     """Trainable parameters of the spec's adapter, from the shapes alone: r x (in + out)
     per adapted Linear of every layer (and DoRA's magnitude, one per output), plus full
-    copies of `modules_to_save` embeddings or LM head. Module names match peft's rule (equal, or ending in "." + the name)."""
+    copies of `modules_to_save` embeddings or LM head. Module names match peft's rule
+    (equal, or ending in "." + the name)."""
     if adapter.method == "full":
         return shape.n_params
     n = 0
