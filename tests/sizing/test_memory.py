@@ -517,3 +517,53 @@ def test_sdpa_under_a_padding_mask_keeps_keys_and_values_repeated_to_every_head(
     # q, k, v and the output, each at every head's width: p(h + 2h) + p h in the formula
     assert shapes.count((full, torch.bfloat16)) == 4 * cfg.num_hidden_layers
     assert (grouped, torch.bfloat16) not in shapes
+
+
+def test_dora_keeps_two_outputs_per_adapted_linear_as_counted():
+    """DoRA's extra saved tensors, measured: each adapted linear keeps its base output and
+    its LoRA output (to scale them by the magnitude), in the compute dtype: what
+    layer_activation_bytes(dora=True) adds, 2 x p x d_out per token per adapted linear."""
+    import collections
+
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from lorapilot.train.loss import causal_lm_loss_sum
+    from tests.train.test_shared_prefix import batch_of
+
+    config = LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=128)  # fmt: skip
+    batch = batch_of([5, 6, 7], [[8, 9, 10, 11], [12, 13]], answer_from=[0, 0])
+    rows, width = batch["input_ids"].shape
+
+    def saved(dora: bool) -> collections.Counter:
+        torch.manual_seed(0)
+        lora = LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", use_dora=dora)
+        model = get_peft_model(LlamaForCausalLM(config).float(), lora).train()
+        out: collections.Counter = collections.Counter()
+        with torch.autograd.graph.saved_tensors_hooks(
+            lambda t: out.update([(tuple(t.shape), t.dtype)]) or t, lambda t: t
+        ):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                causal_lm_loss_sum(model, batch)
+        return out
+
+    extra = saved(True) - saved(False)
+    bf16 = {  # the per-token tensors (DoRA also casts each weight: not activations)
+        shape[2]: n
+        for (shape, dtype), n in extra.items()
+        if dtype == torch.bfloat16 and shape[:2] == (rows, width) and len(shape) == 3
+    }
+    # per layer: q, o, down out 32 wide; k, v 16 (2 key/value heads of 8); gate, up 64
+    assert bf16 == {32: 2 * 3 * 2, 16: 2 * 2 * 2, 64: 2 * 2 * 2}
+    shape = ModelShape.from_config(config.to_dict())
+    kw = dict(micro_batch=rows, seq_len=width, precision="bf16", weight_dtype_bytes=4,
+              lora_rank=4, lora_forward="peft")  # fmt: skip
+    delta = (layer_activation_bytes(shape, dora=True, **kw)["total"]
+             - layer_activation_bytes(shape, **kw)["total"])  # fmt: skip
+    assert delta == 2 * 2 * (3 * 32 + 2 * 16 + 2 * 64) * rows * width
+    # the fused forward leaves DoRA layers to PEFT: the same count whichever is asked for
+    fused = layer_activation_bytes(shape, dora=True, **{**kw, "lora_forward": "fused"})
+    assert fused == layer_activation_bytes(shape, dora=True, **kw)

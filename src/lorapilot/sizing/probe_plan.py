@@ -123,6 +123,7 @@ def estimate_row(
         adapted_modules=spec.adapter.target_modules,
         lora_rank=spec.adapter.r,
         lora_dropout=spec.adapter.dropout,
+        dora=spec.adapter.dora,
         dropout_mask_bytes=4 if on_cpu else 1,  # CPUs keep a float mask (see memory.py)
         lora_forward=spec.train.lora_forward,
         workspace_fraction=workspace,

@@ -174,6 +174,7 @@ def _train_peak(ps: PilotShape, spec, mb: int, ckpt: bool, precision: str, share
         adapted_modules=spec.adapter.target_modules,
         lora_rank=spec.adapter.r,
         lora_dropout=spec.adapter.dropout,
+        dora=spec.adapter.dora,
         lora_forward=spec.train.lora_forward,
         **quantized_memory(spec.model.quantization),
         shared_prefix_tokens=shared,
