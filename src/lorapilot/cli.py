@@ -59,6 +59,14 @@ VariantOpt = Annotated[
 RunOpt = Annotated[
     str | None, typer.Option("--run", help="Train run (default: the latest completed one).")
 ]
+ShotSelectionOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--shot-selection",
+        help="With --shots: fixed (the same K for every input) or similar (each input's K "
+        "most similar training examples); default eval.few_shot_selection.",
+    ),
+]
 LimitOpt = Annotated[
     int | None,
     typer.Option(
@@ -160,6 +168,17 @@ def _pilot(pilot: str, sets: list[str] | None = None, variant: str | None = None
     from lorapilot.spec import load_pilot
 
     return load_pilot(pilot, sets, variant)
+
+
+def _selected(sets: list[str] | None, selection: str | None, shots: int) -> list[str] | None:
+    """`--shot-selection` as the spec key it sets (for this command only)."""
+    if selection is None:
+        return sets
+    if not shots:
+        raise UsageError("--shot-selection chooses the demonstrations of --shots K; add --shots")
+    if selection not in ("fixed", "similar"):
+        raise UsageError(f"--shot-selection {selection!r}: must be fixed or similar")
+    return [*(sets or []), f"eval.few_shot_selection={selection}"]
 
 
 # --------------------------------------------------------------------------- verbs
@@ -339,6 +358,7 @@ def inspect(
             help="Show the prompts as `baseline --shots K` builds them: K training examples first.",
         ),
     ] = 0,
+    shot_selection: ShotSelectionOpt = None,
 ) -> Shown:
     """Show examples of every category after the exact preprocessing, loss tokens highlighted.
     Each example's loss tokens are decoded and checked against its answer; a mismatch exits 1.
@@ -350,6 +370,7 @@ def inspect(
         raise UsageError(
             f"--split {split!r}: inspect samples train or val (the test split is reserved)"
         )
+    sets = _selected(sets, shot_selection, shots)
     result = run_inspect(_pilot(pilot, sets), per_category, split, seed, out, shots)
     if as_json:
         for ex in result["examples"]:
@@ -376,11 +397,13 @@ def baseline(
             "adapter against. 0: zero-shot, the success criterion's baseline.",
         ),
     ] = 0,
+    shot_selection: ShotSelectionOpt = None,
 ) -> Shown:
     """Evaluate the unadapted base model on the validation split; keep its outputs and
     protocol. `--shots K`: the base prompted with K training examples first."""
     from lorapilot.steps.baseline import run_baseline
 
+    sets = _selected(sets, shot_selection, shots)
     result = run_baseline(_pilot(pilot, sets), limit=limit, progress=not no_progress, shots=shots)
     return Shown(result, views.evaluation)
 
@@ -480,6 +503,7 @@ def predict(
             "--shots K` prompted it (the prompting alternative, when it serves).",
         ),
     ] = 0,
+    shot_selection: ShotSelectionOpt = None,
 ) -> Shown:
     """Apply an adapter (or the base) to new inputs: the pilot's prompts, truncation,
     decoding and parsing, every prediction kept in a `predict` run; inputs with an answer are
@@ -487,7 +511,7 @@ def predict(
     from lorapilot.steps.predict import run_predict
 
     result = run_predict(
-        _pilot(pilot),
+        _pilot(pilot, _selected(None, shot_selection, shots)),
         input_file,
         run_id=run,
         base=base,

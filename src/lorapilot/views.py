@@ -237,7 +237,8 @@ def _prompting(p: dict | None) -> None:
     """The adapter against the few-shot prompt (`baseline --shots`), beside the decision."""
     if not p:
         return
-    head = f"  against prompting ({p['shots']}-shot base, {p['run_id']}): "
+    similar = " similar" if p.get("selection") == "similar" else ""
+    head = f"  against prompting ({p['shots']}-shot{similar} base, {p['run_id']}): "
     if p.get("why_not"):
         stdout.print(head + f"not compared: {esc(p['why_not'])}")
         return
@@ -423,10 +424,7 @@ def inspect(r: dict) -> None:
     )
     if r.get("shots"):  # inspect --shots: the few-shot baseline's prompts
         sh = r["shots"]
-        stdout.print(
-            f"as the few-shot baseline prompts: {sh['k']} training examples first "
-            f"({', '.join(map(esc, sh['ids']))}; +{sh['prompt_tokens_added']} tokens)"
-        )
+        stdout.print(f"as the few-shot baseline prompts: {_shots_text(sh)}")
     if not r["ok"]:
         stdout.print("[red]some examples' loss tokens do not decode to their answer[/]")
 
@@ -483,6 +481,19 @@ def _range(s: dict | None) -> str:
     return f"{s['min']:g}" if s["min"] == s["max"] else f"{s['min']:g}-{s['max']:g}"
 
 
+def _shots_text(sh: dict) -> str:
+    """A few-shot prompt's demonstrations in a line: fixed ones named, or the rule."""
+    if sh.get("selection") == "similar":
+        return (
+            f"each input's {sh['k']} most similar training examples first ({sh['similarity']}; "
+            f"up to +{sh['prompt_tokens_added_max']} tokens; `shot_ids` in predictions.jsonl)"
+        )
+    return (
+        f"{sh['k']} training examples first (+{sh['prompt_tokens_added']} tokens; "
+        f"{', '.join(map(esc, sh['ids']))})"
+    )
+
+
 def _counts(c: dict | None) -> str:
     return ", ".join(f"{k} {v}" for k, v in (c or {}).items())
 
@@ -508,10 +519,7 @@ def evaluation(r: dict) -> None:
     )
     shots = r.get("shots")
     if shots:  # baseline --shots: the prompting alternative, not the zero-shot baseline
-        stdout.print(
-            f"  few-shot: the base shown {shots['k']} training examples before every prompt "
-            f"(+{shots['prompt_tokens_added']} tokens; {', '.join(map(esc, shots['ids']))})"
-        )
+        stdout.print(f"  few-shot: the base shown {_shots_text(shots)}")
     headline = [k for k in EVALUATION_METRICS if k in m]
     stdout.print("  " + "  ".join(f"{k}={m[k]:.3f}" for k in headline))
     group, per = per_group(m)

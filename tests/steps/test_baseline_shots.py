@@ -159,3 +159,57 @@ def test_an_extraction_pilot_s_demonstrations_answer_in_json(tmp_path, tiny_mode
             first = next(iter(target))  # the answer as trained: its first field comes first
             assert f"Order:\n{rows[sid]['text']}\n\nJSON:" in p["prompt"]
             assert f'{{"{first}": {json.dumps(target[first])}' in p["prompt"]
+
+
+def test_nearest_shots_are_the_most_similar_training_inputs_nearest_last():
+    from lorapilot.data.shots import NearestShots
+
+    recs = [
+        Record(id=i, text=t, label="x", target=None, source="f", split="train", category="x")
+        for i, t in [("a", "refund for my broken phone"), ("b", "my phone screen is broken"),
+                     ("c", "where is my parcel"), ("d", "Where is my parcel?"),
+                     ("e", "how do I reset my password")]
+    ]  # fmt: skip
+    near = NearestShots(recs)
+    got = [r.id for r in near.pick("the phone arrived broken, I want a refund", 2)]
+    assert got == ["b", "a"]  # the nearest (two words shared, one rare) last
+    # an input's own text (casefolded, stripped) is never shown to it: its twin is
+    assert [r.id for r in near.pick("where is my parcel", 1)] == ["d"]
+    assert [r.id for r in near.pick("zzz unrelated", 2)] == ["b", "a"]  # no overlap: by id
+    assert len(near.pick("phone", 10)) == 5
+
+
+def test_a_similar_shots_baseline_shows_each_input_its_neighbours(pilot):
+    few = run_json("baseline", str(pilot), "--shots", "2", "--shot-selection", "similar",
+                   "--no-progress")  # fmt: skip
+    shots = few["shots"]
+    assert shots["selection"] == "similar" and shots["k"] == 2
+    assert shots["prompt_tokens_added_max"] > 0 and "ids" not in shots
+    rows = [json.loads(x) for x in (pilot / "data" / "examples.jsonl").read_text().splitlines()]
+    texts = {r["id"]: r["text"] for r in rows}
+    preds = [json.loads(x) for x in open(few["predictions"])]
+    assert len({tuple(p["shot_ids"]) for p in preds}) > 1  # chosen per input
+    for p in preds:
+        assert len(p["shot_ids"]) == 2 and p["prompt"].count("Category:") == 3
+        last = p["prompt"].rfind(f"Message:\n{texts[p['shot_ids'][1]]}\n\nCategory:")
+        first = p["prompt"].find(f"Message:\n{texts[p['shot_ids'][0]]}\n\nCategory:")
+        assert 0 <= first < last < p["prompt"].rfind(f"Message:\n{p['text']}")
+    new = pilot / "new_similar.jsonl"
+    new.write_text("".join(json.dumps({"id": f"n{i}", "text": p["text"]}) + "\n"
+                           for i, p in enumerate(preds)))  # fmt: skip
+    out = run_json("predict", str(pilot), "--input", str(new), "--base", "--shots", "2",
+                   "--shot-selection", "similar", "--no-progress")  # fmt: skip
+    assert out["eval_protocol"] == few["eval_protocol"]
+    got = [json.loads(x) for x in open(out["predictions"])]
+    assert [g["prompt"] for g in got] == [p["prompt"] for p in preds]
+    assert [g["shot_ids"] for g in got] == [p["shot_ids"] for p in preds]
+    ins = run_json("inspect", str(pilot), "--shots", "2", "--shot-selection", "similar",
+                   "--per-category", "1")  # fmt: skip
+    assert ins["ok"] and ins["shots"]["selection"] == "similar"
+    res = run_cli("baseline", str(pilot), "--shot-selection", "similar")
+    assert res.returncode == 2 and "add --shots" in res.stderr
+    cmp = run_json("compare", str(pilot))
+    row = next(r for r in cmp["runs"] if r["id"] == few["run_id"])
+    assert row["variant"] == "2-shot prompt (similar examples)"
+    if cmp["prompting"] and cmp["prompting"]["run_id"] == few["run_id"]:
+        assert cmp["prompting"]["selection"] == "similar"

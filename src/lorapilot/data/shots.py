@@ -1,9 +1,12 @@
 """Demonstrations for a few-shot baseline: the base model prompted with K examples from the
-training split, the cheap alternative an adapter has to beat to be worth its training."""
+training split, the cheap alternative an adapter has to beat to be worth its training: the
+same K for every input, or each input's K most similar (retrieval, `NearestShots`)."""
 
 from __future__ import annotations
 
+import math
 import random
+import re
 from collections import Counter
 
 from lorapilot.data.format import PromptFormatter, answer_text
@@ -46,15 +49,136 @@ def pick_shots(records: list[Record], k: int, seed: int) -> list[Record]:
     return picked
 
 
+_WORD = re.compile(r"\w+")
+
+
+def _terms(text: str) -> Counter:
+    return Counter(_WORD.findall(text.casefold()))
+
+
+class NearestShots:
+    """The K training examples whose input is most like a given input: cosine similarity of
+    TF-IDF word vectors (sublinear term frequency, smoothed idf), ties by id; the most
+    similar comes last, next to the input (Liu et al. 2022, "What makes good in-context
+    examples for GPT-3?", retrieve by similarity; nearest last). A training example whose
+    text is the input's own (casefolded, stripped) is never shown to it. Pure."""
+
+    def __init__(self, records: list[Record]):
+        self.records = sorted(records, key=lambda r: r.id)
+        terms = [_terms(r.text) for r in self.records]
+        df: Counter = Counter(t for ts in terms for t in ts)
+        n = len(self.records)
+        self.idf = {t: math.log((1 + n) / (1 + d)) + 1 for t, d in df.items()}
+        self.postings: dict[str, list[tuple[int, float]]] = {}
+        for i, ts in enumerate(terms):
+            for t, w in self._vector(ts).items():
+                self.postings.setdefault(t, []).append((i, w))
+        self.keys = [r.text.strip().casefold() for r in self.records]
+
+    def _vector(self, terms: Counter) -> dict[str, float]:
+        v = {t: (1 + math.log(c)) * self.idf.get(t, 0.0) for t, c in terms.items()}
+        norm = math.sqrt(sum(x * x for x in v.values()))
+        return {t: x / norm for t, x in v.items() if x} if norm else {}
+
+    def pick(self, text: str, k: int) -> list[Record]:
+        """The K nearest training examples to `text`, least similar first."""
+        score: dict[int, float] = {}
+        for t, w in self._vector(_terms(text)).items():
+            for i, x in self.postings.get(t, ()):
+                score[i] = score.get(i, 0.0) + w * x
+        own = text.strip().casefold()
+        ranked = sorted(
+            (i for i in range(len(self.records)) if self.keys[i] != own),
+            key=lambda i: (-score.get(i, 0.0), self.records[i].id),
+        )
+        return [self.records[i] for i in reversed(ranked[:k])]
+
+
+class NearestShotsFormatter(PromptFormatter):
+    """A formatter whose demonstrations are chosen for each input (`NearestShots`): every
+    method that renders an input renders it with its own K neighbours, chosen on the input
+    as given (before any cut), so training-style encoding, evaluation prompts and inspect
+    agree. `max_length` is the input's room plus the most any K demonstrations can add."""
+
+    def __init__(self, fmt: PromptFormatter, index: NearestShots, task: TaskSpec, k: int,
+                 budget: int):  # fmt: skip
+        self.plain, self.index, self.k, self.budget = fmt, index, k, budget
+        self._by_text: dict[str, PromptFormatter] = {}
+        super().__init__(fmt.tok, task, fmt.max_length, fmt.truncation_side, fmt.loss_on)
+        # what a demonstration adds: its text (at most an input's room) and answer, plus the
+        # turns around them (measured once on a short pair) and a token or two of merging
+        pair = fmt.with_shots([("x", "y")], budget).max_length - fmt.max_length
+        turns = pair - len(fmt._ids("x")) - len(fmt._ids("y"))
+        cost = [
+            min(len(fmt._ids(r.text)), fmt.max_length)
+            + len(fmt._ids(answer_text(task, r.label, r.target)))
+            + turns
+            + 2
+            for r in index.records
+        ]
+        self.max_length = fmt.max_length + sum(sorted(cost)[-k:])
+
+    def for_input(self, text: str) -> PromptFormatter:
+        got = self._by_text.get(text)
+        if got is None:
+            picked = self.index.pick(text, self.k)
+            shots = [(r.text, answer_text(self.task, r.label, r.target)) for r in picked]
+            got = self.plain.with_shots(shots, self.budget)
+            got.shot_ids = [r.id for r in picked]  # type: ignore[attr-defined]
+            self._by_text[text] = got
+        return got
+
+    def shot_ids_for(self, text: str) -> list[str]:
+        return self.for_input(text).shot_ids  # type: ignore[attr-defined]
+
+    def prompt_text(self, text: str) -> str:
+        return self.for_input(text).prompt_text(text)
+
+    def full_text(self, text: str, answer: str) -> str:
+        return self.for_input(text).full_text(text, answer)
+
+    def fit_text(self, text: str, answer_budget: int) -> tuple[str, int]:
+        return self.for_input(text).fit_text(text, answer_budget)
+
+    def prompt_and_cut(self, text: str, answer_budget: int) -> tuple[list[int], int]:
+        return self.for_input(text).prompt_and_cut(text, answer_budget)
+
+    def encode(self, text: str, answer: str, answer_budget: int):
+        return self.for_input(text).encode(text, answer, answer_budget)
+
+    def uncut_prompt_tokens(self, text: str) -> int:
+        return self.for_input(text).uncut_prompt_tokens(text)
+
+
 def few_shot_formatter(
     fmt: PromptFormatter, train: list[Record], task: TaskSpec, k: int, seed: int, budget: int,
-    context: int,
+    context: int, selection: str = "fixed",
 ) -> tuple[PromptFormatter, dict]:  # fmt: skip
     """`fmt` with K demonstrations from `train` before every prompt, and what the protocol
-    records of them. Refused when the longest prompt would pass the model's context."""
-    picked = pick_shots(train, k, seed)
-    if not picked:
+    records of them. `selection` fixed: the same K for every input (`pick_shots`); similar:
+    each input's K nearest (`NearestShots`). Refused when the longest prompt would pass the
+    model's context."""
+    if not train:
         raise UsageError(f"--shots {k}: the training split has no examples to show")
+    if selection == "similar":
+        near = NearestShotsFormatter(fmt, NearestShots(train), task, min(k, len(train)), budget)
+        added = near.max_length - fmt.max_length
+        if near.max_length > context:
+            raise UsageError(
+                f"--shots {k} (eval.few_shot_selection: similar): the {k} longest "
+                f"demonstrations would add {added} tokens to a prompt, {near.max_length} with "
+                f"data.max_length ({fmt.max_length}): more than the model's context "
+                f"({context}); use fewer shots or a smaller data.max_length"
+            )
+        info = {
+            "k": near.k,
+            "selection": "similar",
+            "similarity": "tf-idf cosine of the input's words, nearest last",
+            "prompt_tokens_added_max": added,
+            "max_length": near.max_length,
+        }
+        return near, info
+    picked = pick_shots(train, k, seed)
     shot_fmt = fmt.with_shots(
         [(r.text, answer_text(task, r.label, r.target)) for r in picked], budget
     )

@@ -29,8 +29,9 @@ SELECTION_RULE = (
 _NOT_SHAPE = {
     "train": ("seed", "epochs", "max_steps", "lr", "weight_decay", "schedule", "warmup_ratio",
               "eval_every", "save_every", "max_grad_norm", "grad_accum"),
-    "adapter": ("alpha", "dropout"),
-    "eval": ("few_shot",),  # the prompting alternative's own evaluation, no training step
+    "adapter": ("alpha", "dropout", "rslora"),  # the scale only; dora changes the step
+    # the prompting alternative's own evaluation, no training step
+    "eval": ("few_shot", "few_shot_selection"),
 }  # fmt: skip
 _NOT_SHAPE_SECTIONS = (
     "name", "hypothesis", "success", "guards", "limits", "tracking", "variants", "selection",

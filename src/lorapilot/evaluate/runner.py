@@ -209,6 +209,9 @@ def evaluate_records(
     metrics["n"] = sum(answer_of(r) is not None for r in records)
     for row, (_, cut) in zip(rows, fitted, strict=True):
         row["tokens_cut"] = cut  # the input's tokens cut to fit data.max_length
+    if hasattr(fmt, "shot_ids_for"):  # demonstrations chosen per input: which ones
+        for row, r in zip(rows, records, strict=True):
+            row["shot_ids"] = fmt.shot_ids_for(r.text)
     generation = None
     if greedy is not None:
         texts, held = (

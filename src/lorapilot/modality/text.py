@@ -72,7 +72,7 @@ class TextModality:
         spec = self.pilot.spec
         return few_shot_formatter(
             fmt, prepared.splits.get("train") or [], spec.task, shots, spec.train.seed,
-            prepared.answer_budget, model_context(fmt.tok),
+            prepared.answer_budget, model_context(fmt.tok), spec.eval.few_shot_selection,
         )  # fmt: skip
 
     def _evaluator(self, tok: Any, fmt: Any, prepared: PreparedData):

@@ -121,7 +121,8 @@ def run_summary(pilot: Pilot, rec: registry.RunRecord, baseline: registry.RunRec
     )
     if rec.kind == "baseline" and registry.is_few_shot(rec):  # the prompting alternative:
         k = (res.get("shots") or {}).get("k")  # set against the adapter, not the baseline
-        row["variant"] = f"{k}-shot prompt"
+        similar = (res.get("shots") or {}).get("selection") == "similar"
+        row["variant"] = f"{k}-shot prompt" + (" (similar examples)" if similar else "")
         row["shots"] = res.get("shots")
         return row
     if baseline is None or not row["metrics"] or rec.id == baseline.id or row["split"] != "val":

@@ -15,6 +15,20 @@ from lorapilot.records import registry
 from lorapilot.spec import Pilot
 
 
+def shown(p: dict[str, Any]) -> str:
+    """What the few-shot prompt showed: `4 training examples`, or `each input's 4 most
+    similar training examples` (eval.few_shot_selection: similar)."""
+    if p.get("selection") == "similar":
+        return f"each input's {p.get('shots')} most similar training examples"
+    return f"{p.get('shots')} training examples"
+
+
+def predict_flags(p: dict[str, Any]) -> str:
+    """The `predict` flags that run the same prompt on new inputs."""
+    similar = " --shot-selection similar" if p.get("selection") == "similar" else ""
+    return f"--base --shots {p.get('shots')}{similar}"
+
+
 def prompting_alternative(pilot: Pilot, chosen: dict | None) -> dict[str, Any] | None:
     """The latest completed few-shot baseline against `chosen` (a compare row): both values,
     the gain and its paired bootstrap CI, and whether the gain reaches success.min_gain with
@@ -29,6 +43,7 @@ def prompting_alternative(pilot: Pilot, chosen: dict | None) -> dict[str, Any] |
     out: dict[str, Any] = {
         "run_id": few.id,
         "shots": shots.get("k"),
+        "selection": shots.get("selection", "fixed"),
         "shot_ids": shots.get("ids"),
         "metric": metric,
         "few_shot": metric_value(few.result.get("metrics"), metric),
@@ -82,7 +97,7 @@ def prompting_warnings(p: dict[str, Any] | None) -> list[str]:
     ci = f", 95% CI of the gain [{low:+.3f}, {p['ci_high']:+.3f}]" if low is not None else ""
     return [
         f"the chosen adapter ({p['adapted_run']}) gains {p['gain']:+.3f} {p['metric']} over the "
-        f"base prompted with {p['shots']} training examples ({p['few_shot']:.3f} -> "
+        f"base prompted with {shown(p)} ({p['few_shot']:.3f} -> "
         f"{p['adapted']:.3f}{ci}), short of success.min_gain {p['min_gain']:+.3f} or not "
         "above noise: a few-shot prompt may serve instead of the adapter"
     ]

@@ -94,6 +94,14 @@ class EvalSpec(_Strict):
         "baseline.",
     )
 
+    few_shot_selection: Literal["fixed", "similar"] = Field(
+        "fixed",
+        description="Which training examples a few-shot prompt shows (`eval.few_shot`, "
+        "`baseline --shots K`): fixed, the same K for every input (the categories in turn); "
+        "similar, each input's K most similar by TF-IDF word cosine, the nearest last "
+        "(retrieval-augmented prompting, the stronger alternative).",
+    )
+
     # omitted from the spec hash at their defaults: specs written before them hash the same
     _omitted_at: ClassVar[dict[str, tuple]] = {
         "label_search": ("best_first",),  # same argmax
@@ -101,6 +109,7 @@ class EvalSpec(_Strict):
         "shared_prefix": ("auto",),
         "generation_check": (True,),
         "few_shot": (None,),
+        "few_shot_selection": ("fixed",),
     }
 
 

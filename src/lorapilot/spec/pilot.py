@@ -256,6 +256,7 @@ class PilotSpec(_Strict):
         resolved.pop("export", None)
         resolved["limits"].pop("gpu_prices", None)
         resolved["eval"].pop("few_shot", None)
+        resolved["eval"].pop("few_shot_selection", None)
         if resolved.get("smoke") == SmokeSpec().model_dump(mode="json"):
             resolved.pop("smoke")
         return sha256_json(resolved)

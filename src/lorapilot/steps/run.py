@@ -65,6 +65,7 @@ def inputs_key(pilot: Pilot, env: dict) -> str:
     spec = pilot.spec.model_dump(mode="json")
     spec["limits"] = spec["tracking"] = spec["export"] = None
     spec["eval"].pop("few_shot", None)
+    spec["eval"].pop("few_shot_selection", None)
     return (
         "in-"
         + sha256_json(
@@ -168,12 +169,13 @@ def run_pipeline(
     zero_shot = lambda r: not registry.is_few_shot(r)  # noqa: E731
     phase("baseline", "baseline", lambda: run_baseline(pilot, progress=progress, log=log),
           where=zero_shot)  # fmt: skip
-    k = pilot.spec.eval.few_shot
+    k, selection = pilot.spec.eval.few_shot, pilot.spec.eval.few_shot_selection
     if k:  # the prompting alternative the report sets the adapter against
         phase(
             "few-shot baseline", "baseline",
             lambda: run_baseline(pilot, progress=progress, log=log, shots=k),
-            where=lambda r: (r.result.get("shots") or {}).get("k") == k,
+            where=lambda r: (r.result.get("shots") or {}).get("k") == k
+            and (r.result.get("shots") or {}).get("selection", "fixed") == selection,
         )  # fmt: skip
     sm = phase(
         "smoke",

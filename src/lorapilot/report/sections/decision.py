@@ -28,6 +28,7 @@ from lorapilot.report.formatting import (
     isnum,
     support_text,
 )
+from lorapilot.report.prompting import shown
 from lorapilot.report.sections.state import _dict, _get, _list
 
 
@@ -176,7 +177,7 @@ def _prompting(s: dict) -> list:
     p = s.get("prompting")
     if not isinstance(p, dict):
         return []
-    out: list = [Sub(f"Against prompting: the base shown {p.get('shots')} training examples")]
+    out: list = [Sub(f"Against prompting: the base shown {shown(p)}")]
     if p.get("why_not"):
         return out + [Para(f"not compared ({p.get('run_id')}): {p['why_not']}")]
     beats = p.get("adapter_beats_prompting")

@@ -9,6 +9,7 @@ from typing import Any
 from lorapilot.export.ollama import agreement_of
 from lorapilot.report.blocks import Para, Sub, Table
 from lorapilot.report.formatting import DASH, fmt, isnum, mark
+from lorapilot.report.prompting import predict_flags, shown
 from lorapilot.report.sections.model import _record
 from lorapilot.report.sections.state import _get, _list
 
@@ -143,8 +144,8 @@ def _prompt_instead(s: dict) -> list:
         return []
     return [
         Para(
-            f"The base shown {p.get('shots')} training examples came within reach of the "
+            f"The base shown {shown(p)} came within reach of the "
             "adapter (Decision, Against prompting); new inputs through that prompt: "
-            f"`lorapilot predict PILOT --base --shots {p.get('shots')} --input FILE`"
+            f"`lorapilot predict PILOT {predict_flags(p)} --input FILE`"
         )
     ]
