@@ -447,3 +447,61 @@ def test_clothing_example_leaves_out_unlisted_labels_and_keeps_contributors_whol
     assert groups["column"] == "sender_id" and groups["shared"] == []
     assert groups["n_groups"] == len({r["sender_id"] for r in rows if r["label"] in labels})
     assert all(report["splits"][s] > 0 for s in ("train", "val", "test"))
+
+
+# --------------------------------------------------------------------------- reddit-emotions
+
+EMOTIONS_DIR = EXAMPLES / "reddit-emotions"
+
+
+def test_emotions_build_script_is_a_seeded_subset_with_label_names(tmp_path: Path) -> None:
+    """build.py on small TSVs shaped like GoEmotions' (text, label indices, id; no header)."""
+    src = tmp_path / "ekman"
+    src.mkdir()
+    (src / "labels.txt").write_text("anger\njoy\nneutral\n")
+    for name, n in (("train", 30), ("dev", 8), ("test", 8)):
+        (src / f"{name}.tsv").write_text(
+            "".join(
+                f"{name} comment {i}\t{i % 3}{',1' if i % 3 == 0 else ''}\t{name}{i}\n"
+                for i in range(n)
+            )  # fmt: skip
+        )
+    outs = []
+    for run in ("a", "b"):
+        build(EMOTIONS_DIR, "--source", src, "--n-train", 10, "--n-eval", 5, "--out",
+              tmp_path / run)  # fmt: skip
+        outs.append(
+            [(tmp_path / run / f"{s}.jsonl").read_bytes() for s in ("train", "val", "test")]
+        )
+    assert outs[0] == outs[1]
+    train = [json.loads(x) for x in outs[0][0].decode().splitlines()]
+    assert len(train) == 10 and [r["id"] for r in train] != [f"train{i}" for i in range(10)]
+    for r in train:  # indices named, in labels.txt order
+        i = int(r["id"].removeprefix("train"))
+        assert r["emotions"] == (
+            ["anger", "joy"] if i % 3 == 0 else [["joy", "neutral"][i % 3 - 1]]
+        )
+    val = [json.loads(x) for x in outs[0][1].decode().splitlines()]
+    assert [r["id"] for r in val] == [f"dev{i}" for i in range(5)]  # the first rows, in order
+    assert val[0]["emotions"] == ["anger", "joy"] and val[1]["emotions"] == ["joy"]
+
+
+def test_emotions_example_is_multi_label_and_every_label_is_in_every_split(
+    default_model_dir,
+) -> None:
+    from lorapilot.base.models import load_tokenizer
+    from lorapilot.data.dataset import prepare_data
+    from lorapilot.data.summary import data_report
+    from lorapilot.spec import load_pilot
+
+    pilot = load_pilot(EMOTIONS_DIR)
+    assert pilot.spec.task.multi_label and pilot.spec.eval.mode == "generate"
+    _, tok = load_tokenizer(pilot, weights=False)
+    report = data_report(pilot, prepare_data(pilot, tok), tok)
+    assert report["splits"] == {"train": 1199, "val": 300, "test": 300}  # one leak dropped
+    assert report["skipped"] == [] and report["mask_audit"]["ok"]
+    for label, per in report["per_category"].items():
+        assert min(per.values()) >= 4, label  # every emotion reaches val and test
+    sets = report["label_sets"]
+    assert all(1.05 < s["mean"] < 1.2 for s in sets["labels_per_example"].values())
+    assert sets["commonest_combinations"][0]["labels"] == ["joy", "surprise"]
