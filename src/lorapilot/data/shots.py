@@ -4,6 +4,7 @@ same K for every input, or each input's K most similar (retrieval, `NearestShots
 
 from __future__ import annotations
 
+import heapq
 import math
 import random
 import re
@@ -87,11 +88,12 @@ class NearestShots:
             for i, x in self.postings.get(t, ()):
                 score[i] = score.get(i, 0.0) + w * x
         own = text.strip().casefold()
-        ranked = sorted(
+        nearest = heapq.nsmallest(
+            k,
             (i for i in range(len(self.records)) if self.keys[i] != own),
             key=lambda i: (-score.get(i, 0.0), self.records[i].id),
         )
-        return [self.records[i] for i in reversed(ranked[:k])]
+        return [self.records[i] for i in reversed(nearest)]
 
 
 class NearestShotsFormatter(PromptFormatter):
@@ -150,6 +152,16 @@ class NearestShotsFormatter(PromptFormatter):
         return self.for_input(text).uncut_prompt_tokens(text)
 
 
+def _within_context(what: str, added: int, room: int, context: int, where: str = "every prompt"):
+    """Refused (exit 2) when the demonstrations push the longest prompt past the context."""
+    if room + added > context:
+        raise UsageError(
+            f"--shots {what} {added} tokens to {where}, {room + added} with data.max_length "
+            f"({room}): more than the model's context ({context}); use fewer shots or a "
+            "smaller data.max_length"
+        )
+
+
 def few_shot_formatter(
     fmt: PromptFormatter, train: list[Record], task: TaskSpec, k: int, seed: int, budget: int,
     context: int, selection: str = "fixed",
@@ -163,13 +175,8 @@ def few_shot_formatter(
     if selection == "similar":
         near = NearestShotsFormatter(fmt, NearestShots(train), task, min(k, len(train)), budget)
         added = near.max_length - fmt.max_length
-        if near.max_length > context:
-            raise UsageError(
-                f"--shots {k} (eval.few_shot_selection: similar): the {k} longest "
-                f"demonstrations would add {added} tokens to a prompt, {near.max_length} with "
-                f"data.max_length ({fmt.max_length}): more than the model's context "
-                f"({context}); use fewer shots or a smaller data.max_length"
-            )
+        what = f"{k} (eval.few_shot_selection: similar): the {k} longest demonstrations would add"
+        _within_context(what, added, fmt.max_length, context, "a prompt")
         info = {
             "k": near.k,
             "selection": "similar",
@@ -183,12 +190,7 @@ def few_shot_formatter(
         [(r.text, answer_text(task, r.label, r.target)) for r in picked], budget
     )
     added = shot_fmt.max_length - fmt.max_length
-    if shot_fmt.max_length > context:
-        raise UsageError(
-            f"--shots {k}: the {len(picked)} demonstrations add {added} tokens to every prompt, "
-            f"{shot_fmt.max_length} with data.max_length ({fmt.max_length}): more than the "
-            f"model's context ({context}); use fewer shots or a smaller data.max_length"
-        )
+    _within_context(f"{k}: the {len(picked)} demonstrations add", added, fmt.max_length, context)
     info = {
         "k": len(picked),
         "seed": seed,

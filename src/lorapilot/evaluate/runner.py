@@ -311,6 +311,12 @@ def stop_token_ids(tokenizer: Any, fmt: PromptFormatter) -> list[int]:
     return sorted({i for i in (tokenizer.eos_token_id, ends) if i is not None})
 
 
+def _row_head(r: Record, prompt: str, raw_output: Any) -> dict:
+    """The keys every prediction row starts with, whatever the task."""
+    return {"id": r.id, "category": r.category, "text": r.text, "prompt": prompt,
+            "raw_output": raw_output}  # fmt: skip
+
+
 def score_predictions(
     spec: PilotSpec,
     records: list[Record],
@@ -341,11 +347,7 @@ def score_predictions(
         )
         for i, r in enumerate(records):
             row = {
-                "id": r.id,
-                "category": r.category,
-                "text": r.text,
-                "prompt": prompt_texts[i],
-                "raw_output": outputs[i] if outputs is not None else preds[i],
+                **_row_head(r, prompt_texts[i], outputs[i] if outputs is not None else preds[i]),
                 "parsed": preds[i],
                 "gold": r.label,
                 "correct": None if r.label is None else preds[i] == r.label,
@@ -373,11 +375,7 @@ def score_predictions(
             named, unknown = parsed[i]
             rows.append(
                 {
-                    "id": r.id,
-                    "category": r.category,
-                    "text": r.text,
-                    "prompt": prompt_texts[i],
-                    "raw_output": outputs[i],
+                    **_row_head(r, prompt_texts[i], outputs[i]),
                     "parsed": named,
                     "unknown_labels": unknown,
                     "gold": r.target,
@@ -411,11 +409,7 @@ def score_predictions(
         for i, r in enumerate(records):
             rows.append(
                 {
-                    "id": r.id,
-                    "category": r.category,
-                    "text": r.text,
-                    "prompt": prompt_texts[i],
-                    "raw_output": outputs[i],
+                    **_row_head(r, prompt_texts[i], outputs[i]),
                     "parsed": parsed[i],
                     "parse_error": errors[i],
                     "gold": r.target,
