@@ -181,3 +181,37 @@ def test_a_scalar_or_list_value_says_so_in_the_prompt():
         system["content"]
         == "Answer with the keys slots (map of name to string or list of strings)."
     )
+
+
+def test_label_descriptions_are_shown_where_the_prompt_asks_and_enter_the_hash(chatml):
+    from pydantic import ValidationError
+
+    from lorapilot.data.format import render_messages, template_hash
+
+    said = {"billing": "charges, invoices, refunds", "feature_request": "something new"}
+    task = TASK.model_copy(
+        update={"system": "Route the ticket.\n{label_descriptions}", "label_descriptions": said}
+    )
+    task = TaskSpec.model_validate(task.model_dump())
+    [system, _] = render_messages(task, "x")
+    assert system["content"] == (
+        "Route the ticket.\nbilling: charges, invoices, refunds\ntechnical\n"
+        "feature_request: something new"
+    )
+    assert template_hash(chatml, task) != template_hash(chatml, TASK)
+    assert "label_descriptions" not in TASK.model_dump()  # older specs: the same dump, hash
+    base = TASK.model_dump()
+    with pytest.raises(ValidationError, match="'refunds' is not one of task.labels"):
+        TaskSpec.model_validate({**base, "label_descriptions": {"refunds": "x"},
+                                 "system": "{label_descriptions}"})  # fmt: skip
+    with pytest.raises(ValidationError, match="no prompt shows it"):
+        TaskSpec.model_validate({**base, "label_descriptions": said})
+    with pytest.raises(ValidationError, match="is not set"):
+        TaskSpec.model_validate({**base, "system": "{label_descriptions}"})
+    with pytest.raises(ValidationError, match="empty description"):
+        TaskSpec.model_validate({**base, "label_descriptions": {"billing": " "},
+                                 "system": "{label_descriptions}"})  # fmt: skip
+    with pytest.raises(ValidationError, match="a text task with task.labels"):
+        TaskSpec.model_validate({"kind": "extraction", "fields": [{"name": "a"}],
+                                 "label_descriptions": {"a": "x"},
+                                 "system": "{label_descriptions}"})  # fmt: skip

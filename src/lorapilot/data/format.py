@@ -59,9 +59,17 @@ def _shape_text(v: ValueSpec) -> str:
 
 def _fill(text: str, task: TaskSpec) -> str:
     # str.replace, not str.format: user texts and JSON examples contain braces.
+    if "{label_descriptions}" in text:
+        text = text.replace("{label_descriptions}", _label_lines(task))
     return text.replace("{labels}", ", ".join(task.labels or [])).replace(
         "{fields}", _field_list(task)
     )
+
+
+def _label_lines(task: TaskSpec) -> str:
+    """`{label_descriptions}`: one line per label, `label: description` or the name alone."""
+    said = task.label_descriptions or {}
+    return "\n".join(f"{lab}: {said[lab]}" if lab in said else lab for lab in task.labels or [])
 
 
 def render_messages(
@@ -128,6 +136,8 @@ def template_hash(tokenizer: Any, task: TaskSpec) -> str:
             "template": task.template,
             "labels": task.labels,
             "fields": [f.name for f in task.fields or []],
+            # what the labels mean reaches the prompt; specs without keep their hash
+            **({"label_descriptions": task.label_descriptions} if task.label_descriptions else {}),
             # nested shapes reach the prompt too; flat specs keep the hash they had
             **(
                 {"shapes": [f.model_dump(mode="json") for f in task.fields or []]}

@@ -237,10 +237,19 @@ class TaskSpec(_Strict):
         "`answer_match` (e.g. a worked solution's final number).",
     )
     system: str | None = Field(
-        None, description="System prompt; `{labels}` and `{fields}` are substituted."
+        None,
+        description="System prompt; `{labels}`, `{label_descriptions}` and `{fields}` are "
+        "substituted.",
     )
     template: str = Field(
         "{text}", description="User turn; `{text}` is the input, `{labels}`/`{fields}` as above."
+    )
+    label_descriptions: dict[str, str] | None = Field(
+        None,
+        description="What labels mean, for a prompt that says so: `{label_descriptions}` in "
+        "task.system or task.template becomes one line per label, `label: description` (a "
+        "label without one: its name alone). Opaque names (`card_arrival`, an emotion "
+        "taxonomy's groups) are then explained to the zero-shot base as to the adapter.",
     )
     grounded: bool = Field(
         False,
@@ -313,9 +322,36 @@ class TaskSpec(_Strict):
                 raise ValueError("task.fields names must be unique")
         if self.grounded and self.kind not in ("extraction", "format"):
             raise ValueError("task.grounded applies to extraction and format tasks")
+        self._check_label_descriptions()
         return self
 
-    _omitted_at: ClassVar[dict[str, tuple]] = {"grounded": (False,), "image": (None,)}
+    def _check_label_descriptions(self) -> None:
+        shown = any("{label_descriptions}" in (t or "") for t in (self.system, self.template))
+        if self.label_descriptions is None:
+            if shown:
+                raise ValueError(
+                    "the prompt shows {label_descriptions} and task.label_descriptions is not set"
+                )
+            return
+        if not self.labels or self.kind == "image_classification":
+            raise ValueError("task.label_descriptions applies to a text task with task.labels")
+        unknown = [k for k in self.label_descriptions if k not in self.labels]
+        if unknown:
+            raise ValueError(f"task.label_descriptions: {unknown[0]!r} is not one of task.labels")
+        empty = [k for k, v in self.label_descriptions.items() if not v.strip()]
+        if empty:
+            raise ValueError(f"task.label_descriptions: {empty[0]!r} has an empty description")
+        if not shown:
+            raise ValueError(
+                "task.label_descriptions is set but no prompt shows it: write "
+                "{label_descriptions} in task.system or task.template"
+            )
+
+    _omitted_at: ClassVar[dict[str, tuple]] = {
+        "grounded": (False,),
+        "image": (None,),
+        "label_descriptions": (None,),
+    }
 
     @property
     def text_target(self) -> bool:
