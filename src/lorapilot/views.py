@@ -549,6 +549,8 @@ def evaluation(r: dict) -> None:
 def prediction(r: dict) -> None:
     s = r["summary"]
     who = f"run {r['train_run']}" if r["train_run"] else "the base model"
+    if r.get("shots"):  # predict --base --shots K: the few-shot prompt
+        who += f" shown {_shots_text(r['shots'])}"
     stdout.print(
         f"[green]predict[/] {r['n']} inputs of {esc(r['input']['file'])} with {who}  "
         f"run {r['run_id']}  protocol {r['eval_protocol']}  ({r['examples_per_s']:.1f} ex/s)"

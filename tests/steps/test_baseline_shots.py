@@ -203,6 +203,12 @@ def test_a_similar_shots_baseline_shows_each_input_its_neighbours(pilot):
     got = [json.loads(x) for x in open(out["predictions"])]
     assert [g["prompt"] for g in got] == [p["prompt"] for p in preds]
     assert [g["shot_ids"] for g in got] == [p["shot_ids"] for p in preds]
+    view = run_cli("predict", str(pilot), "--input", str(new), "--base", "--shots", "2",
+                   "--shot-selection", "similar", "--no-progress")  # fmt: skip
+    assert view.returncode == 0
+    assert "the base model shown each input's 2 most similar training examples" in " ".join(
+        view.stdout.split()
+    )
     ins = run_json("inspect", str(pilot), "--shots", "2", "--shot-selection", "similar",
                    "--per-category", "1")  # fmt: skip
     assert ins["ok"] and ins["shots"]["selection"] == "similar"
