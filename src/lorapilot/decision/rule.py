@@ -18,6 +18,7 @@ from lorapilot.evaluate.metrics import (
     classification_counts,
     classification_totals,
     get_metric,
+    label_set_invalid,
     multi_label_counts,
     multi_label_totals,
     paired_bootstrap_counts_many,
@@ -217,7 +218,7 @@ def bootstrap_metrics(
             raise ValueError("classification metrics need the task's labels")
 
         def counts(row: dict, gold: list[str]) -> dict:
-            bad = row.get("parsed") is None or bool(row.get("unknown_labels"))
+            bad = label_set_invalid(row.get("parsed"), row.get("unknown_labels"))
             return multi_label_counts(gold, row.get("parsed"), labels, bad)
 
         golds = [b["gold"] for b, _ in pairs]

@@ -135,6 +135,11 @@ def parse_label_set(output: str, labels: list[str]) -> tuple[list[str] | None, l
     return named or None, unknown
 
 
+def label_set_invalid(named: Sequence[str] | None, unknown: Sequence[str] | None) -> bool:
+    """A multi-label answer that named no label, or a part that is not one."""
+    return named is None or bool(unknown)
+
+
 def multi_label_counts(
     gold: Sequence[str], pred: Sequence[str] | None, labels: list[str], invalid: bool = False
 ) -> dict:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from lorapilot.data.inputs import SHOWN_IDS
+from lorapilot.evaluate.metrics import label_set_invalid
 from lorapilot.evaluate.structured import Scorer, format_metrics
 from lorapilot.spec import EvalNormalize, TaskSpec
 
@@ -24,7 +25,9 @@ def prediction_summary(task: TaskSpec, rows: list[dict]) -> dict[str, Any]:
             for label in r["parsed"] or ():
                 counts[label] += 1
         out["predicted"] = counts
-        out["not_a_label"] = sum(r["parsed"] is None or bool(r.get("unknown_labels")) for r in rows)
+        out["not_a_label"] = sum(
+            label_set_invalid(r["parsed"], r.get("unknown_labels")) for r in rows
+        )
     elif task.labelled:
         counts = dict.fromkeys(task.labels or [], 0)
         none = 0

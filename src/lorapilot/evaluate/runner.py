@@ -22,6 +22,7 @@ from lorapilot.evaluate.metrics import (
     CONTENT_FREE,
     calibration_offsets,
     classification_metrics,
+    label_set_invalid,
     multi_label_metrics,
     parse_label_set,
 )
@@ -364,7 +365,7 @@ def score_predictions(
         assert outputs is not None
         labels = list(task.labels or [])
         parsed = [parse_label_set(o, labels) for o in outputs]
-        invalid = [p is None or bool(unknown) for p, unknown in parsed]
+        invalid = [label_set_invalid(p, unknown) for p, unknown in parsed]
         metrics = multi_label_metrics(
             [records[i].target for i in known],
             [parsed[i][0] for i in known],
