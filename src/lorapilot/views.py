@@ -626,10 +626,35 @@ def train(r: dict) -> None:
         f"{'ok' if a.get('ok') else a or 'n/a (resumed)'}"
     )
     stdout.print(f"  val loss {r['initial_val_loss']:.4f} -> {r['final_val_loss']:.4f}")
+    _early_stopping(r.get("early_stopping"), r.get("total_steps"))
     m = r["metrics"]
     stdout.print("  " + "  ".join(f"{k}={m[k]:.3f}" for k in MAIN_METRICS if k in m))
     _generated(r.get("generation"))
     stdout.print(f"  adapter: {esc(r['adapter_path'])}")
+
+
+def _early_stopping(es: dict | None, total: int | None) -> None:
+    """train.early_stopping's line: where it stopped, and whose weights the adapter holds."""
+    if not es:
+        return
+    of = f" of {total}" if total else ""
+    head = (
+        f"stopped early at step {es['stopped_at_step']}{of}"
+        if es["stopped_early"]
+        else f"ran every step{of} (patience {es['patience']} not used up)"
+    )
+    best = es.get("best_step")
+    if best is None:
+        tail = "no validation point beat the others"
+    elif es["restored"]:
+        tail = f"adapter from step {best} (val loss {es['best_val_loss']:.4f}), the best point"
+    else:
+        tail = f"best point step {best} (val loss {es['best_val_loss']:.4f})" + (
+            "; the adapter is the last step's (restore_best: false)"
+            if best != es["stopped_at_step"]
+            else ", the last"
+        )
+    stdout.print(f"  early stopping: {head}; {tail}")
 
 
 def probe(r: dict) -> None:

@@ -308,6 +308,7 @@ def collect(pilot: Pilot) -> dict:
                 "label": (r.variant or {}).get("label") or r.id,
                 "train": [(s["step"], s["loss"]) for s in read_jsonl(d / "steps.jsonl")],
                 "val": [(s["step"], s["val_loss"]) for s in read_jsonl(d / "val.jsonl")],
+                "early_stopping": (r.result.get("train") or {}).get("early_stopping"),
             }
     return {
         "pilot": str(pilot.dir),

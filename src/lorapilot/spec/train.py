@@ -48,6 +48,30 @@ class AdapterSpec(_Strict):
         return self
 
 
+class EarlyStoppingSpec(_Strict):
+    """Stop when the validation loss has stopped improving, and keep the best weights."""
+
+    patience: int = Field(
+        ...,
+        gt=0,
+        le=1000,
+        description="Validation points (one every train.eval_every steps) in a row without a "
+        "better validation loss before training stops.",
+    )
+    min_delta: float = Field(
+        0.0,
+        ge=0,
+        description="How much lower than the best so far a validation loss must be to count "
+        "as better (in loss units per target token).",
+    )
+    restore_best: bool = Field(
+        True,
+        description="true: the saved adapter is the weights of the validation point with the "
+        "lowest loss (kept under checkpoints/best-step-N), not the last step's; false: the "
+        "last step's, training only stops early.",
+    )
+
+
 class TrainSpec(_Strict):
     """The training recipe: duration, optimizer, batch, precision, checkpoints."""
 
@@ -86,6 +110,12 @@ class TrainSpec(_Strict):
         "completion", description="Which tokens carry the loss: the answer only, or all."
     )
     eval_every: int | None = Field(None, gt=0, description="Validation every N steps.")
+    early_stopping: EarlyStoppingSpec | None = Field(
+        None,
+        description="Stop once the validation loss (every train.eval_every steps) has not "
+        "improved for `patience` points, and save the best point's weights as the adapter "
+        "(docs/training.md). null: train every step of epochs / max_steps.",
+    )
     save_every: int | None = Field(None, gt=0, description="Checkpoint every N steps.")
     distributed: Literal["none", "ddp", "fsdp"] = Field(
         "none",
@@ -150,7 +180,17 @@ class TrainSpec(_Strict):
         "compile": ("off",),  # the default: specs from before it keep their hash
         "compile_mode": ("default",),
         "pad_to_multiple_of": (None,),
+        "early_stopping": (None,),
     }
+
+    @model_validator(mode="after")
+    def _early_stopping_needs_validation(self) -> TrainSpec:
+        if self.early_stopping is not None and not self.eval_every:
+            raise ValueError(
+                "early_stopping needs validation points: set train.eval_every (e.g. a tenth "
+                "of the run's steps), or drop train.early_stopping"
+            )
+        return self
 
     @model_validator(mode="after")
     def _mode_needs_compile(self) -> TrainSpec:

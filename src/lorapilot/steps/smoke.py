@@ -56,6 +56,7 @@ def run_smoke(
                 "warmup_ratio": 0.0,
                 "schedule": "constant",
                 "eval_every": None,
+                "early_stopping": None,  # it stops when it has memorised (stop_when)
                 "save_every": None,
                 "weight_decay": 0.0,
             }

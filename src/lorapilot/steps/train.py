@@ -239,6 +239,8 @@ def run_train(
         "final_val_loss": result.final_val_loss,
         "initial_val_loss": result.initial_val_loss,
         "steps": result.steps,
+        "total_steps": result.total_steps,
+        "early_stopping": result.early_stopping,
         "resumed_from": result.resumed_from,
         "prefix": result.prefix,
         "lora_forward": result.lora_forward,

@@ -15,7 +15,9 @@ A checkpoint folder, checkpoints/step-N/, holds::
                                  optimizer scalars and param groups, scheduler, scaler, RNGs
     checksums.json               sha256 of every other file
 
-checkpoints/latest.json names the newest complete one; the last 2 are kept. Nothing is
+checkpoints/latest.json names the newest complete one; the last 2 are kept. A run with
+`train.early_stopping` also keeps checkpoints/best-step-N, the weights (and checksums) of
+its best validation point, which a resume and the end of the run restore. Nothing is
 pickled: tensors go to safetensors, everything else to JSON.
 """
 
@@ -40,6 +42,7 @@ from lorapilot.fsutil import atomic_write_json, atomic_write_text, read_jsonl, s
 from lorapilot.train import fsdp
 
 KEEP_CHECKPOINTS = 2
+BEST_PREFIX = "best-step-"  # checkpoints/best-step-N: an early-stopping run's best weights
 CHECKPOINT_FORMAT = 1
 
 Log = Callable[[str], None]
@@ -209,12 +212,11 @@ def find_checkpoint(root: Path, log: Log) -> Path | None:
     return None
 
 
-def load_checkpoint(folder: Path, model, optimizer, scheduler, scaler, sharded=None) -> dict:
-    """Restore weights, optimizer, scheduler, scaler and RNG; returns state.json.
-    `sharded`: the FSDP root module holding `model` (weights go into the shards)."""
+def load_weights(folder: Path, model, sharded=None) -> None:
+    """The weights `save_weights` wrote in `folder`, into `model` (LoRA: the adapter's
+    tensors; full: every weight). `sharded`: the FSDP root module holding `model`."""
     from safetensors.torch import load_file
 
-    state = json.loads((folder / "state.json").read_text(encoding="utf-8"))
     if sharded is not None:
         fsdp.load_weights(sharded, folder)
     elif is_peft(model):
@@ -228,6 +230,15 @@ def load_checkpoint(folder: Path, model, optimizer, scheduler, scaler, sharded=N
             )
     else:
         load_full_weights(model, folder)
+
+
+def load_checkpoint(folder: Path, model, optimizer, scheduler, scaler, sharded=None) -> dict:
+    """Restore weights, optimizer, scheduler, scaler and RNG; returns state.json.
+    `sharded`: the FSDP root module holding `model` (weights go into the shards)."""
+    from safetensors.torch import load_file
+
+    state = json.loads((folder / "state.json").read_text(encoding="utf-8"))
+    load_weights(folder, model, sharded)
     names = param_names(model, optimizer)
     if state.get("param_names") != names:
         raise UsageError(
@@ -267,6 +278,62 @@ def keep_records_up_to(path: Path, step: int) -> None:
     if path.exists():
         kept = [r for r in read_jsonl(path) if r.get("step", 0) <= step]
         atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in kept))
+
+
+def best_folder(root: Path, step: int) -> Path:
+    return root / f"{BEST_PREFIX}{step}"
+
+
+def save_best(root: Path, step: int, model, state_dict: dict | None = None) -> Path:
+    """checkpoints/best-step-N: the weights of an early-stopping run's best validation point
+    (weights only, with their checksums), written into a temp folder and renamed whole."""
+    final = best_folder(root, step)
+    tmp = root / f".tmp-{final.name}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    save_weights(model, tmp, state_dict)
+    files = sorted(p.relative_to(tmp).as_posix() for p in tmp.rglob("*") if p.is_file())
+    checksums = {"algorithm": "sha256", "files": {f: sha256_file(tmp / f) for f in files}}
+    (tmp / "checksums.json").write_text(to_json(checksums), encoding="utf-8")
+    _fsync_tree(tmp)
+    old = root / f".old-{final.name}-{uuid.uuid4().hex[:8]}"
+    if final.exists():
+        os.replace(final, old)
+    os.replace(tmp, final)
+    shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def best_problems(folder: Path) -> list[str]:
+    """Why a best-step folder cannot be restored ([]: every file matches its checksum)."""
+    if not folder.is_dir():
+        return [f"{folder} is missing"]
+    try:
+        listed = json.loads((folder / "checksums.json").read_text(encoding="utf-8"))["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return [f"{folder / 'checksums.json'} is missing or unreadable"]
+    return [
+        f"{folder / rel} does not match its checksum"
+        for rel, expected in sorted(listed.items())
+        if not (folder / rel).is_file() or sha256_file(folder / rel) != expected
+    ]
+
+
+def prune_best(root: Path, current: int | None) -> None:
+    """Delete best-step folders that neither the run (`current`) nor a kept checkpoint (its
+    state's early_stopping.best_step: what a resume from it restores) still needs."""
+    keep = {current}
+    for p in root.iterdir():
+        if _checkpoint_step(p) is not None:
+            try:
+                state = json.loads((p / "state.json").read_text(encoding="utf-8"))
+                keep.add((state.get("early_stopping") or {}).get("best_step"))
+            except (OSError, ValueError):
+                pass
+    for p in root.glob(f"{BEST_PREFIX}*"):
+        step = p.name[len(BEST_PREFIX) :]
+        if p.is_dir() and step.isdigit() and int(step) not in keep:
+            shutil.rmtree(p, ignore_errors=True)
 
 
 def write_final(model, out_dir: Path, state_dict: dict | None = None) -> Path:

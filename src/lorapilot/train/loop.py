@@ -24,7 +24,8 @@ On disk, a run folder gets::
     steps.jsonl        one line per optimizer step
     val.jsonl          validation loss at step 0, every eval_every steps and at the end
     checkpoints/       step-N/ (weights, optimizer.safetensors, state.json, checksums.json)
-                       and latest.json; the last 2 are kept
+                       and latest.json; the last 2 are kept; with train.early_stopping
+                       also best-step-N/ (the best validation point's weights)
     adapter/           the final adapter (peft save_pretrained), or the full model
 
 Checkpoints and the final adapter are written and read by `train.checkpoint` (atomic,
@@ -59,15 +60,21 @@ from lorapilot.train import fsdp, lora_forward
 from lorapilot.train.batches import MicroBatchStream
 from lorapilot.train.checkpoint import (
     Log,
+    best_folder,
+    best_problems,
     find_checkpoint,
     keep_records_up_to,
     load_checkpoint,
+    load_weights,
     param_names,
+    prune_best,
+    save_best,
     save_checkpoint,
     write_final,
 )
 from lorapilot.train.compiled import compile_decoder, is_compiled, pad_multiple, uncompile
 from lorapilot.train.distributed import accelerator_for, check_distributed
+from lorapilot.train.early_stop import EarlyStop
 from lorapilot.train.examples import TrainingSet, as_training_set, padded_to
 from lorapilot.train.loss import LossModule, call_module, prefix_decision
 from lorapilot.train.meter import PeakMemory
@@ -112,6 +119,9 @@ class TrainResult:
     # train.lora_forward: {mode, fused_layers, lora_layers} (train/lora_forward.py)
     lora_forward: dict | None = None
     optimizer: dict | None = None  # {name, implementation: fused | foreach | for-loop}
+    # train.early_stopping: {patience, min_delta, restore_best, stopped_early, best_step,
+    # best_val_loss, last_val_loss, restored, points, bad_points}
+    early_stopping: dict | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -140,6 +150,7 @@ class _Loop:
     data_hash: str
     compiled: dict | None = None  # train.compile's record (train/compiled.py)
     pad_multiple: int = 1  # tokens: train.pad_to_multiple_of as resolved (train/compiled.py)
+    stopper: EarlyStop | None = None  # train.early_stopping's count (kept in checkpoints)
     totals: dict = dataclasses.field(
         default_factory=lambda: {
             "tokens": 0,
@@ -239,6 +250,7 @@ def _setup(model, data: TrainingSet, cfg: TrainSpec, out_dir: Path, log: Log) ->
     else:
         step_model, loss_fn = model, rank_loss
     stream = MicroBatchStream(data.lengths, cfg.micro_batch, cfg.seed)
+    es = cfg.early_stopping
     return _Loop(
         cfg=cfg,
         data=data,
@@ -259,6 +271,7 @@ def _setup(model, data: TrainingSet, cfg: TrainSpec, out_dir: Path, log: Log) ->
         data_hash=data.data_hash(),
         compiled=compiled,
         pad_multiple=multiple,
+        stopper=EarlyStop(es.patience, es.min_delta) if es and cfg.eval_every else None,
     )
 
 
@@ -287,6 +300,9 @@ def _resume(lp: _Loop, log: Log) -> int | None:
         step = saved["step"]
         lp.stream.seek(saved["epoch"], saved["batch_index"])
         lp.totals.update(saved["totals"])
+        if lp.stopper is not None and saved.get("early_stopping"):
+            lp.stopper = EarlyStop.from_dict(saved["early_stopping"])
+            _check_best(lp)
         log(f"resumed from {folder} (step {step} of {lp.total_steps})")
     if lp.main:
         keep_records_up_to(lp.steps_path, step or 0)
@@ -322,6 +338,73 @@ def _validate(lp: _Loop, val_set: TrainingSet, eval_fn, at_step: int) -> dict:
     return record
 
 
+def _restores_best(lp: _Loop) -> bool:
+    es = lp.cfg.early_stopping
+    return lp.stopper is not None and es is not None and es.restore_best
+
+
+def _check_best(lp: _Loop) -> None:
+    """A resumed run must be able to restore the best weights its checkpoint names."""
+    best = lp.stopper.best_step if lp.stopper else None
+    if best is None or not _restores_best(lp):
+        return
+    problems = best_problems(best_folder(lp.ckpt_root, best))
+    if problems:
+        raise UsageError(
+            f"the best weights of this run (step {best}) cannot be restored: "
+            f"{'; '.join(problems)}; start a new run, or set "
+            "train.early_stopping.restore_best: false"
+        )
+
+
+def _early_stop(lp: _Loop, at_step: int, val_loss: float | None) -> None:
+    """Count the validation point; a new best's weights are saved when they will be
+    restored (FSDP: every rank gathers)."""
+    if lp.stopper is None or not lp.stopper.observe(at_step, val_loss):
+        return
+    if not _restores_best(lp):
+        return
+    weights = fsdp.gather_weights(lp.sharded) if lp.sharded is not None else None
+    if lp.main:
+        save_best(lp.ckpt_root, at_step, lp.model, weights)
+        prune_best(lp.ckpt_root, at_step)
+    lp.acc.wait_for_everyone()
+
+
+def _restore_best(lp: _Loop, step: int, last_val: float | None, log: Log) -> dict | None:
+    """At the end of an early-stopping run: the best point's weights back into the model
+    (when they are not the last step's), and the record of what happened."""
+    if lp.stopper is None:
+        return None
+    es, st = lp.cfg.early_stopping, lp.stopper
+    restored = False
+    if _restores_best(lp) and st.best_step is not None and st.best_step != step:
+        folder = best_folder(lp.ckpt_root, st.best_step)
+        _check_best(lp)
+        load_weights(folder, lp.model, lp.sharded)
+        restored = True
+        if lp.main:
+            log(
+                f"early stopping: the adapter is step {st.best_step}'s (val loss "
+                f"{st.best_val_loss:.4f}), not step {step}'s ({last_val:.4f})"
+                if last_val is not None
+                else f"early stopping: the adapter is step {st.best_step}'s"
+            )
+    return {
+        "patience": es.patience,
+        "min_delta": es.min_delta,
+        "restore_best": es.restore_best,
+        "stopped_early": step < lp.total_steps and st.exhausted,
+        "stopped_at_step": step,
+        "best_step": st.best_step,
+        "best_val_loss": st.best_val_loss,
+        "last_val_loss": last_val,
+        "restored": restored,
+        "points": st.points,
+        "bad_points": st.bad_points,
+    }
+
+
 def _checkpoint(lp: _Loop, at_step: int) -> Path:
     """Save step `at_step` (FSDP: every rank takes part in gathering the full state)."""
     state = {
@@ -333,6 +416,7 @@ def _checkpoint(lp: _Loop, at_step: int) -> Path:
         "data_hash": lp.data_hash,
         "param_names": param_names(lp.model, lp.optimizer),
         "train_spec": lp.cfg.model_dump(mode="json"),
+        **({"early_stopping": lp.stopper.to_dict()} if lp.stopper is not None else {}),
     }
     path = lp.ckpt_root / f"step-{at_step}"
     gathered = None
@@ -345,6 +429,8 @@ def _checkpoint(lp: _Loop, at_step: int) -> Path:
         path = save_checkpoint(
             lp.ckpt_root, at_step, lp.model, lp.optimizer, lp.scheduler, lp.scaler, state, gathered
         )
+        if lp.stopper is not None:
+            prune_best(lp.ckpt_root, lp.stopper.best_step)
     lp.acc.wait_for_everyone()
     return path
 
@@ -504,9 +590,17 @@ def train(
             )
             if cfg.eval_every and step % cfg.eval_every == 0 and step < lp.total_steps:
                 val_records.append(validate(step))
+                _early_stop(lp, step, val_records[-1]["val_loss"])
             if cfg.save_every and step % cfg.save_every == 0 and step < lp.total_steps:
                 last_ckpt, last_saved = _checkpoint(lp, step), step
             if stop_when is not None and stop_when(last_record):
+                break
+            if lp.stopper is not None and lp.stopper.exhausted:
+                log(
+                    f"early stopping after step {step} of {lp.total_steps}: no better "
+                    f"validation loss in {lp.stopper.bad_points} points (best: step "
+                    f"{lp.stopper.best_step})"
+                )
                 break
             # Limits: stop between steps, with a checkpoint to resume from.
             reason = _limit_reason(lp, step, deadline, cost_check, t_call)
@@ -525,13 +619,20 @@ def train(
     # -- the end: validation, checkpoint, final adapter ---------------------------------
     if not any(r["step"] == step for r in val_records):
         val_records.append(validate(step))
+        _early_stop(lp, step, val_records[-1]["val_loss"])
     if last_saved != step:
         last_ckpt = _checkpoint(lp, step)
+    last_val = next(r for r in reversed(val_records) if r["step"] == step)
+    # train.early_stopping: the adapter saved is the best point's (the checkpoint above
+    # keeps the last step's, a resume's starting point)
+    stopping = _restore_best(lp, step, last_val["val_loss"], log)
     uncompile(model)  # the caller evaluates the adapter eagerly, as the baseline was
     weights = fsdp.gather_weights(lp.sharded) if lp.sharded is not None else None
     adapter_dir = write_final(model, out_dir, weights) if lp.main else out_dir / "adapter"
     lp.acc.wait_for_everyone()
-    final_val = next(r for r in reversed(val_records) if r["step"] == step)
+    final_val = last_val
+    if stopping and stopping["restored"]:
+        final_val = next(r for r in reversed(val_records) if r["step"] == stopping["best_step"])
     return TrainResult(
         steps=step,
         total_steps=lp.total_steps,
@@ -568,4 +669,5 @@ def train(
         pad_to_multiple_of=lp.pad_multiple,
         lora_forward=lora_forward.describe(model, cfg.lora_forward),
         optimizer=optimizer_record(lp.optimizer),
+        early_stopping=stopping,
     )

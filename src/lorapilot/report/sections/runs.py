@@ -112,6 +112,7 @@ def _curves(s: dict) -> list:
     def last(pts: Any, i: int = -1) -> Any:
         return pts[i][1] if pts and len(pts[i]) > 1 else None
 
+    stopping = any(isinstance(c.get("early_stopping"), dict) for c in curves.values())
     rows = []
     for rid, c in curves.items():
         tr, va = c.get("train") or [], c.get("val") or []
@@ -126,6 +127,7 @@ def _curves(s: dict) -> list:
                 fmt(last(va, 0), 4),
                 fmt(last(va), 4),
                 fmt(min(vals) if vals else None, 4),
+                *([_adapter_step(c.get("early_stopping"))] if stopping else []),
             ]
         )
     return [
@@ -145,10 +147,21 @@ def _curves(s: dict) -> list:
                 "first val loss",
                 "last val loss",
                 "best val loss",
+                *(["adapter weights (train.early_stopping)"] if stopping else []),
             ],
             rows,
         ),
     ]
+
+
+def _adapter_step(es: Any) -> str:
+    """Which step's weights the adapter holds, for a run with train.early_stopping."""
+    if not isinstance(es, dict):
+        return "last step"
+    stopped = f"stopped early at {es.get('stopped_at_step')}" if es.get("stopped_early") else ""
+    if es.get("restored"):
+        return f"step {es.get('best_step')} (best val loss)" + (f"; {stopped}" if stopped else "")
+    return "last step" + (f" ({stopped})" if stopped else "")
 
 
 def _verify(s: dict) -> list:
