@@ -627,6 +627,7 @@ def train(r: dict) -> None:
     )
     stdout.print(f"  val loss {r['initial_val_loss']:.4f} -> {r['final_val_loss']:.4f}")
     _early_stopping(r.get("early_stopping"), r.get("total_steps"))
+    _sampling(r.get("sampling"))
     m = r["metrics"]
     stdout.print("  " + "  ".join(f"{k}={m[k]:.3f}" for k in MAIN_METRICS if k in m))
     _generated(r.get("generation"))
@@ -655,6 +656,25 @@ def _early_stopping(es: dict | None, total: int | None) -> None:
             else ", the last"
         )
     stdout.print(f"  early stopping: {head}; {tail}")
+
+
+def _sampling(sampling: dict | None) -> None:
+    """train.category_sampling's line: the categories drawn most above and below once each."""
+    if not sampling:
+        return
+    per = sampling["per_category"]
+    by = sorted(per, key=lambda c: -per[c]["per_example"])
+    shown = by if len(by) <= 4 else [*by[:2], *by[-2:]]
+    parts = []
+    for c in shown:
+        k = per[c]
+        draws = f"{k['draws_per_epoch']:g} ({k['per_example']:g}x)"
+        parts.append(f"{esc(c)} {k['examples']} -> {draws}")
+    stdout.print(
+        f"  category sampling {sampling['mode']}: examples -> draws per epoch: "
+        + ", ".join(parts)
+        + (f" ({len(by) - 4} more in the record)" if len(by) > 4 else "")
+    )
 
 
 def probe(r: dict) -> None:

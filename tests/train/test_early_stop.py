@@ -14,16 +14,21 @@ from lorapilot.records.registry import StoppedByLimit
 from lorapilot.spec import TrainSpec
 from lorapilot.train.early_stop import EarlyStop
 from lorapilot.train.loop import train
-
-from tests.train.test_loop import (  # noqa: F401 (examples, tok: fixtures)
-    adapter_tensors,
-    assert_same_tensors,
-    examples,
-    lora_model,
-    tok,
-)
+from tests.train.test_loop import TASK, TICKETS, adapter_tensors, assert_same_tensors, lora_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def examples(tiny_model_dir):
+    """test_loop's 12 tickets, encoded as training encodes them."""
+    from transformers import AutoTokenizer
+
+    from lorapilot.data.format import PromptFormatter
+
+    fmt = PromptFormatter(AutoTokenizer.from_pretrained(tiny_model_dir), TASK, max_length=128)
+    budget = fmt.answer_budget_for(TASK.labels)
+    return [fmt.encode(text, label, budget) for text, label in TICKETS]
 
 
 def test_the_count_resets_on_a_better_point_and_ignores_step_0():
@@ -45,6 +50,15 @@ def test_early_stopping_needs_validation_points():
     assert spec.early_stopping.restore_best and spec.early_stopping.min_delta == 0.0
     # omitted from the dump when unset: specs written before it keep their hash
     assert "early_stopping" not in TrainSpec().model_dump(mode="json")
+
+
+def test_a_variant_that_trains_longer_with_early_stopping_is_one_change():
+    from lorapilot.spec.load import variant_label
+
+    diff = {"train.epochs": [1, 4], "train.eval_every": [None, 50],
+            "train.early_stopping": [None, {"patience": 2}]}  # fmt: skip
+    assert variant_label(diff) == "one_change"
+    assert variant_label({**diff, "train.lr": [1e-4, 2e-4]}) == "combined"
 
 
 # min_delta far above any loss change: only the first point (step 2) is ever "better", so

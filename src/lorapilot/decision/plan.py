@@ -28,7 +28,8 @@ SELECTION_RULE = (
 # step computes, not its size, so variants that differ only there share one probe.
 _NOT_SHAPE = {
     "train": ("seed", "epochs", "max_steps", "lr", "weight_decay", "schedule", "warmup_ratio",
-              "eval_every", "save_every", "max_grad_norm", "grad_accum", "early_stopping"),
+              "eval_every", "save_every", "max_grad_norm", "grad_accum", "early_stopping",
+              "category_sampling"),
     "adapter": ("alpha", "dropout", "rslora"),  # the scale only; dora changes the step
     # the prompting alternative's own evaluation, no training step
     "eval": ("few_shot", "few_shot_selection"),

@@ -62,6 +62,7 @@ class ImageExamples:
         index = {lab: i for i, lab in enumerate(self.labels)}
         # -1: an image to predict without a label (never in a training set)
         self.label_ids = [-1 if r.label is None else index[r.label] for r in self.records]
+        self.categories = [r.category for r in self.records]
         self.lengths = [1] * len(self.records)  # every image is the same size after transforms
         self.targets = [1] * len(self.records)
 

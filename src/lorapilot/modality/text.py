@@ -120,8 +120,9 @@ class TextModality:
 
         def examples(records: list) -> TextExamples:
             return TextExamples(
-                encode_records(fmt, spec.task, records, prepared.answer_budget), pad_id
-            )
+                encode_records(fmt, spec.task, records, prepared.answer_budget), pad_id,
+                [r.category for r in records],
+            )  # fmt: skip
 
         train_set, val_set = examples(train_recs), examples(val_recs)
         model, info = build_adapter(

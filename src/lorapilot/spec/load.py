@@ -170,12 +170,16 @@ PARAM_GROUPS = {
     "train.warmup_ratio": "learning_rate",
     "train.epochs": "duration",
     "train.max_steps": "duration",
+    # when to stop: with train.early_stopping the validation points decide the duration
+    "train.eval_every": "duration",
 }
 
 
 def param_group(key: str) -> str:
     if key.startswith("model.quantization"):  # bits, type, compute dtype: one idea, the base
         return "model"
+    if key.startswith("train.early_stopping"):  # patience, min_delta, restore_best
+        return "duration"
     return PARAM_GROUPS.get(key, key)
 
 

@@ -94,6 +94,14 @@ class TrainSpec(_Strict):
         0.05, ge=0, lt=1, description="Share of the steps spent warming the learning rate up."
     )
     micro_batch: int = Field(8, gt=0, description="Examples per forward/backward.")
+    category_sampling: Literal["natural", "sqrt", "balanced"] = Field(
+        "natural",
+        description="Which training examples an epoch takes. natural: each once. balanced: as "
+        "many draws with replacement, each with probability 1/count of its category (the "
+        "label; a multi-label example's rarest label; data.category), so every category is "
+        "drawn equally often; sqrt: 1/sqrt(count), between the two. The run record's "
+        "train.sampling shows each category's draws per epoch.",
+    )
     grad_accum: int = Field(1, gt=0, description="Micro-batches per optimizer step.")
     grad_checkpointing: bool = Field(
         False, description="Activation checkpointing: less memory, about a third more compute."
@@ -181,6 +189,7 @@ class TrainSpec(_Strict):
         "compile_mode": ("default",),
         "pad_to_multiple_of": (None,),
         "early_stopping": (None,),
+        "category_sampling": ("natural",),
     }
 
     @model_validator(mode="after")

@@ -57,6 +57,7 @@ def run_smoke(
                 "schedule": "constant",
                 "eval_every": None,
                 "early_stopping": None,  # it stops when it has memorised (stop_when)
+                "category_sampling": "natural",  # every example it memorises, each step
                 "save_every": None,
                 "weight_decay": 0.0,
             }

@@ -241,6 +241,7 @@ def run_train(
         "steps": result.steps,
         "total_steps": result.total_steps,
         "early_stopping": result.early_stopping,
+        "sampling": result.sampling,
         "resumed_from": result.resumed_from,
         "prefix": result.prefix,
         "lora_forward": result.lora_forward,

@@ -4,6 +4,7 @@ order that a checkpoint can resume exactly."""
 from __future__ import annotations
 
 import random
+from collections import Counter
 from collections.abc import Sequence
 
 import torch
@@ -66,8 +67,49 @@ def example_target_tokens(e: Encoded) -> int:
     return sum(1 for t in e.labels[1:] if t != IGNORE_INDEX)
 
 
+CATEGORY_SAMPLING_POWER = {"natural": 0.0, "sqrt": 0.5, "balanced": 1.0}
+
+
+def category_weights(categories: Sequence[str], mode: str) -> list[float] | None:
+    """Per example, how likely an epoch's draws take it (`train.category_sampling`): 1 /
+    count(category) ** p, p = 1 for balanced (every category drawn equally often), 0.5 for
+    sqrt; None for natural (every example once an epoch, no draws)."""
+    power = CATEGORY_SAMPLING_POWER[mode]
+    if not power:
+        return None
+    count = Counter(categories)
+    return [count[c] ** -power for c in categories]
+
+
+def sampling_summary(categories: Sequence[str], weights: Sequence[float] | None) -> dict:
+    """What an epoch of draws gives each category: {category: {examples, draws_per_epoch
+    (expected), per_example}}, commonest first; the run record shows it so no category's
+    over- or under-sampling is silent."""
+    count = Counter(categories)
+    n = len(categories)
+    if weights is None:
+        return {c: {"examples": k, "draws_per_epoch": k, "per_example": 1.0}
+                for c, k in count.most_common()}  # fmt: skip
+    total = sum(weights)
+    mass: Counter = Counter()
+    for c, w in zip(categories, weights, strict=True):
+        mass[c] += w
+    return {
+        c: {
+            "examples": k,
+            "draws_per_epoch": round(n * mass[c] / total, 1),
+            "per_example": round(n * mass[c] / total / k, 3),
+        }
+        for c, k in count.most_common()
+    }
+
+
 def length_grouped_batches(
-    lengths: Sequence[int], micro_batch: int, seed: int, epoch: int
+    lengths: Sequence[int],
+    micro_batch: int,
+    seed: int,
+    epoch: int,
+    weights: Sequence[float] | None = None,
 ) -> list[list[int]]:
     """Indices grouped into micro-batches of similar length, in a per-(seed, epoch) order.
 
@@ -76,10 +118,16 @@ def length_grouped_batches(
     not see short examples, then long ones). The batch holding the longest example goes
     first, so an out-of-memory shows at step 1 rather than hours in. The same
     (seed, epoch) always gives the same list, which is what makes resuming exact.
+
+    `weights` (train.category_sampling): the epoch is as many draws with replacement, each
+    example drawn with probability proportional to its weight, instead of each example once.
     """
     rng = random.Random(f"lorapilot-batches-{seed}-{epoch}")  # str seeds hash stably
-    order = list(range(len(lengths)))
-    rng.shuffle(order)
+    if weights is None:
+        order = list(range(len(lengths)))
+        rng.shuffle(order)
+    else:
+        order = rng.choices(range(len(lengths)), weights=weights, k=len(lengths))
     mega = micro_batch * MEGA_CHUNK
     batches: list[list[int]] = []
     for start in range(0, len(order), mega):
@@ -103,17 +151,27 @@ class MicroBatchStream:
     """Micro-batches epoch after epoch. Its position (epoch, index) is all a checkpoint
     needs: each epoch's batch list is rebuilt from (seed, epoch)."""
 
-    def __init__(self, lengths: Sequence[int], micro_batch: int, seed: int):
+    def __init__(
+        self,
+        lengths: Sequence[int],
+        micro_batch: int,
+        seed: int,
+        weights: Sequence[float] | None = None,
+    ):
         self.lengths, self.micro_batch, self.seed = lengths, micro_batch, seed
+        self.weights = weights
         self.epoch, self.index = 0, 0
-        self._batches = length_grouped_batches(lengths, micro_batch, seed, 0)
+        self._batches = self._epoch(0)
+
+    def _epoch(self, epoch: int) -> list[list[int]]:
+        return length_grouped_batches(
+            self.lengths, self.micro_batch, self.seed, epoch, self.weights
+        )
 
     def next(self) -> list[int]:
         if self.index >= len(self._batches):
             self.epoch, self.index = self.epoch + 1, 0
-            self._batches = length_grouped_batches(
-                self.lengths, self.micro_batch, self.seed, self.epoch
-            )
+            self._batches = self._epoch(self.epoch)
         self.index += 1
         return self._batches[self.index - 1]
 
@@ -123,4 +181,4 @@ class MicroBatchStream:
 
     def seek(self, epoch: int, index: int) -> None:
         self.epoch, self.index = epoch, index
-        self._batches = length_grouped_batches(self.lengths, self.micro_batch, self.seed, epoch)
+        self._batches = self._epoch(epoch)

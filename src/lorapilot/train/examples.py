@@ -25,6 +25,9 @@ LossFn = Callable[[Any, Batch], tuple[torch.Tensor, torch.Tensor]]
 
 class TrainingSet(Protocol):
     unit: str  # what `tokens` counts in the step records: "tokens" | "images"
+    # per example, its category (Record.category): what train.category_sampling balances;
+    # None where the set was built without records (a list of encoded examples)
+    categories: Sequence[str] | None
     lengths: Sequence[int]  # per example, what length-grouped batching sorts by
     targets: Sequence[int]  # per example, the terms its loss adds to a step's mean
 
@@ -59,8 +62,11 @@ class TextExamples:
     unit = "tokens"
     pad_multiple = 1  # batches are right-padded to a multiple of this many tokens
 
-    def __init__(self, examples: Sequence[Encoded], pad_id: int):
+    def __init__(
+        self, examples: Sequence[Encoded], pad_id: int, categories: Sequence[str] | None = None
+    ):
         self.examples, self.pad_id = list(examples), pad_id
+        self.categories = list(categories) if categories is not None else None
         self.lengths = [e.n_tokens for e in self.examples]
         self.targets = [example_target_tokens(e) for e in self.examples]
 

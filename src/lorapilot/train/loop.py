@@ -57,7 +57,7 @@ from lorapilot.records.progress import Phase
 from lorapilot.records.registry import StoppedByLimit
 from lorapilot.spec import TrainSpec
 from lorapilot.train import fsdp, lora_forward
-from lorapilot.train.batches import MicroBatchStream
+from lorapilot.train.batches import MicroBatchStream, category_weights, sampling_summary
 from lorapilot.train.checkpoint import (
     Log,
     best_folder,
@@ -122,6 +122,9 @@ class TrainResult:
     # train.early_stopping: {patience, min_delta, restore_best, stopped_early, best_step,
     # best_val_loss, last_val_loss, restored, points, bad_points}
     early_stopping: dict | None = None
+    # train.category_sampling other than natural: {mode, per_category: {category: {examples,
+    # draws_per_epoch, per_example}}}
+    sampling: dict | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -249,7 +252,7 @@ def _setup(model, data: TrainingSet, cfg: TrainSpec, out_dir: Path, log: Log) ->
         step_model, loss_fn = acc.prepare(LossModule(model, rank_loss)), call_module
     else:
         step_model, loss_fn = model, rank_loss
-    stream = MicroBatchStream(data.lengths, cfg.micro_batch, cfg.seed)
+    stream = MicroBatchStream(data.lengths, cfg.micro_batch, cfg.seed, _weights(data, cfg))
     es = cfg.early_stopping
     return _Loop(
         cfg=cfg,
@@ -273,6 +276,29 @@ def _setup(model, data: TrainingSet, cfg: TrainSpec, out_dir: Path, log: Log) ->
         pad_multiple=multiple,
         stopper=EarlyStop(es.patience, es.min_delta) if es and cfg.eval_every else None,
     )
+
+
+def _weights(data: TrainingSet, cfg: TrainSpec) -> list[float] | None:
+    """train.category_sampling's per-example draw weights (None: each example once an epoch)."""
+    if cfg.category_sampling == "natural":
+        return None
+    categories = getattr(data, "categories", None)
+    if categories is None:
+        raise UsageError(
+            f"train.category_sampling: {cfg.category_sampling} needs the examples' categories, "
+            "which this training set does not carry"
+        )
+    return category_weights(categories, cfg.category_sampling)
+
+
+def _sampling(lp: _Loop) -> dict | None:
+    """The record of train.category_sampling: what an epoch draws from each category."""
+    if lp.cfg.category_sampling == "natural":
+        return None
+    return {
+        "mode": lp.cfg.category_sampling,
+        "per_category": sampling_summary(lp.data.categories, lp.stream.weights),
+    }
 
 
 def _resume(lp: _Loop, log: Log) -> int | None:
@@ -670,4 +696,5 @@ def train(
         lora_forward=lora_forward.describe(model, cfg.lora_forward),
         optimizer=optimizer_record(lp.optimizer),
         early_stopping=stopping,
+        sampling=_sampling(lp),
     )
