@@ -398,13 +398,26 @@ def baseline(
         ),
     ] = 0,
     shot_selection: ShotSelectionOpt = None,
+    linear_probe: Annotated[
+        bool,
+        typer.Option(
+            "--linear-probe",
+            help="Fit a logistic regression on the frozen base's features of each prompt "
+            "(training split) and evaluate it on validation: the embedding-classifier "
+            "alternative the report sets the adapter against (text classification).",
+        ),
+    ] = False,
 ) -> Shown:
     """Evaluate the unadapted base model on the validation split; keep its outputs and
-    protocol. `--shots K`: the base prompted with K training examples first."""
+    protocol. `--shots K`: the base prompted with K training examples first;
+    `--linear-probe`: a linear classifier on the base's features instead."""
     from lorapilot.steps.baseline import run_baseline
 
     sets = _selected(sets, shot_selection, shots)
-    result = run_baseline(_pilot(pilot, sets), limit=limit, progress=not no_progress, shots=shots)
+    result = run_baseline(
+        _pilot(pilot, sets), limit=limit, progress=not no_progress, shots=shots,
+        linear_probe=linear_probe,
+    )  # fmt: skip
     return Shown(result, views.evaluation)
 
 

@@ -231,6 +231,23 @@ def _decision(r: dict) -> None:
     for reason in r["reasons"]:
         stdout.print(f"  - {esc(str(reason))}")
     _prompting(r.get("prompting"))
+    _probe(r.get("linear_probe"))
+
+
+def _probe(p: dict | None) -> None:
+    """The adapter against the linear probe (`baseline --linear-probe`), beside the decision."""
+    if not p:
+        return
+    head = f"  against a linear probe on the base's features ({p['run_id']}): "
+    if p.get("why_not"):
+        stdout.print(head + f"not compared: {esc(p['why_not'])}")
+        return
+    ci = f" [{p['ci_low']:+.3f}, {p['ci_high']:+.3f}]" if p.get("ci_low") is not None else ""
+    stdout.print(
+        head
+        + f"{p['metric']} {p['probe']:.3f} -> {p['adapted']:.3f} ({p['gain']:+.3f}{ci}); "
+        + ("the adapter beats it" if p["adapter_beats_probe"] else "[yellow]not clearly[/]")
+    )
 
 
 def _prompting(p: dict | None) -> None:
@@ -520,6 +537,13 @@ def evaluation(r: dict) -> None:
     shots = r.get("shots")
     if shots:  # baseline --shots: the prompting alternative, not the zero-shot baseline
         stdout.print(f"  few-shot: the base shown {_shots_text(shots)}")
+    probe = r.get("linear_probe")
+    if probe:  # baseline --linear-probe: the embedding-classifier alternative
+        stdout.print(
+            f"  linear probe: logistic regression on the base's features of each prompt, "
+            f"fitted on {probe['fitted_on']['n']} training examples ({probe['iterations']} "
+            "L-BFGS iterations)"
+        )
     headline = [k for k in EVALUATION_METRICS if k in m]
     stdout.print("  " + "  ".join(f"{k}={m[k]:.3f}" for k in headline))
     group, per = per_group(m)
@@ -642,7 +666,7 @@ def _early_stopping(es: dict | None, total: int | None) -> None:
     head = (
         f"stopped early at step {es['stopped_at_step']}{of}"
         if es["stopped_early"]
-        else f"ran every step{of} (patience {es['patience']} not used up)"
+        else f"ran every step{of}"
     )
     best = es.get("best_step")
     if best is None:

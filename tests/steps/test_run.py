@@ -128,11 +128,12 @@ def test_run_whole_pilot_then_rerun_reuses_every_phase(tmp_path, default_model_d
     # and the prompting alternative pre-registered: only its own phase is added
     need_llama_cpp()
     spec["export"] = {"formats": ["peft", "gguf"], "min_agreement": 0.0}
-    spec["eval"] = {**spec.get("eval", {}), "few_shot": 3}
+    spec["eval"] = {**spec.get("eval", {}), "few_shot": 3, "linear_probe": True}
     (pilot / "pilot.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
     third = run_json("run", str(pilot), "--no-progress")
     assert [p["phase"] for p in third["phases"] if not p["reused"]] == [
-        "inspect", "few-shot baseline", "budget", "export gguf", "report"
+        "inspect", "few-shot baseline", "linear-probe baseline", "budget", "export gguf",
+        "report",
     ]  # fmt: skip
     few = third["phases"][3]
     assert few["phase"] == "few-shot baseline" and few["run_id"] != first["phases"][2]["run_id"]
@@ -147,6 +148,9 @@ def test_run_whole_pilot_then_rerun_reuses_every_phase(tmp_path, default_model_d
     assert "| gguf | deliverable/gguf |" in report
     assert "### Against prompting: the base shown 3 training examples" in report
     assert f"| few-shot run | {few['run_id']} |" in report
+    probe = third["phases"][4]
+    assert probe["phase"] == "linear-probe baseline"
+    assert f"| linear-probe run | {probe['run_id']} |" in report
 
 
 def test_run_does_not_reuse_a_disturbed_probe(tmp_path):

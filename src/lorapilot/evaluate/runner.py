@@ -53,10 +53,15 @@ def prefix_cache_on(setting: str, device_type: str | None = None) -> bool:
 
 
 def make_protocol(
-    spec: PilotSpec, tokenizer: Any, prepared: PreparedData, shots: dict | None = None
+    spec: PilotSpec,
+    tokenizer: Any,
+    prepared: PreparedData,
+    shots: dict | None = None,
+    linear_probe: dict | None = None,
 ) -> dict:
     """Everything that changes predictions, and its hash `eval_protocol`; `shots`: a few-shot
-    baseline's demonstrations (k, seed, ids, the tokens they add)."""
+    baseline's demonstrations (k, seed, ids, the tokens they add); `linear_probe`: the
+    embedding-classifier alternative's classifier (evaluate/text_probe.py)."""
     task, ev = spec.task, spec.eval
     mode = ev.mode if task.kind == "classification" else "generate"
     max_new = ev.max_new_tokens or (prepared.answer_budget + GENERATION_MARGIN)
@@ -84,6 +89,8 @@ def make_protocol(
         proto["label_scoring"] = spec.eval.label_scoring
     if shots:  # absent for every zero-shot evaluation: their hashes hold
         proto["shots"] = shots
+    if linear_probe:  # the same prompts, read by a classifier fitted on their features
+        proto["linear_probe"] = linear_probe
     held = held_weights(spec, proto["precision"])
     if held is not None:  # weights rounded below the evaluation's precision (explicit dtype)
         proto["weights_dtype"] = held

@@ -47,9 +47,12 @@ def evaluate_split(
     final: bool = False,
     log: Callable[[str], None] | None = None,
     shots: int = 0,
+    linear_probe: bool = False,
 ) -> dict:
     """Evaluate the base (or base + adapter) on a split inside a run of `kind`; `shots`: the
-    base prompted with that many training examples first (a few-shot baseline)."""
+    base prompted with that many training examples first (a few-shot baseline);
+    `linear_probe`: a logistic regression on the base's prompt features, fitted on train
+    (the embedding-classifier alternative, evaluate/text_probe.py)."""
     if split == "test" and not final:
         raise UsageError(
             "the test split is reserved: use `lorapilot eval PILOT --split test --final`"
@@ -57,6 +60,10 @@ def evaluate_split(
     if split not in ("val", "test"):
         raise UsageError(f"--split {split!r}: must be val or test")
     refuse_shots_for_images(pilot.spec.task, shots)
+    if linear_probe:
+        from lorapilot.evaluate.text_probe import refuse
+
+        refuse(pilot.spec, shots, adapter_dir is not None)
     if shots and adapter_dir is not None:
         raise UsageError(
             "--shots: few-shot prompting is a baseline of a text pilot's base model; an adapter "
@@ -65,7 +72,9 @@ def evaluate_split(
     with open_run(pilot, kind, parent=parent) as run:
         if shots:  # on the record from the start: a few-shot run is never taken for zero-shot
             run.update(shots={"k": shots})
-        loaded = modality_of(pilot).load(adapter_dir, shots=shots)
+        if linear_probe:  # likewise: an alternative, never the zero-shot baseline
+            run.update(linear_probe={"fitted_on": {"split": "train"}})
+        loaded = modality_of(pilot).load(adapter_dir, shots=shots, linear_probe=linear_probe)
         resolved, model, prepared = loaded.resolved, loaded.model, loaded.prepared
         run.record.data_version = prepared.version
         records = _limit(prepared.splits[split], limit)

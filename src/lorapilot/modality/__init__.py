@@ -61,11 +61,13 @@ class Modality(Protocol):
         manifest: dict | None = None,
         resolved: Any = None,
         shots: int = 0,
+        linear_probe: bool = False,
     ) -> Loaded:
         """The base, with the saved adapter at `adapter_dir` attached; with its `manifest`,
         the pins beyond the base's weights checked (problems listed, never raised).
         `resolved`: the base as the caller already resolved it (not resolved again).
-        `shots`: `evaluate_base` shows the base that many training examples first (text)."""
+        `shots`: `evaluate_base` shows the base that many training examples first (text).
+        `linear_probe`: `evaluate_base` is the embedding-classifier alternative (text)."""
         ...
 
 

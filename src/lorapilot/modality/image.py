@@ -222,6 +222,7 @@ class ImageModality:
         manifest: dict | None = None,
         resolved: Any = None,
         shots: int = 0,
+        linear_probe: bool = False,  # refused before loading: the baseline already is one
     ) -> Loaded:
         """The classifier with a new head, the saved adapter (and its saved head) on top.
         No few-shot prompting: the baseline is a linear probe on the frozen features."""

@@ -157,9 +157,12 @@ class TextModality:
         manifest: dict | None = None,
         resolved: Any = None,
         shots: int = 0,
+        linear_probe: bool = False,
     ) -> Loaded:
         """`shots`: the base evaluated (`evaluate_base`) with that many demonstrations from
-        the training split before every prompt: a few-shot baseline."""
+        the training split before every prompt: a few-shot baseline. `linear_probe`:
+        `evaluate_base` is a logistic regression on the frozen base's prompt features,
+        fitted on the training split (evaluate/text_probe.py)."""
         from lorapilot.base.models import attach_adapter, is_full_finetune, load_base
         from lorapilot.data.format import template_hash, tokenizer_hash
         from lorapilot.evaluate.runner import evaluate_records, make_protocol
@@ -193,6 +196,13 @@ class TextModality:
             # an attached adapter switched off: the same model, protocol and rows; a full
             # fine-tune replaced the weights, so the base is loaded again beside it
             base = load_base(pilot, resolved)[1] if full else model
+            if linear_probe:
+                from lorapilot.evaluate.text_probe import probe_evaluation
+
+                return probe_evaluation(
+                    base, tok, fmt, spec, prepared.splits.get("train") or [], records,
+                    prepared.answer_budget, protocol, progress=progress, label=label, log=log,
+                )  # fmt: skip
             lora = adapter_dir is not None and not full
             with model.disable_adapter() if lora else contextlib.nullcontext():
                 ev = evaluate_records(
@@ -203,5 +213,8 @@ class TextModality:
                 )  # fmt: skip
             return ev, {}
 
-        protocol = make_protocol(spec, tok, prepared, shot_info)
+        probe = None
+        if linear_probe:
+            from lorapilot.evaluate.text_probe import PROTOCOL as probe
+        protocol = make_protocol(spec, tok, prepared, shot_info, probe)
         return Loaded(resolved, model, prepared, evaluate, evaluate_base, problems, protocol)

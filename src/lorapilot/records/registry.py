@@ -202,6 +202,18 @@ def latest_run(
     return runs[-1] if runs else None
 
 
+def is_linear_probe(rec: RunRecord) -> bool:
+    """A baseline run of a logistic regression on the base's features (`baseline
+    --linear-probe`): the embedding-classifier alternative, never the zero-shot baseline."""
+    return bool(rec.result.get("linear_probe"))
+
+
+def is_alternative(rec: RunRecord) -> bool:
+    """A baseline run that is an alternative to adapting (few-shot prompt, linear probe), set
+    beside the adapter, not the baseline the success criterion names."""
+    return is_few_shot(rec) or is_linear_probe(rec)
+
+
 def is_few_shot(rec: RunRecord) -> bool:
     """A baseline run of the base prompted with training examples (`baseline --shots`): the
     prompting alternative, never the zero-shot baseline the success criterion names."""

@@ -28,7 +28,12 @@ from lorapilot.evaluate.records import BASELINE_PREDICTIONS
 from lorapilot.evaluate.served import generation_warning
 from lorapilot.fsutil import read_json_or_none, read_jsonl
 from lorapilot.records import registry
-from lorapilot.report.prompting import prompting_alternative, prompting_warnings
+from lorapilot.report.prompting import (
+    probe_alternative,
+    probe_warnings,
+    prompting_alternative,
+    prompting_warnings,
+)
 from lorapilot.spec import Pilot
 
 
@@ -124,6 +129,10 @@ def run_summary(pilot: Pilot, rec: registry.RunRecord, baseline: registry.RunRec
         similar = (res.get("shots") or {}).get("selection") == "similar"
         row["variant"] = f"{k}-shot prompt" + (" (similar examples)" if similar else "")
         row["shots"] = res.get("shots")
+        return row
+    if rec.kind == "baseline" and registry.is_linear_probe(rec):  # the embedding classifier
+        row["variant"] = "linear probe (base features)"
+        row["linear_probe"] = res.get("linear_probe")
         return row
     if baseline is None or not row["metrics"] or rec.id == baseline.id or row["split"] != "val":
         return row
@@ -228,7 +237,7 @@ def collect(pilot: Pilot) -> dict:
     runs = registry.list_runs(pilot.dir)
     latest = {k: registry.latest_run(pilot.dir, k) for k in ("data", "probe", "smoke")}
     baseline = registry.latest_run(
-        pilot.dir, "baseline", where=lambda r: not registry.is_few_shot(r)
+        pilot.dir, "baseline", where=lambda r: not registry.is_alternative(r)
     )
     latest["baseline"] = baseline
     rows = [run_summary(pilot, r, baseline) for r in runs]
@@ -300,6 +309,7 @@ def collect(pilot: Pilot) -> dict:
     ledger = read_jsonl(registry.runs_dir(pilot.dir) / "test_ledger.jsonl")
     exports = exported(pilot)
     prompting = prompting_alternative(pilot, chosen)
+    probe_alt = probe_alternative(pilot, chosen)
     curves = {}
     for r in runs:
         if r.kind == "train":
@@ -327,6 +337,7 @@ def collect(pilot: Pilot) -> dict:
         "selection": selection,
         "baseline": baseline and run_summary(pilot, baseline, None),
         "prompting": prompting,
+        "linear_probe": probe_alt,
         "data": latest["data"] and latest["data"].result,
         "probe": latest["probe"] and latest["probe"].result,
         "probes": probes_by_variant(runs),
@@ -350,6 +361,7 @@ def collect(pilot: Pilot) -> dict:
         + export_warnings(exports)
         + generation_warnings(chosen)
         + prompting_warnings(prompting)
+        + probe_warnings(probe_alt)
         + (
             label_set_warnings(_rows(registry.runs_dir(pilot.dir) / chosen["id"]))
             if chosen and spec.task.multi_label

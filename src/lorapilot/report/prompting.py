@@ -1,8 +1,9 @@
-"""The prompting alternative: the chosen adapter against the base shown K training examples
-(`baseline --shots K`), on the success metric, paired example by example. A pilot asks
-whether adapting helps; the cheap alternative it must beat is a better prompt, not only the
-zero-shot one. Reported beside the decision, never part of it (the success criterion is
-pre-registered against the zero-shot baseline)."""
+"""The alternatives to adapting: the chosen adapter against the base shown K training examples
+(`baseline --shots K`) and against a logistic regression on the base's prompt features
+(`baseline --linear-probe`), on the success metric, paired example by example. A pilot asks
+whether adapting helps; the cheap alternatives it must beat are a better prompt and an
+embedding classifier, not only the zero-shot prompt. Reported beside the decision, never
+part of it (the success criterion is pre-registered against the zero-shot baseline)."""
 
 from __future__ import annotations
 
@@ -37,23 +38,51 @@ def prompting_alternative(pilot: Pilot, chosen: dict | None) -> dict[str, Any] |
     few = registry.latest_run(pilot.dir, "baseline", where=registry.is_few_shot)
     if few is None:
         return None
-    spec = pilot.spec
-    metric = spec.success.metric
     shots = few.result.get("shots") or {}
-    out: dict[str, Any] = {
+    head = {
         "run_id": few.id,
         "shots": shots.get("k"),
         "selection": shots.get("selection", "fixed"),
         "shot_ids": shots.get("ids"),
+    }
+    out = _against(pilot, chosen, few, head, "few_shot", "shots", "the demonstrations")
+    out["adapter_beats_prompting"] = out.pop("beats")
+    return out
+
+
+def probe_alternative(pilot: Pilot, chosen: dict | None) -> dict[str, Any] | None:
+    """The latest completed linear-probe baseline (`baseline --linear-probe`: a logistic
+    regression on the base's prompt features) against `chosen`, as `prompting_alternative`
+    sets the few-shot prompt: values, gain, paired CI, `adapter_beats_probe`."""
+    probe = registry.latest_run(pilot.dir, "baseline", where=registry.is_linear_probe)
+    if probe is None:
+        return None
+    fit = probe.result.get("linear_probe") or {}
+    head = {"run_id": probe.id, "fitted_on": (fit.get("fitted_on") or {}).get("n")}
+    out = _against(pilot, chosen, probe, head, "probe", "linear_probe", "the classifier")
+    out["adapter_beats_probe"] = out.pop("beats")
+    return out
+
+
+def _against(
+    pilot: Pilot, chosen: dict | None, alt: Any, head: dict, name: str, key: str, what: str
+) -> dict[str, Any]:
+    """`chosen` against an alternative's baseline run `alt` on the success metric, paired
+    by example: {**head, metric, <name>: its value, adapted, gain, ci_low, ci_high,
+    min_gain, beats, why_not}. Comparable when the protocols differ by `key` alone."""
+    spec = pilot.spec
+    metric = spec.success.metric
+    out: dict[str, Any] = {
+        **head,
         "metric": metric,
-        "few_shot": metric_value(few.result.get("metrics"), metric),
+        name: metric_value(alt.result.get("metrics"), metric),
         "adapted": None,
         "adapted_run": None,
         "gain": None,
         "ci_low": None,
         "ci_high": None,
         "min_gain": spec.success.min_gain,
-        "adapter_beats_prompting": None,
+        "beats": None,
         "why_not": None,
     }
     if chosen is None:
@@ -61,31 +90,29 @@ def prompting_alternative(pilot: Pilot, chosen: dict | None) -> dict[str, Any] |
         return out
     out["adapted_run"], out["adapted"] = chosen["id"], metric_value(chosen.get("metrics"), metric)
     chosen_rec = registry.get_run(pilot.dir, chosen["id"])
-    a = {k: v for k, v in (few.result.get("protocol") or {}).items() if k != "shots"}
+    a = {k: v for k, v in (alt.result.get("protocol") or {}).items() if k != key}
     b = dict(chosen_rec.result.get("protocol") or {})
     differ = protocol_differences(a, b) if a and b else ["protocol not recorded"]
-    if few.data_version != chosen_rec.data_version:
-        differ.append(f"data version ({few.data_version} vs {chosen_rec.data_version})")
+    if alt.data_version != chosen_rec.data_version:
+        differ.append(f"data version ({alt.data_version} vs {chosen_rec.data_version})")
     if differ:
-        out["why_not"] = "besides the demonstrations, the evaluations differ: " + ", ".join(differ)
+        out["why_not"] = f"besides {what}, the evaluations differ: " + ", ".join(differ)
         return out
-    if out["few_shot"] is None or out["adapted"] is None:
+    if out[name] is None or out["adapted"] is None:
         out["why_not"] = f"{metric} is not among both runs' metrics"
         return out
     runs = registry.runs_dir(pilot.dir)
     boot = bootstrap_for(
         spec.task.kind, metric,
-        read_jsonl(runs / few.id / "predictions.jsonl"),
+        read_jsonl(runs / alt.id / "predictions.jsonl"),
         read_jsonl(runs / chosen["id"] / "predictions.jsonl"),
         spec.task.labels, task=spec.task, norm=spec.eval.normalize,
     )  # fmt: skip
-    out["gain"] = round(out["adapted"] - out["few_shot"], 6)
+    out["gain"] = round(out["adapted"] - out[name], 6)
     if boot is not None:
         out["ci_low"], out["ci_high"] = boot.get("ci_low"), boot.get("ci_high")
     low = out["ci_low"]
-    out["adapter_beats_prompting"] = out["gain"] >= spec.success.min_gain and (
-        low is None or low > 0
-    )
+    out["beats"] = out["gain"] >= spec.success.min_gain and (low is None or low > 0)
     return out
 
 
@@ -100,4 +127,18 @@ def prompting_warnings(p: dict[str, Any] | None) -> list[str]:
         f"base prompted with {shown(p)} ({p['few_shot']:.3f} -> "
         f"{p['adapted']:.3f}{ci}), short of success.min_gain {p['min_gain']:+.3f} or not "
         "above noise: a few-shot prompt may serve instead of the adapter"
+    ]
+
+
+def probe_warnings(p: dict[str, Any] | None) -> list[str]:
+    """A limitation when the chosen adapter does not clearly beat the linear probe."""
+    if not p or p.get("adapter_beats_probe") is not False:
+        return []
+    low = p.get("ci_low")
+    ci = f", 95% CI of the gain [{low:+.3f}, {p['ci_high']:+.3f}]" if low is not None else ""
+    return [
+        f"the chosen adapter ({p['adapted_run']}) gains {p['gain']:+.3f} {p['metric']} over a "
+        f"logistic regression on the base's features ({p['probe']:.3f} -> "
+        f"{p['adapted']:.3f}{ci}), short of success.min_gain {p['min_gain']:+.3f} or not "
+        "above noise: an embedding classifier may serve instead of the adapter"
     ]

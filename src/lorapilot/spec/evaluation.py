@@ -102,6 +102,16 @@ class EvalSpec(_Strict):
         "(retrieval-augmented prompting, the stronger alternative).",
     )
 
+    linear_probe: bool = Field(
+        False,
+        description="The embedding-classifier alternative, pre-registered (text "
+        "classification): `lorapilot run` also fits a logistic regression on the frozen "
+        "base's features of each prompt on the training split (`baseline --linear-probe`), "
+        "and `compare` and the report set the chosen adapter against it on validation (gain, "
+        "paired CI, whether it reaches success.min_gain). Reported beside the decision, which "
+        "stays against the zero-shot baseline.",
+    )
+
     # omitted from the spec hash at their defaults: specs written before them hash the same
     _omitted_at: ClassVar[dict[str, tuple]] = {
         "label_search": ("best_first",),  # same argmax
@@ -110,6 +120,7 @@ class EvalSpec(_Strict):
         "generation_check": (True,),
         "few_shot": (None,),
         "few_shot_selection": ("fixed",),
+        "linear_probe": (False,),
     }
 
 

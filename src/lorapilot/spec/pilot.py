@@ -107,6 +107,20 @@ class PilotSpec(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _linear_probe_is_for_text_classification(self) -> PilotSpec:
+        if self.eval.linear_probe and self.task.kind != "classification":
+            raise ValueError(
+                "eval.linear_probe: a logistic regression on the base's features picks one of "
+                f"task.labels: a text classification's alternative, not a {self.task.kind}'s"
+                + (
+                    " (an image pilot's baseline already is a linear probe)"
+                    if self.task.modality == "image"
+                    else ""
+                )
+            )
+        return self
+
+    @model_validator(mode="after")
     def _text_template_is_for_text(self) -> PilotSpec:
         if self.data.fields.text_template is not None and self.task.modality == "image":
             raise ValueError(
@@ -241,11 +255,11 @@ class PilotSpec(_Strict):
 
     def spec_hash(self) -> str:
         """Hash of the resolved spec, `tracking` held at its default, `export`,
-        `limits.gpu_prices` and `eval.few_shot` left out: where runs are mirrored, what is
-        exported, what a GPU would cost and whether a few-shot baseline is also evaluated (its
-        own run records its K) change no other result, so changing them keeps reuse, resume
-        and the smoke gate working. `smoke`
-        counts only when it differs from its defaults, so that specs written before it existed
+        `limits.gpu_prices`, `eval.few_shot` and `eval.linear_probe` left out: where runs are
+        mirrored, what is exported, what a GPU would cost and whether a few-shot baseline or a
+        linear probe is also evaluated (its own run records it) change no other result, so
+        changing them keeps reuse, resume and the smoke gate working. `smoke` counts only
+        when it differs from its defaults, so that specs written before it existed
         keep their hash. `model.dtype: auto` hashes as `float32`, the default it replaced: it
         computes exactly what an fp32 base under autocast computes (tests/base/test_frozen.py),
         so a result is reused across the two."""
@@ -257,6 +271,7 @@ class PilotSpec(_Strict):
         resolved["limits"].pop("gpu_prices", None)
         resolved["eval"].pop("few_shot", None)
         resolved["eval"].pop("few_shot_selection", None)
+        resolved["eval"].pop("linear_probe", None)
         if resolved.get("smoke") == SmokeSpec().model_dump(mode="json"):
             resolved.pop("smoke")
         return sha256_json(resolved)

@@ -19,6 +19,7 @@ def run_compare(pilot: Pilot) -> dict[str, Any]:
         "selection": state["selection"],
         "test_gain": (state["test"] or {}).get("gain"),
         "prompting": state["prompting"],
+        "linear_probe": state["linear_probe"],
         "decision": (state["decision"] or {}).get("decision"),
         "reasons": (state["decision"] or {}).get("reasons", []),
     }

@@ -36,6 +36,7 @@ def run_report(pilot: Pilot) -> dict[str, Any]:
         "selection": state["selection"],
         "test_gain": (state["test"] or {}).get("gain"),
         "prompting": state["prompting"],
+        "linear_probe": state["linear_probe"],
         "gates": decision.get("gates"),
         "limitations": state["limitations"],
     }

@@ -61,11 +61,12 @@ def inputs_key(pilot: Pilot, env: dict) -> str:
     """What a phase's result depends on; a change means the phase is redone. The limits are
     not part of it: raising a limit that refused the plan redoes nothing already measured; nor
     are the export formats, which only add to the deliverable, nor eval.few_shot, which only
-    adds the prompting alternative's own phase."""
+    adds the prompting alternative's own phase (nor eval.linear_probe: the probe's)."""
     spec = pilot.spec.model_dump(mode="json")
     spec["limits"] = spec["tracking"] = spec["export"] = None
     spec["eval"].pop("few_shot", None)
     spec["eval"].pop("few_shot_selection", None)
+    spec["eval"].pop("linear_probe", None)
     return (
         "in-"
         + sha256_json(
@@ -130,6 +131,7 @@ def run_pipeline(
     for vp in plan:
         shapes.setdefault(step_shape(vp.spec.model_dump(mode="json")), vp)
     n_phases = len(PHASES) - 2 + len(shapes) + len(plan) + bool(pilot.spec.eval.few_shot)
+    n_phases += pilot.spec.eval.linear_probe
     phases: list[dict] = []
     t_all = time.time()
 
@@ -166,7 +168,7 @@ def run_pipeline(
         raise CheckFailed(
             "inspect: some examples' loss tokens do not decode to their answer", {"phases": phases}
         )
-    zero_shot = lambda r: not registry.is_few_shot(r)  # noqa: E731
+    zero_shot = lambda r: not registry.is_alternative(r)  # noqa: E731
     phase("baseline", "baseline", lambda: run_baseline(pilot, progress=progress, log=log),
           where=zero_shot)  # fmt: skip
     k, selection = pilot.spec.eval.few_shot, pilot.spec.eval.few_shot_selection
@@ -176,6 +178,12 @@ def run_pipeline(
             lambda: run_baseline(pilot, progress=progress, log=log, shots=k),
             where=lambda r: (r.result.get("shots") or {}).get("k") == k
             and (r.result.get("shots") or {}).get("selection", "fixed") == selection,
+        )  # fmt: skip
+    if pilot.spec.eval.linear_probe:  # the embedding-classifier alternative
+        phase(
+            "linear-probe baseline", "baseline",
+            lambda: run_baseline(pilot, progress=progress, log=log, linear_probe=True),
+            where=registry.is_linear_probe,
         )  # fmt: skip
     sm = phase(
         "smoke",

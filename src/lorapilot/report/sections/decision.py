@@ -169,7 +169,7 @@ def _decision(s: dict) -> list:
         )
     else:
         out.append(Para("no paired bootstrap: the gain cannot be told from noise"))
-    return out + _prompting(s)
+    return out + _prompting(s) + _probe(s)
 
 
 def _prompting(s: dict) -> list:
@@ -206,6 +206,45 @@ def _prompting(s: dict) -> list:
             "Reported, not part of the decision: the success criterion is pre-registered "
             "against the zero-shot baseline. Beating prompting means a gain of at least "
             f"success.min_gain ({fdelta(p.get('min_gain'))}) with the CI above 0."
+        )
+    )
+    return out
+
+
+def _probe(s: dict) -> list:
+    """The chosen adapter against a logistic regression on the base's features, if fitted."""
+    p = s.get("linear_probe")
+    if not isinstance(p, dict):
+        return []
+    out: list = [Sub("Against an embedding classifier: a linear probe on the base's features")]
+    if p.get("why_not"):
+        return out + [Para(f"not compared ({p.get('run_id')}): {p['why_not']}")]
+    beats = p.get("adapter_beats_probe")
+    ci = (
+        f"[{fdelta(p.get('ci_low'))}, {fdelta(p.get('ci_high'))}]"
+        if isnum(p.get("ci_low"))
+        else DASH
+    )
+    out.append(
+        KV(
+            [
+                ("linear-probe run", p.get("run_id")),
+                (f"{p.get('metric')}, linear probe", fmt(p.get("probe"))),
+                (f"{p.get('metric')}, adapted", fmt(p.get("adapted"))),
+                ("gain over the probe", fdelta(p.get("gain"))),
+                ("95% CI (paired bootstrap)", ci),
+                ("adapter beats the probe", Mark("yes" if beats else "no", bool(beats))),
+            ]
+        )
+    )
+    out.append(
+        Para(
+            "A multinomial logistic regression on the frozen base's final hidden state at "
+            f"each prompt's last token, fitted on {fmt(p.get('fitted_on'))} training examples "
+            "(`lorapilot baseline --linear-probe`): the base as an encoder, no adapter, one "
+            "forward pass per input. Reported, not part of the decision; beating it means a "
+            f"gain of at least success.min_gain ({fdelta(p.get('min_gain'))}) with the CI "
+            "above 0."
         )
     )
     return out
