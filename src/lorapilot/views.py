@@ -236,34 +236,29 @@ def _decision(r: dict) -> None:
 
 def _probe(p: dict | None) -> None:
     """The adapter against the linear probe (`baseline --linear-probe`), beside the decision."""
-    if not p:
-        return
-    head = f"  against a linear probe on the base's features ({p['run_id']}): "
-    if p.get("why_not"):
-        stdout.print(head + f"not compared: {esc(p['why_not'])}")
-        return
-    ci = f" [{p['ci_low']:+.3f}, {p['ci_high']:+.3f}]" if p.get("ci_low") is not None else ""
-    stdout.print(
-        head
-        + f"{p['metric']} {p['probe']:.3f} -> {p['adapted']:.3f} ({p['gain']:+.3f}{ci}); "
-        + ("the adapter beats it" if p["adapter_beats_probe"] else "[yellow]not clearly[/]")
-    )
+    if p:
+        head = f"  against a linear probe on the base's features ({p['run_id']}): "
+        _against(p, head, "probe", "adapter_beats_probe")
 
 
 def _prompting(p: dict | None) -> None:
     """The adapter against the few-shot prompt (`baseline --shots`), beside the decision."""
-    if not p:
-        return
-    similar = " similar" if p.get("selection") == "similar" else ""
-    head = f"  against prompting ({p['shots']}-shot{similar} base, {p['run_id']}): "
+    if p:
+        similar = " similar" if p.get("selection") == "similar" else ""
+        head = f"  against prompting ({p['shots']}-shot{similar} base, {p['run_id']}): "
+        _against(p, head, "few_shot", "adapter_beats_prompting")
+
+
+def _against(p: dict, head: str, value: str, beats: str) -> None:
+    """One alternative to adapting against the chosen adapter (report/prompting.py)."""
     if p.get("why_not"):
         stdout.print(head + f"not compared: {esc(p['why_not'])}")
         return
     ci = f" [{p['ci_low']:+.3f}, {p['ci_high']:+.3f}]" if p.get("ci_low") is not None else ""
     stdout.print(
         head
-        + f"{p['metric']} {p['few_shot']:.3f} -> {p['adapted']:.3f} ({p['gain']:+.3f}{ci}); "
-        + ("the adapter beats it" if p["adapter_beats_prompting"] else "[yellow]not clearly[/]")
+        + f"{p['metric']} {p[value]:.3f} -> {p['adapted']:.3f} ({p['gain']:+.3f}{ci}); "
+        + ("the adapter beats it" if p[beats] else "[yellow]not clearly[/]")
     )
 
 

@@ -10,9 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 from safetensors.torch import load_file
-from test_loop import TASK, TICKETS, lora_model
+from test_loop import encoded_tickets, lora_model
 
-from lorapilot.data.format import PromptFormatter
 from lorapilot.fsutil import read_jsonl
 from lorapilot.spec import TrainSpec
 from lorapilot.train import compiled
@@ -25,9 +24,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def examples(tiny_model_dir):
     from transformers import AutoTokenizer
 
-    fmt = PromptFormatter(AutoTokenizer.from_pretrained(tiny_model_dir), TASK, max_length=128)
-    budget = fmt.answer_budget_for(TASK.labels)
-    return [fmt.encode(text, label, budget) for text, label in TICKETS]
+    return encoded_tickets(AutoTokenizer.from_pretrained(tiny_model_dir))
 
 
 def run(tiny_model_dir, examples, out, eval_fn=None, model=None, **cfg):

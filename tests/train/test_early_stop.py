@@ -14,7 +14,12 @@ from lorapilot.records.registry import StoppedByLimit
 from lorapilot.spec import TrainSpec
 from lorapilot.train.early_stop import EarlyStop
 from lorapilot.train.loop import train
-from tests.train.test_loop import TASK, TICKETS, adapter_tensors, assert_same_tensors, lora_model
+from tests.train.test_loop import (
+    adapter_tensors,
+    assert_same_tensors,
+    encoded_tickets,
+    lora_model,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -24,11 +29,7 @@ def examples(tiny_model_dir):
     """test_loop's 12 tickets, encoded as training encodes them."""
     from transformers import AutoTokenizer
 
-    from lorapilot.data.format import PromptFormatter
-
-    fmt = PromptFormatter(AutoTokenizer.from_pretrained(tiny_model_dir), TASK, max_length=128)
-    budget = fmt.answer_budget_for(TASK.labels)
-    return [fmt.encode(text, label, budget) for text, label in TICKETS]
+    return encoded_tickets(AutoTokenizer.from_pretrained(tiny_model_dir))
 
 
 def test_the_count_resets_on_a_better_point_and_ignores_step_0():

@@ -60,11 +60,16 @@ def tok(tiny_model_dir):
     return AutoTokenizer.from_pretrained(tiny_model_dir)
 
 
-@pytest.fixture(scope="module")
-def examples(tok):
+def encoded_tickets(tok) -> list:
+    """The 12 tickets encoded as training encodes them (other train tests share them)."""
     fmt = PromptFormatter(tok, TASK, max_length=128)
     budget = fmt.answer_budget_for(TASK.labels)
     return [fmt.encode(text, label, budget) for text, label in TICKETS]
+
+
+@pytest.fixture(scope="module")
+def examples(tok):
+    return encoded_tickets(tok)
 
 
 def lora_model(tiny_model_dir, dropout: float = 0.0):

@@ -120,25 +120,23 @@ def prompting_warnings(p: dict[str, Any] | None) -> list[str]:
     """A limitation when the chosen adapter does not clearly beat the few-shot prompt."""
     if not p or p.get("adapter_beats_prompting") is not False:
         return []
-    low = p.get("ci_low")
-    ci = f", 95% CI of the gain [{low:+.3f}, {p['ci_high']:+.3f}]" if low is not None else ""
-    return [
-        f"the chosen adapter ({p['adapted_run']}) gains {p['gain']:+.3f} {p['metric']} over the "
-        f"base prompted with {shown(p)} ({p['few_shot']:.3f} -> "
-        f"{p['adapted']:.3f}{ci}), short of success.min_gain {p['min_gain']:+.3f} or not "
-        "above noise: a few-shot prompt may serve instead of the adapter"
-    ]
+    return [_short_of(p, "few_shot", f"the base prompted with {shown(p)}", "a few-shot prompt")]
 
 
 def probe_warnings(p: dict[str, Any] | None) -> list[str]:
     """A limitation when the chosen adapter does not clearly beat the linear probe."""
     if not p or p.get("adapter_beats_probe") is not False:
         return []
+    who = "a logistic regression on the base's features"
+    return [_short_of(p, "probe", who, "an embedding classifier")]
+
+
+def _short_of(p: dict[str, Any], value: str, who: str, instead: str) -> str:
+    """The limitation's words: the adapter's gain over an alternative, short of the bar."""
     low = p.get("ci_low")
     ci = f", 95% CI of the gain [{low:+.3f}, {p['ci_high']:+.3f}]" if low is not None else ""
-    return [
-        f"the chosen adapter ({p['adapted_run']}) gains {p['gain']:+.3f} {p['metric']} over a "
-        f"logistic regression on the base's features ({p['probe']:.3f} -> "
-        f"{p['adapted']:.3f}{ci}), short of success.min_gain {p['min_gain']:+.3f} or not "
-        "above noise: an embedding classifier may serve instead of the adapter"
-    ]
+    return (
+        f"the chosen adapter ({p['adapted_run']}) gains {p['gain']:+.3f} {p['metric']} over "
+        f"{who} ({p[value]:.3f} -> {p['adapted']:.3f}{ci}), short of success.min_gain "
+        f"{p['min_gain']:+.3f} or not above noise: {instead} may serve instead of the adapter"
+    )

@@ -177,38 +177,17 @@ def _prompting(s: dict) -> list:
     p = s.get("prompting")
     if not isinstance(p, dict):
         return []
-    out: list = [Sub(f"Against prompting: the base shown {shown(p)}")]
-    if p.get("why_not"):
-        return out + [Para(f"not compared ({p.get('run_id')}): {p['why_not']}")]
-    beats = p.get("adapter_beats_prompting")
-    ci = (
-        f"[{fdelta(p.get('ci_low'))}, {fdelta(p.get('ci_high'))}]"
-        if isnum(p.get("ci_low"))
-        else DASH
+    rows = [
+        ("few-shot run", p.get("run_id")),
+        (f"{p.get('metric')}, {p.get('shots')}-shot base", fmt(p.get("few_shot"))),
+    ]
+    words = (
+        "Reported, not part of the decision: the success criterion is pre-registered "
+        "against the zero-shot baseline. Beating prompting means a gain of at least "
+        f"success.min_gain ({fdelta(p.get('min_gain'))}) with the CI above 0."
     )
-    out.append(
-        KV(
-            [
-                ("few-shot run", p.get("run_id")),
-                (f"{p.get('metric')}, {p.get('shots')}-shot base", fmt(p.get("few_shot"))),
-                (f"{p.get('metric')}, adapted", fmt(p.get("adapted"))),
-                ("gain over prompting", fdelta(p.get("gain"))),
-                ("95% CI (paired bootstrap)", ci),
-                (
-                    "adapter beats prompting",
-                    Mark("yes" if beats else "no", bool(beats)),
-                ),
-            ]
-        )
-    )
-    out.append(
-        Para(
-            "Reported, not part of the decision: the success criterion is pre-registered "
-            "against the zero-shot baseline. Beating prompting means a gain of at least "
-            f"success.min_gain ({fdelta(p.get('min_gain'))}) with the CI above 0."
-        )
-    )
-    return out
+    title = f"Against prompting: the base shown {shown(p)}"
+    return _alternative(p, title, rows, "prompting", p.get("adapter_beats_prompting"), words)
 
 
 def _probe(s: dict) -> list:
@@ -216,38 +195,40 @@ def _probe(s: dict) -> list:
     p = s.get("linear_probe")
     if not isinstance(p, dict):
         return []
-    out: list = [Sub("Against an embedding classifier: a linear probe on the base's features")]
+    rows = [
+        ("linear-probe run", p.get("run_id")),
+        (f"{p.get('metric')}, linear probe", fmt(p.get("probe"))),
+    ]
+    words = (
+        "A multinomial logistic regression on the frozen base's final hidden state at "
+        f"each prompt's last token, fitted on {fmt(p.get('fitted_on'))} training examples "
+        "(`lorapilot baseline --linear-probe`): the base as an encoder, no adapter, one "
+        "forward pass per input. Reported, not part of the decision; beating it means a "
+        f"gain of at least success.min_gain ({fdelta(p.get('min_gain'))}) with the CI "
+        "above 0."
+    )
+    title = "Against an embedding classifier: a linear probe on the base's features"
+    return _alternative(p, title, rows, "the probe", p.get("adapter_beats_probe"), words)
+
+
+def _alternative(p: dict, title: str, rows: list, what: str, beats: Any, words: str) -> list:
+    """One alternative to adapting set against the chosen adapter (report/prompting.py)."""
+    out: list = [Sub(title)]
     if p.get("why_not"):
         return out + [Para(f"not compared ({p.get('run_id')}): {p['why_not']}")]
-    beats = p.get("adapter_beats_probe")
     ci = (
         f"[{fdelta(p.get('ci_low'))}, {fdelta(p.get('ci_high'))}]"
         if isnum(p.get("ci_low"))
         else DASH
     )
-    out.append(
-        KV(
-            [
-                ("linear-probe run", p.get("run_id")),
-                (f"{p.get('metric')}, linear probe", fmt(p.get("probe"))),
-                (f"{p.get('metric')}, adapted", fmt(p.get("adapted"))),
-                ("gain over the probe", fdelta(p.get("gain"))),
-                ("95% CI (paired bootstrap)", ci),
-                ("adapter beats the probe", Mark("yes" if beats else "no", bool(beats))),
-            ]
-        )
-    )
-    out.append(
-        Para(
-            "A multinomial logistic regression on the frozen base's final hidden state at "
-            f"each prompt's last token, fitted on {fmt(p.get('fitted_on'))} training examples "
-            "(`lorapilot baseline --linear-probe`): the base as an encoder, no adapter, one "
-            "forward pass per input. Reported, not part of the decision; beating it means a "
-            f"gain of at least success.min_gain ({fdelta(p.get('min_gain'))}) with the CI "
-            "above 0."
-        )
-    )
-    return out
+    rows = [
+        *rows,
+        (f"{p.get('metric')}, adapted", fmt(p.get("adapted"))),
+        (f"gain over {what}", fdelta(p.get("gain"))),
+        ("95% CI (paired bootstrap)", ci),
+        (f"adapter beats {what}", Mark("yes" if beats else "no", bool(beats))),
+    ]
+    return out + [KV(rows), Para(words)]
 
 
 def _change(diff: Any) -> str:
