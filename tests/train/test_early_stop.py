@@ -157,7 +157,9 @@ def test_a_resume_without_the_best_weights_is_refused(tiny_model_dir, examples, 
     with pytest.raises(StoppedByLimit):
         run(tiny_model_dir, examples, out, cost_check=lambda s: "cap" if s["step"] == 5 else None)
     shutil.rmtree(out / "checkpoints" / "best-step-2")
-    with pytest.raises(UsageError, match=r"best weights of this run \(step 2\).*restore_best"):
+    with pytest.raises(
+        UsageError, match=r"best weights of this run \(step 2\).*missing; start a new run"
+    ):
         run(tiny_model_dir, examples, out, resume=True)
     assert (out / "checkpoints" / "step-5").is_dir()  # the refusal leaves the checkpoint
 

@@ -378,8 +378,7 @@ def _check_best(lp: _Loop) -> None:
     if problems:
         raise UsageError(
             f"the best weights of this run (step {best}) cannot be restored: "
-            f"{'; '.join(problems)}; start a new run, or set "
-            "train.early_stopping.restore_best: false"
+            f"{'; '.join(problems)}; start a new run"
         )
 
 
