@@ -517,6 +517,15 @@ def predict(
         ),
     ] = 0,
     shot_selection: ShotSelectionOpt = None,
+    linear_probe: Annotated[
+        bool,
+        typer.Option(
+            "--linear-probe",
+            help="With --base: the logistic regression on the base's features that `baseline "
+            "--linear-probe` fits on the training split (the embedding-classifier alternative, "
+            "when it serves).",
+        ),
+    ] = False,
 ) -> Shown:
     """Apply an adapter (or the base) to new inputs: the pilot's prompts, truncation,
     decoding and parsing, every prediction kept in a `predict` run; inputs with an answer are
@@ -535,6 +544,7 @@ def predict(
         progress=not no_progress,
         log=step_log(as_json),
         shots=shots,
+        linear_probe=linear_probe,
     )
     return Shown(result, views.prediction)
 

@@ -570,6 +570,8 @@ def prediction(r: dict) -> None:
     who = f"run {r['train_run']}" if r["train_run"] else "the base model"
     if r.get("shots"):  # predict --base --shots K: the few-shot prompt
         who += f" shown {_shots_text(r['shots'])}"
+    if r.get("linear_probe"):  # predict --base --linear-probe: the embedding classifier
+        who += " read by the linear probe fitted on the training split"
     stdout.print(
         f"[green]predict[/] {r['n']} inputs of {esc(r['input']['file'])} with {who}  "
         f"run {r['run_id']}  protocol {r['eval_protocol']}  ({r['examples_per_s']:.1f} ex/s)"

@@ -63,6 +63,19 @@ def test_the_probe_is_an_alternative_set_beside_the_adapter(pilot):
     acc = sum(r["correct"] for r in rows) / len(rows)
     assert probe["metrics"]["accuracy"] == pytest.approx(acc)
 
+    # the alternative on new inputs: the same probe (refitted: deterministic), the same answers
+    new = pilot / "new.jsonl"
+    new.write_text("".join(json.dumps({"id": f"n{i}", "text": r["text"], "label": r["gold"]})
+                           + "\n" for i, r in enumerate(rows)))  # fmt: skip
+    out = run_json("predict", str(pilot), "--input", str(new), "--base", "--linear-probe",
+                   "--no-progress")  # fmt: skip
+    assert out["eval_protocol"] == probe["eval_protocol"] and out["linear_probe"] == lp
+    got = [json.loads(x) for x in open(out["predictions"])]
+    assert [g["parsed"] for g in got] == [r["parsed"] for r in rows]
+    assert out["metrics"]["macro_f1"] == pytest.approx(probe["metrics"]["macro_f1"])
+    res = run_cli("predict", str(pilot), "--input", str(new), "--linear-probe")
+    assert res.returncode == 2 and "alternative to adapting" in res.stderr
+
     train = run_json("train", str(pilot), "--no-progress")
     cmp = run_json("compare", str(pilot))
     assert cmp["baseline"] == zero["run_id"]  # the later probe run is not the baseline

@@ -55,10 +55,12 @@ def run_predict(
     progress: bool = True,
     log: Callable[[str], None] | None = None,
     shots: int = 0,
+    linear_probe: bool = False,
 ) -> dict:
     """Predict every input of `input_path` with train run `run_id`'s adapter (default: the one
     the final test confirmed, else the latest completed), or the base with `base=True`
-    (`shots`: shown that many training examples first, as `baseline --shots` shows them)."""
+    (`shots`: shown that many training examples first, as `baseline --shots` shows them;
+    `linear_probe`: read by the logistic regression `baseline --linear-probe` fits)."""
     say = log or (lambda m: None)
     if base and run_id:
         raise UsageError("--base and --run: choose one (the base model, or a run's adapter)")
@@ -68,6 +70,10 @@ def run_predict(
             "prompted as it was trained"
         )
     refuse_shots_for_images(pilot.spec.task, shots)
+    if linear_probe:
+        from lorapilot.evaluate.text_probe import refuse
+
+        refuse(pilot.spec, shots, not base)
     if limit is not None and limit <= 0:
         raise UsageError(f"--limit {limit}: must be a positive number of inputs")
     if out is not None and (Path(out).is_dir() or not Path(out).parent.is_dir()):
@@ -80,14 +86,15 @@ def run_predict(
     inputs = read_inputs(pilot, input_path, field_name, answer_field)
     records = inputs.records[:limit] if limit else inputs.records
     with open_run(pilot, "predict", parent=parent) as run:
-        loaded = _load(pilot, adapter, shots)
+        loaded = _load(pilot, adapter, shots, linear_probe)
         run.record.data_version = loaded.prepared.version
         seen = overlap(records, loaded.prepared.splits)
         for split, found in seen.items():
             say(f"{found['n']} of the inputs are examples of the pilot's {split} split")
-        if shots:  # the prompting alternative, exactly as `baseline --shots` prompted it
+        extras: dict = {}
+        if shots or linear_probe:  # an alternative, exactly as `baseline` evaluated it
             protocol = loaded.protocol
-            ev, _ = loaded.evaluate_base(
+            ev, extras = loaded.evaluate_base(
                 records, protocol, label="predict", progress=progress, log=log, generation=False
             )
         else:
@@ -116,6 +123,7 @@ def run_predict(
             "eval_protocol": protocol["eval_protocol"],
             "protocol": protocol,
             **({"shots": protocol["shots"]} if shots else {}),
+            **({"linear_probe": extras["linear_probe"]} if linear_probe else {}),
             "adapter": str(adapter) if adapter else None,
             "train_run": parent,
             "base": loaded.resolved.record(),
@@ -130,13 +138,14 @@ def run_predict(
     return {"run_id": run.id, "status": run.record.status, **result}
 
 
-def _load(pilot: Pilot, adapter: Path | None, shots: int = 0):
+def _load(pilot: Pilot, adapter: Path | None, shots: int = 0, linear_probe: bool = False):
     """The base, with the adapter attached on the base it was trained on (its files, the
     base's weights and quantization, the tokenizer and template checked as `verify` checks
     them): predictions on another base would be another model's, reported as this one's.
-    Without an adapter, `shots`: the base's prompt shows that many training examples."""
+    Without an adapter, `shots`: the base's prompt shows that many training examples;
+    `linear_probe`: the base's features read by the probe fitted on the training split."""
     if adapter is None:
-        return modality_of(pilot).load(shots=shots)
+        return modality_of(pilot).load(shots=shots, linear_probe=linear_probe)
     manifest = read_manifest(adapter)
     resolved, _, problems = pinned_base(pilot, adapter, manifest)
     if not problems:
@@ -167,7 +176,7 @@ def _warnings(inputs: Inputs, seen: dict, cut: dict) -> list[str]:
     if "train" in seen:
         out.append(
             f"{seen['train']['n']} inputs are training examples: their predictions say "
-            "nothing of how the adapter does on new inputs"
+            "nothing of how the model does on new inputs"
         )
     if inputs.skipped:
         why = "; ".join(
