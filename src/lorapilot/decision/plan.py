@@ -31,8 +31,8 @@ _NOT_SHAPE = {
               "eval_every", "save_every", "max_grad_norm", "grad_accum", "early_stopping",
               "category_sampling"),
     "adapter": ("alpha", "dropout", "rslora"),  # the scale only; dora changes the step
-    # the prompting alternative's own evaluation, no training step
-    "eval": ("few_shot", "few_shot_selection"),
+    # the alternatives' own evaluations (few-shot prompt, linear probe), no training step
+    "eval": ("few_shot", "few_shot_selection", "linear_probe"),
 }  # fmt: skip
 _NOT_SHAPE_SECTIONS = (
     "name", "hypothesis", "success", "guards", "limits", "tracking", "variants", "selection",
