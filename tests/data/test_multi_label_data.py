@@ -149,9 +149,22 @@ def test_data_report_and_training_on_a_multi_label_pilot(tmp_path, tiny_model_di
     rows = [json.loads(line) for line in lines]
     assert all(isinstance(r["gold"], list) and "unknown_labels" in r for r in rows)
 
+    # the embedding-classifier alternative: one binary probe per label, the labels at
+    # probability >= 0.5 (else the likeliest), written and parsed as an adapter's answer
+    probe = run_json("baseline", str(pilot), "--linear-probe")
+    assert probe["protocol"]["linear_probe"]["classifier"] == "one-vs-rest logistic regression"
+    assert probe["linear_probe"]["fitted_on"]["n"] == d["splits"]["train"]
+    for r in (json.loads(x) for x in open(probe["predictions"])):
+        on = [lab for lab in LABELS if r["scores"][lab] >= 0.5]
+        assert r["parsed"] == (on or [max(LABELS, key=r["scores"].get)])
+        assert r["raw_output"] == ", ".join(r["parsed"]) and not r["unknown_labels"]
+    assert probe["metrics"]["invalid_rate"] == 0.0
+
     t = run_json("train", str(pilot), "--json")
     assert "micro_f1" in t["metrics"] and t["status"] == "completed"
     c = run_json("compare", str(pilot), "--json")
+    assert c["baseline"] == base["run_id"] and c["linear_probe"]["why_not"] is None
+    assert c["linear_probe"]["run_id"] == probe["run_id"]
     assert c["selection"]["metric"] == "micro_f1"
     assert c["decision"] in ("GO", "NO-GO", "INCONCLUSIVE")
     assert any("micro_f1" in r and "CI of the gain" in r for r in c["reasons"]), c["reasons"]

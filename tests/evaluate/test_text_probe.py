@@ -109,7 +109,7 @@ def test_the_probe_is_refused_where_it_has_no_meaning(pilot, tmp_path, tiny_mode
     spec["model"] = {"base": str(tiny_model_dir)}
     (ex / "pilot.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
     out = run_cli("baseline", str(ex), "--linear-probe")
-    assert out.returncode == 2 and "classification only" in out.stderr
+    assert out.returncode == 2 and "classification and multi-label only" in out.stderr
     assert not list(ex.glob("runs/baseline-*"))  # refused before a run is opened
     bad = run_cli("check", str(ex), "--set", "eval.linear_probe=true")
     assert bad.returncode == 2 and "eval.linear_probe" in bad.stderr

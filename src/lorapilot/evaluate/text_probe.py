@@ -9,7 +9,10 @@ the features are what the LM head reads where the answer would begin: the final 
 (after the last norm) at the prompt's last token, the prompt exactly as the evaluation builds
 it (template, cut to `data.max_length`). Rows and metrics are the label scoring's
 (`runner.score_predictions`), the logits in place of the label scores, so the bootstrap, the
-report and `compare` read them as any classification's.
+report and `compare` read them as any classification's. A multi-label task gets one binary
+probe per label (one-vs-rest): the labels whose probability reaches 0.5, or the likeliest one
+when none does (every example has a label), written as the answer an adapter writes, so its
+rows are parsed and scored as the adapter's are.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from lorapilot.evaluate.linear_probe import L2, MAX_ITER, fit_linear_probe
 from lorapilot.evaluate.runner import EvalResult, score_predictions
 from lorapilot.records.progress import Phase
 from lorapilot.spec import PilotSpec
+from lorapilot.spec.task import LABEL_SEPARATOR
 
 FEATURES = (
     "the final hidden state (after the last norm) at the prompt's last token: what the LM "
@@ -35,6 +39,14 @@ FEATURES = (
 PROTOCOL = {"features": "last prompt token, final norm", "classifier": "logistic regression",
             "l2": L2, "fitted_on": "train"}  # fmt: skip
 """What the eval protocol adds for the probe: the zero-shot protocol's prompts, read so."""
+THRESHOLD = 0.5  # multi-label: a label is named when its own probe gives it at least this
+
+
+def protocol_of(task: Any) -> dict:
+    """PROTOCOL, with the one-vs-rest rule for a multi-label task."""
+    if not task.multi_label:
+        return PROTOCOL
+    return {**PROTOCOL, "classifier": "one-vs-rest logistic regression", "threshold": THRESHOLD}
 
 
 def refuse(spec: PilotSpec, shots: int, adapter: bool) -> None:
@@ -42,10 +54,10 @@ def refuse(spec: PilotSpec, shots: int, adapter: bool) -> None:
     why = None
     if spec.task.modality == "image":
         why = "an image pilot's baseline already is a linear probe on the frozen features"
-    elif spec.task.kind != "classification":
+    elif not spec.task.labelled:
         why = (
-            "a logistic regression on the base's features picks one of task.labels; this "
-            f"pilot's task.kind is {spec.task.kind} (classification only)"
+            "a logistic regression on the base's features picks from task.labels; this "
+            f"pilot's task.kind is {spec.task.kind} (classification and multi-label only)"
         )
     elif shots:
         why = "it reads the zero-shot prompt's features; --shots prompts the base instead"
@@ -128,8 +140,6 @@ def probe_evaluation(
     labels = list(spec.task.labels or [])
     if not train:
         raise UsageError("the linear probe is fitted on the train split, which is empty")
-    index = {lab: i for i, lab in enumerate(labels)}
-    y = np.array([index[r.label] for r in train], dtype=np.int64)
     precision = protocol["precision"]
     batch = spec.eval.batch_size
     pad = pad_id_of(tok)
@@ -141,9 +151,18 @@ def probe_evaluation(
         f_eval, ids, cuts = prompt_features(
             model, fmt, pad, records, answer_budget, precision, batch, lambda n: bar.advance(n=n)
         )
-    probe = fit_linear_probe(f_train, y, len(labels))
-    logits = probe.logits(f_eval)
-    metrics, rows = score_predictions(spec, records, [tok.decode(p) for p in ids], logits, None)
+    prompts = [tok.decode(p) for p in ids]
+    if spec.task.multi_label:
+        probes, probs = _one_vs_rest(f_train, train, labels, f_eval)
+        named = [_label_set(p, labels) for p in probs]
+        metrics, rows = score_predictions(spec, records, prompts, None, named)
+        for row, p in zip(rows, probs, strict=True):  # each label's own probability
+            row["scores"] = {lab: round(float(v), 6) for lab, v in zip(labels, p, strict=True)}
+    else:
+        index = {lab: i for i, lab in enumerate(labels)}
+        y = np.array([index[r.label] for r in train], dtype=np.int64)
+        probes = [fit_linear_probe(f_train, y, len(labels))]
+        metrics, rows = score_predictions(spec, records, prompts, probes[0].logits(f_eval), None)
     for row, cut in zip(rows, cuts, strict=True):
         row["tokens_cut"] = cut
     seconds = time.perf_counter() - t0
@@ -151,13 +170,16 @@ def probe_evaluation(
     extras = {
         "linear_probe": {
             "features": FEATURES,
-            "classifier": "multinomial logistic regression",
+            "classifier": "one-vs-rest logistic regression (a label at probability >= 0.5, "
+            "else the likeliest)"
+            if spec.task.multi_label
+            else "multinomial logistic regression",
             "l2": L2,
             "optimizer": "lbfgs",
             "max_iter": MAX_ITER,
             "standardised": True,
-            "iterations": probe.iterations,
-            "train_loss": round(probe.train_loss, 6),
+            "iterations": sum(p.iterations for p in probes),
+            "train_loss": round(float(np.mean([p.train_loss for p in probes])), 6),
             "fitted_on": {"split": "train", "n": len(train)},
             "hidden_size": int(f_eval.shape[1]) if f_eval.size else None,
         }
@@ -165,3 +187,25 @@ def probe_evaluation(
     n_all = len(train) + len(records)
     result = EvalResult(metrics, rows, seconds, n_all / max(seconds, 1e-9), protocol, device)
     return result, extras
+
+
+def _one_vs_rest(
+    f_train: np.ndarray, train: list[Record], labels: list[str], f_eval: np.ndarray
+) -> tuple[list, np.ndarray]:
+    """One binary probe per label (its examples against the rest) -> (the probes, (n, labels)
+    probabilities of each label on `f_eval`)."""
+    probes, cols = [], []
+    for lab in labels:
+        y = np.array([lab in (r.target or ()) for r in train], dtype=np.int64)
+        probe = fit_linear_probe(f_train, y, 2)
+        z = probe.logits(f_eval)
+        cols.append(1.0 / (1.0 + np.exp(z[:, 0] - z[:, 1])))  # softmax's second class
+        probes.append(probe)
+    return probes, np.stack(cols, axis=1)
+
+
+def _label_set(p: np.ndarray, labels: list[str]) -> str:
+    """The answer an adapter writes for the labels at THRESHOLD or above (task order), or
+    the likeliest label alone when none reaches it."""
+    on = [lab for lab, v in zip(labels, p, strict=True) if v >= THRESHOLD]
+    return LABEL_SEPARATOR.join(on or [labels[int(np.argmax(p))]])

@@ -215,6 +215,8 @@ class TextModality:
 
         probe = None
         if linear_probe:
-            from lorapilot.evaluate.text_probe import PROTOCOL as probe
+            from lorapilot.evaluate.text_probe import protocol_of
+
+            probe = protocol_of(spec.task)
         protocol = make_protocol(spec, tok, prepared, shot_info, probe)
         return Loaded(resolved, model, prepared, evaluate, evaluate_base, problems, protocol)

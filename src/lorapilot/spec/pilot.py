@@ -108,9 +108,9 @@ class PilotSpec(_Strict):
 
     @model_validator(mode="after")
     def _linear_probe_is_for_text_classification(self) -> PilotSpec:
-        if self.eval.linear_probe and self.task.kind != "classification":
+        if self.eval.linear_probe and not (self.task.labelled and self.task.modality == "text"):
             raise ValueError(
-                "eval.linear_probe: a logistic regression on the base's features picks one of "
+                "eval.linear_probe: a logistic regression on the base's features picks from "
                 f"task.labels: a text classification's alternative, not a {self.task.kind}'s"
                 + (
                     " (an image pilot's baseline already is a linear probe)"
