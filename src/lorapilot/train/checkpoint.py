@@ -137,16 +137,7 @@ def save_checkpoint(
         "rng": _rng_state(),
     }
     (tmp / "state.json").write_text(to_json(body), encoding="utf-8")
-    files = sorted(p.relative_to(tmp).as_posix() for p in tmp.rglob("*") if p.is_file())
-    checksums = {"algorithm": "sha256", "files": {f: sha256_file(tmp / f) for f in files}}
-    (tmp / "checksums.json").write_text(to_json(checksums), encoding="utf-8")
-    _fsync_tree(tmp)
-    final = root / f"step-{step}"
-    old = root / f".old-step-{step}-{uuid.uuid4().hex[:8]}"
-    if final.exists():
-        os.replace(final, old)
-    os.replace(tmp, final)
-    shutil.rmtree(old, ignore_errors=True)
+    final = _seal(tmp, root / f"step-{step}")
     atomic_write_json(root / "latest.json", {"step": step})
     steps = sorted(s for s in (_checkpoint_step(p) for p in root.iterdir()) if s is not None)
     for s in steps[:-KEEP_CHECKPOINTS]:
@@ -154,12 +145,27 @@ def save_checkpoint(
     return final
 
 
-def verify_checkpoint(folder: Path) -> list[str]:
-    """Problems with a checkpoint folder; [] means every file matches checksums.json."""
+def _seal(tmp: Path, final: Path) -> Path:
+    """A folder written in `tmp`: its files' sha256 in checksums.json, fsynced, then renamed
+    to `final` whole (a previous `final` replaced): a reader never sees half of it."""
+    files = sorted(p.relative_to(tmp).as_posix() for p in tmp.rglob("*") if p.is_file())
+    checksums = {"algorithm": "sha256", "files": {f: sha256_file(tmp / f) for f in files}}
+    (tmp / "checksums.json").write_text(to_json(checksums), encoding="utf-8")
+    _fsync_tree(tmp)
+    old = final.parent / f".old-{final.name}-{uuid.uuid4().hex[:8]}"
+    if final.exists():
+        os.replace(final, old)
+    os.replace(tmp, final)
+    shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def _checksum_problems(folder: Path) -> tuple[dict, list[str]]:
+    """(the files checksums.json lists, the problems: unreadable, missing or changed)."""
     try:
         listed = json.loads((folder / "checksums.json").read_text(encoding="utf-8"))["files"]
     except (OSError, ValueError, KeyError, TypeError):
-        return ["checksums.json is missing or unreadable"]
+        return {}, ["checksums.json is missing or unreadable"]
     problems = []
     for rel, expected in sorted(listed.items()):
         path = folder / rel
@@ -167,6 +173,14 @@ def verify_checkpoint(folder: Path) -> list[str]:
             problems.append(f"{rel} is missing")
         elif sha256_file(path) != expected:
             problems.append(f"{rel} does not match its checksum")
+    return listed, problems
+
+
+def verify_checkpoint(folder: Path) -> list[str]:
+    """Problems with a checkpoint folder; [] means every file matches checksums.json."""
+    listed, problems = _checksum_problems(folder)
+    if not listed:
+        return problems
     if "state.json" not in listed or "optimizer.safetensors" not in listed:
         problems.append("state.json or optimizer.safetensors is not listed")
     if "adapter_model.safetensors" not in listed and not any(
@@ -292,31 +306,14 @@ def save_best(root: Path, step: int, model, state_dict: dict | None = None) -> P
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     save_weights(model, tmp, state_dict)
-    files = sorted(p.relative_to(tmp).as_posix() for p in tmp.rglob("*") if p.is_file())
-    checksums = {"algorithm": "sha256", "files": {f: sha256_file(tmp / f) for f in files}}
-    (tmp / "checksums.json").write_text(to_json(checksums), encoding="utf-8")
-    _fsync_tree(tmp)
-    old = root / f".old-{final.name}-{uuid.uuid4().hex[:8]}"
-    if final.exists():
-        os.replace(final, old)
-    os.replace(tmp, final)
-    shutil.rmtree(old, ignore_errors=True)
-    return final
+    return _seal(tmp, final)
 
 
 def best_problems(folder: Path) -> list[str]:
     """Why a best-step folder cannot be restored ([]: every file matches its checksum)."""
     if not folder.is_dir():
         return [f"{folder} is missing"]
-    try:
-        listed = json.loads((folder / "checksums.json").read_text(encoding="utf-8"))["files"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return [f"{folder / 'checksums.json'} is missing or unreadable"]
-    return [
-        f"{folder / rel} does not match its checksum"
-        for rel, expected in sorted(listed.items())
-        if not (folder / rel).is_file() or sha256_file(folder / rel) != expected
-    ]
+    return [f"{folder.name}/{p}" for p in _checksum_problems(folder)[1]]
 
 
 def prune_best(root: Path, current: int | None) -> None:
