@@ -404,7 +404,8 @@ def baseline(
             "--linear-probe",
             help="Fit a logistic regression on the frozen base's features of each prompt "
             "(training split) and evaluate it on validation: the embedding-classifier "
-            "alternative the report sets the adapter against (text classification).",
+            "alternative the report sets the adapter against (text classification, single- or "
+            "multi-label).",
         ),
     ] = False,
 ) -> Shown:

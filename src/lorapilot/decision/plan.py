@@ -16,6 +16,7 @@ from typing import Any
 
 from lorapilot.fsutil import sha256_json
 from lorapilot.spec import Pilot, load_pilot
+from lorapilot.spec.evaluation import ALTERNATIVE_KEYS
 
 SELECTION_RULE = (
     "the plan's variant (base and the spec's `variants`) whose latest completed train run, "
@@ -32,7 +33,7 @@ _NOT_SHAPE = {
               "category_sampling"),
     "adapter": ("alpha", "dropout", "rslora"),  # the scale only; dora changes the step
     # the alternatives' own evaluations (few-shot prompt, linear probe), no training step
-    "eval": ("few_shot", "few_shot_selection", "linear_probe"),
+    "eval": ALTERNATIVE_KEYS,
 }  # fmt: skip
 _NOT_SHAPE_SECTIONS = (
     "name", "hypothesis", "success", "guards", "limits", "tracking", "variants", "selection",

@@ -22,6 +22,11 @@ class EvalNormalize(_Strict):
     list_order: bool = Field(True, description="Compare lists as sorted (any order).")
 
 
+ALTERNATIVE_KEYS = ("few_shot", "few_shot_selection", "linear_probe")
+"""eval keys that only add an alternative to adapting (its own baseline run, which records
+them): not part of the spec hash, of `run`'s phase inputs or of a training step's shape."""
+
+
 class EvalSpec(_Strict):
     """The evaluation protocol: how predictions are made and compared (hashed into every
     result as `eval_protocol`)."""
@@ -105,8 +110,9 @@ class EvalSpec(_Strict):
     linear_probe: bool = Field(
         False,
         description="The embedding-classifier alternative, pre-registered (text "
-        "classification): `lorapilot run` also fits a logistic regression on the frozen "
-        "base's features of each prompt on the training split (`baseline --linear-probe`), "
+        "classification, single- or multi-label: one probe per label): `lorapilot run` also "
+        "fits a logistic regression on the frozen base's features of each prompt on the "
+        "training split (`baseline --linear-probe`), "
         "and `compare` and the report set the chosen adapter against it on validation (gain, "
         "paired CI, whether it reaches success.min_gain). Reported beside the decision, which "
         "stays against the zero-shot baseline.",

@@ -14,7 +14,7 @@ from lorapilot.fsutil import sha256_json
 from lorapilot.spec.checks import SmokeSpec
 from lorapilot.spec.common import _NAME_RE, IMAGE_BASE, _Strict
 from lorapilot.spec.data import DataSpec
-from lorapilot.spec.evaluation import EvalSpec, GuardSpec, SuccessSpec
+from lorapilot.spec.evaluation import ALTERNATIVE_KEYS, EvalSpec, GuardSpec, SuccessSpec
 from lorapilot.spec.export import ExportSpec
 from lorapilot.spec.limits import LimitsSpec
 from lorapilot.spec.model import ModelSpec
@@ -269,9 +269,8 @@ class PilotSpec(_Strict):
         resolved["tracking"] = []
         resolved.pop("export", None)
         resolved["limits"].pop("gpu_prices", None)
-        resolved["eval"].pop("few_shot", None)
-        resolved["eval"].pop("few_shot_selection", None)
-        resolved["eval"].pop("linear_probe", None)
+        for key in ALTERNATIVE_KEYS:
+            resolved["eval"].pop(key, None)
         if resolved.get("smoke") == SmokeSpec().model_dump(mode="json"):
             resolved.pop("smoke")
         return sha256_json(resolved)

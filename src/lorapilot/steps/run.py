@@ -31,6 +31,7 @@ from lorapilot.records import environment, registry, steprun
 from lorapilot.report.collect import collect
 from lorapilot.sizing.estimate import plan_refusal
 from lorapilot.spec import Pilot
+from lorapilot.spec.evaluation import ALTERNATIVE_KEYS
 from lorapilot.steps.baseline import run_baseline
 from lorapilot.steps.budget import run_budget
 from lorapilot.steps.data import run_data
@@ -64,9 +65,8 @@ def inputs_key(pilot: Pilot, env: dict) -> str:
     adds the prompting alternative's own phase (nor eval.linear_probe: the probe's)."""
     spec = pilot.spec.model_dump(mode="json")
     spec["limits"] = spec["tracking"] = spec["export"] = None
-    spec["eval"].pop("few_shot", None)
-    spec["eval"].pop("few_shot_selection", None)
-    spec["eval"].pop("linear_probe", None)
+    for key in ALTERNATIVE_KEYS:
+        spec["eval"].pop(key, None)
     return (
         "in-"
         + sha256_json(
