@@ -563,15 +563,25 @@ def train_cmd(
         ),
     ] = None,
     variant: VariantOpt = None,
+    replicate: Annotated[
+        int,
+        typer.Option(
+            "--replicate",
+            min=0,
+            help="With --variant: its seed replicate K of selection.seeds (train.seed + K); "
+            "0, the default, is the variant as written.",
+        ),
+    ] = 0,
     no_progress: NoProgress = False,
 ) -> Shown:
     """One experiment: adapter, update audit, training, saved adapter, validation metrics.
-    `--variant NAME` runs a pre-registered variant of the plan; `--set key=value` an ad-hoc
-    one (labelled one_change or combined, shown but never chosen by the plan's selection).
-    `--resume RUN` alone continues a run with its own variant and overrides."""
+    `--variant NAME` runs a pre-registered variant of the plan (`--replicate K`: its seed K
+    of `selection.seeds`); `--set key=value` an ad-hoc one (labelled one_change or combined,
+    shown but never chosen by the plan's selection). `--resume RUN` alone continues a run
+    with its own variant and overrides."""
     from lorapilot.steps.train import pilot_for, run_train
 
-    p = pilot_for(pilot, sets, variant, resume)
+    p = pilot_for(pilot, sets, variant, resume, replicate)
     result = run_train(p, resume=resume, progress=not no_progress, log=step_log(as_json))
     return Shown(result, views.train)
 

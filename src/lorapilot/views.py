@@ -88,7 +88,11 @@ def runs_table(r: dict) -> None:
             dur,
             " ".join(
                 x
-                for x in (row.get("variant_name"), row.get("variant") and f"({row['variant']})")
+                for x in (
+                    row.get("variant_name"),
+                    row.get("replicate") and f"seed+{row['replicate']}",
+                    row.get("variant") and f"({row['variant']})",
+                )
                 if x
             ),
         )
@@ -278,8 +282,19 @@ def report(r: dict) -> None:
     stdout.print(f"report: {r['html']}\n        {r['markdown']}\ndeliverable: {r['deliverable']}")
 
 
+def _seeded(v: dict) -> str:
+    """A seeded variant's value: the mean, its spread and how many seeds it has."""
+    mean, sd, done = v.get("value"), v.get("sd"), v.get("seeds_done")
+    if not isinstance(mean, (int, float)):
+        return ""
+    spread = f" ± {sd:.3f}" if isinstance(sd, (int, float)) else ""
+    return f"{mean:.3f}{spread} ({v['low']:.3f}-{v['high']:.3f}, {done} seeds)"
+
+
 def _variants(rows: list[dict], metric: str) -> None:
-    t = Table(title=f"variants (selected on validation {metric})")
+    seeded = any("seeds_done" in v for v in rows)
+    t = Table(title=f"variants (selected on validation {metric}"
+              + (", mean over seeds)" if seeded else ")"))  # fmt: skip
     for col in ("variant", "run", "status", metric, "seconds", "step s", "peak memory", "note"):
         t.add_column(col)
     for v in rows:
@@ -289,7 +304,7 @@ def _variants(rows: list[dict], metric: str) -> None:
             esc(str(v["name"])) + mark,
             str(v.get("run_id") or ""),
             str(v.get("status")),
-            f"{value:.3f}" if isinstance(value, (int, float)) else "",
+            _seeded(v) if seeded else f"{value:.3f}" if isinstance(value, (int, float)) else "",
             f"{secs:.0f}" if isinstance(secs, (int, float)) else "",
             f"{step:.2f}" if isinstance(step, (int, float)) else "",
             format_gib(v["peak_memory_bytes"]) if v.get("peak_memory_bytes") else "",
@@ -299,7 +314,8 @@ def _variants(rows: list[dict], metric: str) -> None:
 
 
 def run(r: dict) -> None:
-    if len(r.get("variants") or []) > 1:
+    vs = r.get("variants") or []
+    if len(vs) > 1 or any("seeds_done" in v for v in vs):
         selected = r.get("selected")
         _variants([{**v, "selected": v["name"] == selected} for v in r["variants"]],
                   r.get("selection_metric") or "")  # fmt: skip
@@ -638,8 +654,9 @@ def _generated(g: dict | None) -> None:
 def train(r: dict) -> None:
     a = r["update_audit"] or {}
     stdout.print(
-        f"[green]train {r['status']}[/] run {r['run_id']} ({r['variant']}) in {r['wall_s']:.0f} "
-        f"s, {r['steps']} steps"
+        f"[green]train {r['status']}[/] run {r['run_id']} ({r['variant']}"
+        + (f", seed replicate {r['replicate']}: seed {r['seed']}" if r.get("replicate") else "")
+        + f") in {r['wall_s']:.0f} s, {r['steps']} steps"
     )
     stdout.print(
         f"  trainable params: {r['trainable_params']:,} of {r['total_params']:,}; "
@@ -815,7 +832,8 @@ def _plan(r: dict) -> None:
     plan, rows = r.get("plan"), r.get("variants") or []
     if not plan or not rows:
         return
-    t = Table(title="the plan: every variant")
+    seeds = max((v.get("seeds") or 1 for v in rows), default=1)
+    t = Table(title="the plan: every variant" + (f", {seeds} seeds each" if seeds > 1 else ""))
     for col in ("variant", "change", "probe", "steps", "minutes", "cost", "peak", "limits"):
         t.add_column(col)
     for v in rows:
@@ -889,7 +907,7 @@ def compare(r: dict) -> None:
         )
     stdout.print(t)
     sel = r.get("selection") or {}
-    if len(sel.get("variants") or []) > 1:
+    if len(sel.get("variants") or []) > 1 or (sel.get("seeds") or 1) > 1:
         _variants(sel["variants"], sel.get("metric") or "")
     if r["decision"]:
         stdout.print(f"decision so far ({r['chosen']}): [bold]{r['decision']}[/]")

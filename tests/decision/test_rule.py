@@ -198,6 +198,14 @@ def test_incomparable_protocols_name_the_keys_that_differ():
     ]
 
 
+def test_protocols_that_differ_only_in_the_train_seed_evaluate_the_same_way():
+    a = {"mode": "score", "seed": 0, "eval_protocol": "ep-1"}
+    assert comparable("ep-1", "dv-1", "ep-2", "dv-1", a, {**a, "seed": 3}) == (True, None)
+    ok, why = comparable("ep-1", "dv-1", "ep-2", "dv-1", a, {**a, "seed": 3, "mode": "generate"})
+    assert not ok and why.endswith("mode (score vs generate), seed (0 vs 3)")
+    assert not comparable("ep-1", "dv-1", "ep-2", "dv-1")[0]  # without the protocols: no
+
+
 def test_one_change_check_is_the_spec_rule():
     assert one_change_check is variant_label
     assert one_change_check({"train.lr": [1, 2]}) == "one_change"

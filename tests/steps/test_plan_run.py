@@ -191,6 +191,7 @@ def test_a_variant_that_fails_stays_on_the_record_and_the_plan_goes_on(monkeypat
 
     class P:
         variant = "r8"
+        replicate = 0
 
     calls, logged = [], []
 
@@ -212,3 +213,71 @@ def test_a_variant_that_fails_stays_on_the_record_and_the_plan_goes_on(monkeypat
     monkeypatch.setattr(R, "run_train", audit)
     with pytest.raises(CheckFailed, match="update audit"):
         R._train_variant(P(), P(), phase, True, False, logged.append)
+
+
+def test_seeded_plan_trains_every_seed_selects_on_the_mean_and_tests_the_median_seed(
+    tmp_path, tiny_model_dir
+):
+    pilot = init_tiny_pilot(tmp_path, tiny_model_dir, max_steps=2, seed=5)
+    spec = yaml.safe_load((pilot / "pilot.yaml").read_text())
+    spec["variants"] = [{"name": "lr", "set": {"train.lr": 3e-3}}]
+    spec["selection"] = {"seeds": 2}
+    (pilot / "pilot.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    (tmp_path / "driver.py").write_text(DRIVER)
+    out = _drive(tmp_path, pilot)
+    trains = [p for p in out["phases"] if p["phase"] == "train"]
+    assert [p["variant"] for p in trains] == ["base", "base seed+1", "lr", "lr seed+1"]
+    recs = {p["variant"]: _train_runs(pilot)[p["run_id"]] for p in trains}
+    assert [r["config"]["train"]["seed"] for r in recs.values()] == [5, 6, 5, 6]
+    assert [r["variant"].get("replicate", 0) for r in recs.values()] == [0, 1, 0, 1]
+    assert recs["lr seed+1"]["variant"]["diff"] == recs["lr"]["variant"]["diff"]
+
+    from lorapilot.spec import load_pilot
+    from lorapilot.steps.budget import run_budget
+    from lorapilot.steps.compare import run_compare
+
+    sel = run_compare(load_pilot(pilot))["selection"]
+    assert sel["seeds"] == 2 and "median seed" in sel["rule"]
+    by_name = {v["name"]: v for v in sel["variants"]}
+    for v in by_name.values():
+        values = [s["value"] for s in v["seeds"]]
+        assert v["seeds_done"] == 2 and v["value"] == statistics.fmean(values)
+        assert (v["low"], v["high"]) == (min(values), max(values))
+        # the lower of two seeds represents the variant (ties: the earlier run)
+        low = min(v["seeds"], key=lambda s: (s["value"], s["run_id"]))
+        assert v["run_id"] == low["run_id"]
+    chosen = by_name[out["selected"]]
+    assert chosen["value"] == max(v["value"] for v in by_name.values())
+    assert out["train_run"] == chosen["run_id"]  # verified and tested: the median seed
+    assert [v.get("seeds_done") for v in out["variants"]] == [2, 2]
+    noise = out["seed_noise"]
+    assert noise["variant"] == out["selected"] and noise["seeds"] == 2
+    assert noise["runner_up"] == ({"base", "lr"} - {out["selected"]}).pop()
+    md = (pilot / "report" / "report.md").read_text()
+    assert "Seeds: each variant trained 2 times" in md and "macro_f1 (mean of 2 seeds)" in md
+    assert "median: carried to verify and the test" in md
+
+    bud = run_budget(load_pilot(pilot))
+    for row in bud["variants"]:  # the plan holds every seed's run
+        assert row["seeds"] == 2 and row["total_s"] == 2 * row["run_s"]
+
+    # one more seed registered: only the new replicates train, the rest is reused
+    spec["selection"] = {"seeds": 3}
+    (pilot / "pilot.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    more = _drive(tmp_path, pilot)
+    trains = [(p["variant"], p["reused"]) for p in more["phases"] if p["phase"] == "train"]
+    assert trains == [("base", True), ("base seed+1", True), ("base seed+2", False),
+                      ("lr", True), ("lr seed+1", True), ("lr seed+2", False)]  # fmt: skip
+    assert all(p["reused"] for p in more["phases"] if p["phase"] in ("data", "baseline", "probe"))
+
+    # a replicate by hand is the same run as the plan's (CPU, fp32: bit for bit)
+    by_hand = run_json("train", str(pilot), "--variant", "lr", "--replicate", "1",
+                       "--no-progress")  # fmt: skip
+    assert by_hand["replicate"] == 1 and by_hand["seed"] == 6
+    from safetensors.torch import load_file
+
+    a = load_file(pilot / "runs" / recs["lr seed+1"]["id"] / "adapter" / "adapter_model.safetensors")
+    b = load_file(pilot / "runs" / by_hand["run_id"] / "adapter" / "adapter_model.safetensors")
+    assert a.keys() == b.keys() and all((a[k] == b[k]).all() for k in a)
+    bad = run_json("train", str(pilot), "--variant", "lr", "--replicate", "3", expect=2)
+    assert "selection.seeds: 3" in bad["error"]

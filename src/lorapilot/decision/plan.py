@@ -10,10 +10,12 @@ chosen, so trying more things by hand cannot make the decision more optimistic.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from lorapilot.decision.seeds import seed_summary
 from lorapilot.fsutil import sha256_json
 from lorapilot.spec import Pilot, load_pilot
 from lorapilot.spec.evaluation import ALTERNATIVE_KEYS
@@ -23,6 +25,18 @@ SELECTION_RULE = (
     "comparable with the baseline, has the best validation value of the selection metric "
     "(ties: the cheaper run, then the earlier); ad-hoc `train --set` runs are never chosen"
 )
+SEEDS_RULE = (
+    "the plan's variant (base and the spec's `variants`) whose {n} seeds (train.seed + 0..{last})"
+    " all completed a train run comparable with the baseline, with the best mean validation "
+    "value of the selection metric over its seeds (ties: the cheaper, then the earlier); its "
+    "adapter is its median seed's; ad-hoc `train --set` runs are never chosen"
+)
+
+
+def selection_rule(seeds: int) -> str:
+    """The rule in words, as the decision states how it was chosen."""
+    return SEEDS_RULE.format(n=seeds, last=seeds - 1) if seeds > 1 else SELECTION_RULE
+
 
 # Settings that change what one training step costs (time, memory). The rest of the recipe
 # (learning rate, schedule, duration, seed, regularisation, alpha) changes the numbers a
@@ -67,6 +81,18 @@ def variant_pilots(pilot: Pilot | Path | str, only: Sequence[str] | None = None)
     return [first if n == "base" else load_pilot(spec_path, variant=n) for n in names]
 
 
+def replicate_pilots(vp: Pilot) -> list[Pilot]:
+    """A plan variant's seed replicates (`selection.seeds`): the variant as written, then
+    its recipe with train.seed + 1, + 2, ..."""
+    n = vp.spec.selection.seeds
+    return [vp] + [load_pilot(vp.spec_path, variant=vp.variant, replicate=k) for k in range(1, n)]
+
+
+def replicate_of(record_variant: dict | None) -> int:
+    """Which seed replicate of its variant a train run is (0: the variant as written)."""
+    return int((record_variant or {}).get("replicate") or 0)
+
+
 def variant_name(record_variant: dict | None) -> str | None:
     """The plan variant a train run ran: its recorded name; records from before plans
     existed are `base` when they changed nothing; ad-hoc overrides: None."""
@@ -87,59 +113,90 @@ def pilot_of_run(path: Pilot | Path | str, run_id: str) -> Pilot:
     bare = load_pilot(spec_path)
     rec = registry.get_run(bare.dir, run_id)
     name = variant_name(rec.variant)
-    if rec.kind != "train" or name == "base":
+    k = replicate_of(rec.variant)
+    if rec.kind != "train" or (name == "base" and not k):
         return bare
     if name is not None:
-        return load_pilot(spec_path, variant=name)
+        return load_pilot(spec_path, variant=name, replicate=k)
     diff = (rec.variant or {}).get("diff") or {}
     return load_pilot(spec_path, [f"{k}={json.dumps(v[1])}" for k, v in diff.items()])
 
 
 def select(
-    rows: Sequence[dict], plan: Sequence[str], metric: str, value_of: Any
+    rows: Sequence[dict], plan: Sequence[str], metric: str, value_of: Any, seeds: int = 1
 ) -> tuple[dict | None, list[dict]]:
     """The pre-registered selection among compare rows (`run_summary` dicts, oldest first).
 
-    Per variant of `plan`, its latest completed train run comparable with the baseline is
-    its candidate; the winner has the highest `value_of(metrics, metric)`; ties go to the
-    cheaper (shorter) run, then the earlier. -> (the winning row or None, one entry per plan
-    variant: {name, run_id, status, value, seconds, selected, tries}).
+    Per variant of `plan` and seed replicate (`seeds`, the spec's `selection.seeds`), the
+    latest completed train run comparable with the baseline is its candidate; a variant
+    competes only when all its seeds have one, with the mean of their
+    `value_of(metrics, metric)`, and is represented by its median seed (the lower middle
+    one for an even count; with one seed, the run itself). The winner has the highest value;
+    ties go to the cheaper (shorter) runs, then the earlier. -> (the winning variant's
+    representative row or None, one entry per plan variant: {name, run_id, status, value,
+    seconds, selected, tries, reason}, with `seeds` (one entry per replicate), `mean`, `sd`,
+    `low`, `high` and `seeds_done` when `seeds` > 1).
     """
-    latest: dict[str, dict] = {}
+    latest: dict[str, dict[int, dict]] = {}
     tries: dict[str, int] = {}
-    attempts: dict[str, dict] = {}
+    attempts: dict[str, dict[int, dict]] = {}
     for row in rows:
         if row.get("kind") != "train" or row.get("name") not in plan:
             continue
-        name = row["name"]
+        name, k = row["name"], int(row.get("replicate") or 0)
+        if k >= seeds:  # a replicate the spec no longer registers
+            continue
         tries[name] = tries.get(name, 0) + 1
-        attempts[name] = row  # the latest attempt of any status, for the table
+        attempts.setdefault(name, {})[k] = row  # the latest attempt of any status
         if row.get("status") == "completed" and row.get("comparable"):
-            latest[name] = row
+            latest.setdefault(name, {})[k] = row
     order = {r["id"]: i for i, r in enumerate(rows)}
 
-    def key(row: dict):
+    def value(row: dict) -> float:
         v = value_of(row.get("metrics"), metric)
+        return v if v is not None else float("-inf")
+
+    complete = {n: reps for n, reps in latest.items() if len(reps) == seeds}
+    middle = {  # the median seed: the lower middle by value, ties to the earlier run
+        n: sorted(reps.values(), key=lambda r: (value(r), order[r["id"]]))[(seeds - 1) // 2]
+        for n, reps in complete.items()
+    }
+
+    def key(name: str):
+        reps = complete[name].values()
         return (
-            v if v is not None else float("-inf"),
-            -(row.get("wall_s") or 0.0),
-            -order[row["id"]],
+            statistics.fmean(value(r) for r in reps),
+            -sum(r.get("wall_s") or 0.0 for r in reps),
+            -order[middle[name]["id"]],
         )
 
-    winner = max(latest.values(), key=key) if latest else None
+    best = max(complete, key=key) if complete else None
+    winner = middle[best] if best else None
     table = []
     for name in plan:
-        row = latest.get(name) or attempts.get(name)
-        table.append(
-            {
-                "name": name,
-                "run_id": row and row["id"],
-                "status": row["status"] if row else "not run",
-                "value": row and value_of(row.get("metrics"), metric),
-                "seconds": row and row.get("wall_s"),
-                "selected": bool(winner and row and row["id"] == winner["id"]),
-                "tries": tries.get(name, 0),
-                "reason": row and row.get("reason"),
-            }
-        )
+        row = middle.get(name) or _latest(attempts.get(name), order)
+        entry = {
+            "name": name,
+            "run_id": row and row["id"],
+            "status": row["status"] if row else "not run",
+            "value": row and value_of(row.get("metrics"), metric),
+            "seconds": row and row.get("wall_s"),
+            "selected": name == best,
+            "tries": tries.get(name, 0),
+            "reason": row and row.get("reason"),
+        }
+        if seeds > 1:
+            entry.update(seed_summary(name, seeds, latest.get(name, {}), attempts.get(name, {}),
+                                       metric, value_of))  # fmt: skip
+            if name not in complete and row and row["status"] == "completed":
+                entry["status"] = "incomplete"
+                entry["reason"] = (
+                    f"{entry['seeds_done']} of {seeds} seeds completed a comparable run: a "
+                    "variant competes with all its seeds"
+                )
+        table.append(entry)
     return winner, table
+
+
+def _latest(reps: dict[int, dict] | None, order: dict[str, int]) -> dict | None:
+    return max(reps.values(), key=lambda r: order[r["id"]]) if reps else None

@@ -56,6 +56,13 @@ def comparable(
                 f"{what} not recorded for {'both runs' if not a and not b else 'one run'}"
             )
         elif a != b:
+            if (
+                what == "evaluation protocol"
+                and a_detail
+                and b_detail
+                and not protocol_differences(a_detail, b_detail, ignore=RECORDED_ONLY)
+            ):
+                continue  # the same evaluation, recorded with another train.seed
             why = f"{what}s differ ({a} vs {b})"
             if what == "evaluation protocol" and a_detail and b_detail:
                 keys = protocol_differences(a_detail, b_detail)
@@ -65,12 +72,23 @@ def comparable(
     return (not problems, "; ".join(problems) or None)
 
 
-def protocol_differences(a: dict, b: dict, limit: int = 6) -> list[str]:
-    """'key (a vs b)' for every protocol key whose value differs (the hash excluded)."""
+RECORDED_ONLY = ("seed",)
+"""Protocol keys recorded with a result that no evaluation draws from: the train seed
+(decoding is greedy, labels are scored; a few-shot prompt's draw has its own seed in
+`shots`). Two protocols that differ only there evaluate the same way, so a variant or a seed
+replicate (`selection.seeds`) with another train.seed compares with the baseline; the key
+stays in the hash, so results recorded before keep theirs."""
+
+
+def protocol_differences(
+    a: dict, b: dict, limit: int = 6, ignore: tuple[str, ...] = ()
+) -> list[str]:
+    """'key (a vs b)' for every protocol key whose value differs (the hash and `ignore`
+    excluded)."""
     missing = "missing"
     out = []
     for key in sorted(set(a) | set(b)):
-        if key == "eval_protocol":
+        if key == "eval_protocol" or key in ignore:
             continue
         va, vb = a.get(key, missing), b.get(key, missing)
         if va != vb:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from lorapilot.data.dataset import describe_leaks
-from lorapilot.decision.plan import SELECTION_RULE, select, variant_name
+from lorapilot.decision.plan import replicate_of, select, selection_rule, variant_name
 from lorapilot.decision.rule import (
     bootstrap_for,
     bootstrap_metrics,
@@ -21,6 +21,7 @@ from lorapilot.decision.rule import (
     flips,
     gate,
 )
+from lorapilot.decision.seeds import seed_noise, seed_warnings
 from lorapilot.evaluate.guards import check_absolute_guards, check_guards, guard_metrics
 from lorapilot.evaluate.metrics import metric_value as _num
 from lorapilot.evaluate.metrics import per_group
@@ -111,6 +112,7 @@ def run_summary(pilot: Pilot, rec: registry.RunRecord, baseline: registry.RunRec
         "name": variant_name(rec.variant) if rec.kind == "train" else None,
         "diff": (rec.variant or {}).get("diff"),
         "seed": (rec.config.get("train") or {}).get("seed"),
+        "replicate": replicate_of(rec.variant) if rec.kind == "train" else None,
         "base": (rec.config.get("model") or {}).get("base"),
         "quantization": quantization_text((rec.config.get("model") or {}).get("quantization")),
         "data_version": rec.data_version,
@@ -195,10 +197,17 @@ def choose_run(pilot: Pilot, candidates: list[dict]) -> tuple[dict | None, dict]
     """The train run the decision is about, by the spec's pre-registered selection rule
     (`plan.select`) -> (its row or None, the selection: rule, metric and every variant)."""
     spec = pilot.spec
-    winner, table = select(candidates, spec.variant_names(), spec.selection_metric, _num)
+    seeds = spec.selection.seeds
+    winner, table = select(candidates, spec.variant_names(), spec.selection_metric, _num, seeds)
     by_id = {c["id"]: c for c in candidates}
     metric = spec.success.metric
-    for entry in table:  # side by side: what each variant cost and changed, per category too
+    for entry in table:
+        for seed in entry.get("seeds") or []:  # each seed's gain, for the criterion's check
+            seed["delta"] = (
+                ((by_id.get(seed["run_id"]) or {}).get("deltas") or {})
+                .get("overall", {})
+                .get(metric)
+            )  # side by side: what each variant cost and changed, per category too
         row = by_id.get(entry["run_id"]) or {}
         deltas = row.get("deltas") or {}
         group, per = per_group(deltas)
@@ -223,7 +232,9 @@ def choose_run(pilot: Pilot, candidates: list[dict]) -> tuple[dict | None, dict]
     return winner, {
         "metric": spec.selection_metric,
         "split": spec.selection.split,
-        "rule": SELECTION_RULE,
+        "rule": selection_rule(seeds),
+        "seeds": seeds,
+        "seed_noise": seed_noise(table, spec.success.min_gain) if seeds > 1 else None,
         "variants": table,
         "selected": winner and winner.get("name"),
         "n_tried": sum(1 for v in table if v["tries"]),
@@ -305,7 +316,7 @@ def collect(pilot: Pilot) -> dict:
     smoke = latest_smoke(runs, spec.spec_hash())
     if decision is not None:  # no GO without the protocol's gates (smoke, verify, final test)
         decision = gate(decision, verify, test, smoke)
-        decision["chosen_by"] = SELECTION_RULE
+        decision["chosen_by"] = selection_rule(spec.selection.seeds)
     ledger = read_jsonl(registry.runs_dir(pilot.dir) / "test_ledger.jsonl")
     exports = exported(pilot)
     prompting = prompting_alternative(pilot, chosen)
@@ -362,6 +373,7 @@ def collect(pilot: Pilot) -> dict:
         + generation_warnings(chosen)
         + prompting_warnings(prompting)
         + probe_warnings(probe_alt)
+        + seed_warnings(selection["seed_noise"], selection["metric"], spec.success.metric)
         + (
             label_set_warnings(_rows(registry.runs_dir(pilot.dir) / chosen["id"]))
             if chosen and spec.task.multi_label

@@ -267,9 +267,10 @@ def _pre_rental(pilot: Pilot, probe: registry.RunRecord, figures: ProbeFigures) 
 
 
 def plan_budget(pilot: Pilot, pilot_phases: dict, sizes: dict, only=None) -> dict:
-    """The whole plan: every variant's train run from the probe of its step shape, the
-    plan's total (baseline, smoke, the probes, every variant, the final test), whether it
-    fits 3/7/30 days and the spec's limits. -> {variants: [...], plan: {...}}."""
+    """The whole plan: every variant's train run from the probe of its step shape (times
+    `selection.seeds`: `run_s` is one run, `total_s` all its seeds), the plan's total
+    (baseline, smoke, the probes, every variant, the final test), whether it fits 3/7/30
+    days and the spec's limits. -> {variants: [...], plan: {...}}."""
     spec = pilot.spec
     rows, probes = [], {}
     for vp in variant_pilots(pilot, only):
@@ -302,11 +303,14 @@ def plan_budget(pilot: Pilot, pilot_phases: dict, sizes: dict, only=None) -> dic
             continue
         est = _estimate(figures, train, vp.spec.limits, sizes, vp.spec.train.max_steps)
         limits = check_limits(est, figures.pilot_peak_memory_bytes, vp.spec.limits)
+        seeds = spec.selection.seeds  # the limits hold per run; the plan holds every seed
         row.update(
             estimate=est,
             steps=est["steps"],
-            total_s=est["total_s"],
-            cost_usd=est["cost_usd"],
+            seeds=seeds,
+            run_s=est["total_s"],
+            total_s=est["total_s"] * seeds,
+            cost_usd=est["cost_usd"] * seeds,
             peak_memory_bytes=figures.pilot_peak_memory_bytes,
             limits=limits,
             over_limits=sorted(exceeded(limits)),

@@ -372,7 +372,7 @@ def plan_on(gpu: GpuClass, ps: PilotShape, pilots: list[Pilot], price: float | N
         "test_s": load + 2 * ps.sizes.get("test", 0) / rate,
     }
     fixed_s = sum(fixed.values())
-    runs = [v["run_s"] for v in variants]
+    runs = [v["run_s"] * vp.spec.selection.seeds for v, vp in zip(variants, pilots, strict=True)]
     fits = {str(d): plan_fits(fixed_s, runs, d) for d in RENTAL_DAYS}
     total_h = (fixed_s + sum(runs)) / 3600
     entry.update(

@@ -288,6 +288,7 @@ class Pilot:
         raw: dict,
         diff: dict | None = None,
         variant: str | None = "base",
+        replicate: int = 0,
     ):
         self.dir = dir
         self.spec_path = spec_path
@@ -297,6 +298,9 @@ class Pilot:
         self.variant = variant
         """The plan's variant this pilot runs (`base`: the spec as written), or None for
         ad-hoc `--set` overrides, which no plan pre-registered."""
+        self.replicate = replicate
+        """Which of the variant's `selection.seeds` this is: 0 the variant as written, k its
+        recipe with train.seed + k."""
 
     @property
     def runs_dir(self) -> Path:
@@ -326,10 +330,14 @@ def _dotted(d: Any, key: str) -> Any:
 
 
 def load_pilot(
-    path: str | Path, sets: list[str] | None = None, variant: str | None = None
+    path: str | Path,
+    sets: list[str] | None = None,
+    variant: str | None = None,
+    replicate: int = 0,
 ) -> Pilot:
     """PILOT (folder or YAML) -> validated Pilot, with `--set` overrides applied and recorded,
-    or one of the spec's pre-registered `variants` (`base`: the spec as written)."""
+    or one of the spec's pre-registered `variants` (`base`: the spec as written); `replicate`
+    k > 0: that variant's seed k of `selection.seeds` (train.seed + k, the same diff)."""
     pilot_dir, spec_path = resolve_pilot(path)
     spec, raw = load_spec_file(spec_path)
     diff: dict = {}
@@ -348,6 +356,8 @@ def load_pilot(
         if variant != "base":
             spec, raw, diff = variant_of(spec, raw, names.index(variant) - 1, str(spec_path))
         name = variant
+        if replicate:
+            spec, raw = replicate_of(spec, raw, variant, replicate, str(spec_path))
     elif sets:
         pairs = parse_sets(sets)
         raw2 = apply_values(raw, pairs)
@@ -355,6 +365,11 @@ def load_pilot(
         diff = resolved_diff(spec, new_spec, [key for key, _ in pairs])
         spec, raw = new_spec, raw2
         name = None if diff else "base"
+    if replicate and variant is None:
+        raise UsageError(
+            f"--replicate {replicate}: a seed replicate is of a plan variant; name it "
+            "with --variant (base: the spec as written)"
+        )
     if spec.model.quantization is not None:  # refused now, not after the data is prepared
         from lorapilot.spec.requirements import require_quantization
 
@@ -367,7 +382,23 @@ def load_pilot(
         from lorapilot.spec.requirements import require_serving
 
         require_serving(f"{spec_path}: export.formats")
-    return Pilot(pilot_dir, spec_path, spec, raw, diff, name)
+    return Pilot(pilot_dir, spec_path, spec, raw, diff, name, replicate)
+
+
+def replicate_of(
+    spec: PilotSpec, raw: dict, variant: str, k: int, source: str
+) -> tuple[PilotSpec, dict]:
+    """Seed replicate `k` of a variant: its recipe with train.seed + k. Refused (exit 2) past
+    the spec's `selection.seeds`, so no run can add seeds the plan did not register."""
+    n = spec.selection.seeds
+    if not 0 < k < n:
+        raise UsageError(
+            f"--replicate {k}: {source} registers selection.seeds: {n} (replicates 0 to "
+            f"{n - 1}; 0 is the variant as written)"
+        )
+    seed = spec.train.seed + k
+    raw2 = apply_values(raw, [("train.seed", seed)], f"{source}: variant {variant} seed {k}")
+    return spec_from_dict(raw2, f"{source}: variant {variant} seed {k}"), raw2
 
 
 def require_text(pilot: Pilot, what: str) -> None:

@@ -255,9 +255,10 @@ class PilotSpec(_Strict):
 
     def spec_hash(self) -> str:
         """Hash of the resolved spec, `tracking` held at its default, `export`,
-        `limits.gpu_prices`, `eval.few_shot` and `eval.linear_probe` left out: where runs are
-        mirrored, what is exported, what a GPU would cost and whether a few-shot baseline or a
-        linear probe is also evaluated (its own run records it) change no other result, so
+        `limits.gpu_prices`, `eval.few_shot`, `eval.linear_probe` and `selection.seeds` left
+        out: where runs are mirrored, what is exported, what a GPU would cost, whether a
+        few-shot baseline or a linear probe is also evaluated (its own run records it) and how
+        many seeds each variant trains (each run records its seed) change no other result, so
         changing them keeps reuse, resume and the smoke gate working. `smoke` counts only
         when it differs from its defaults, so that specs written before it existed
         keep their hash. `model.dtype: auto` hashes as `float32`, the default it replaced: it
@@ -271,6 +272,7 @@ class PilotSpec(_Strict):
         resolved["limits"].pop("gpu_prices", None)
         for key in ALTERNATIVE_KEYS:
             resolved["eval"].pop(key, None)
+        resolved["selection"].pop("seeds", None)  # adds train runs; each records its seed
         if resolved.get("smoke") == SmokeSpec().model_dump(mode="json"):
             resolved.pop("smoke")
         return sha256_json(resolved)

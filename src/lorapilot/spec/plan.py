@@ -4,7 +4,7 @@ why) and the rule that selects one on validation."""
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import (
     Field,
@@ -64,3 +64,16 @@ class SelectionSpec(_Strict):
     split: Literal["val"] = Field(
         "val", description="Always validation: the test split confirms, it does not choose."
     )
+    seeds: int = Field(
+        1,
+        ge=1,
+        le=10,
+        description="Train every variant this many times, with train.seed, train.seed + 1, "
+        "...: a variant is chosen by the mean of its seeds' validation values, and the "
+        "adapter carried to verify and the test is its median seed's (a typical run of the "
+        "recipe, not the luckiest). The spread between seeds is reported beside every gain, "
+        "and a choice or a gain smaller than it is named a limitation. Multiplies the "
+        "training time the budget plans.",
+    )
+
+    _omitted_at: ClassVar[dict[str, tuple]] = {"seeds": (1,)}

@@ -24,7 +24,13 @@ from typing import Any
 from lorapilot import __version__
 from lorapilot.base.manifest import MANIFEST
 from lorapilot.data.dataset import source_hashes
-from lorapilot.decision.plan import step_shape, variant_name, variant_pilots
+from lorapilot.decision.plan import (
+    replicate_of,
+    replicate_pilots,
+    step_shape,
+    variant_name,
+    variant_pilots,
+)
 from lorapilot.errors import CheckFailed
 from lorapilot.fsutil import read_json_or_none, sha256_json, swap_into_place
 from lorapilot.records import environment, registry, steprun
@@ -62,11 +68,13 @@ def inputs_key(pilot: Pilot, env: dict) -> str:
     """What a phase's result depends on; a change means the phase is redone. The limits are
     not part of it: raising a limit that refused the plan redoes nothing already measured; nor
     are the export formats, which only add to the deliverable, nor eval.few_shot, which only
-    adds the prompting alternative's own phase (nor eval.linear_probe: the probe's)."""
+    adds the prompting alternative's own phase (nor eval.linear_probe: the probe's), nor
+    selection.seeds, which only adds train runs (each replicate's seed is in its spec)."""
     spec = pilot.spec.model_dump(mode="json")
     spec["limits"] = spec["tracking"] = spec["export"] = None
     for key in ALTERNATIVE_KEYS:
         spec["eval"].pop(key, None)
+    spec["selection"].pop("seeds", None)  # more seeds add train runs; each has its own key
     return (
         "in-"
         + sha256_json(
@@ -111,6 +119,7 @@ def _resumable(pilot: Pilot, vp: Pilot) -> str | None:
         if (
             rec.status == "interrupted"
             and variant_name(rec.variant) == vp.variant
+            and replicate_of(rec.variant) == vp.replicate
             and rec.spec_hash == vp.spec.spec_hash()
         ):
             return rec.id
@@ -130,7 +139,8 @@ def run_pipeline(
     shapes: dict[str, Pilot] = {}  # one probe per distinct step shape, the first variant's
     for vp in plan:
         shapes.setdefault(step_shape(vp.spec.model_dump(mode="json")), vp)
-    n_phases = len(PHASES) - 2 + len(shapes) + len(plan) + bool(pilot.spec.eval.few_shot)
+    seeds = pilot.spec.selection.seeds
+    n_phases = len(PHASES) - 2 + len(shapes) + len(plan) * seeds + bool(pilot.spec.eval.few_shot)
     n_phases += pilot.spec.eval.linear_probe
     phases: list[dict] = []
     t_all = time.time()
@@ -212,7 +222,8 @@ def run_pipeline(
             {"phases": phases, "budget": bud},
         )
     for vp in plan:
-        _train_variant(pilot, vp, phase, len(plan) > 1, progress, log)
+        for rp in replicate_pilots(vp):  # selection.seeds: each variant once per seed
+            _train_variant(pilot, rp, phase, len(plan) > 1 or seeds > 1, progress, log)
 
     state = collect(pilot)
     chosen = state["chosen"]
@@ -256,11 +267,14 @@ def run_pipeline(
                 **{k: v.get(k) for k in ("name", "run_id", "status")},
                 "metric": rep["selection"]["metric"],
                 **{k: v.get(k) for k in ("value", "seconds", "cost_usd", "reason")},
+                # selection.seeds > 1: value is the mean over the seeds; their spread
+                **{k: v[k] for k in ("sd", "low", "high", "seeds_done") if k in v},
             }
             for v in rep["selection"]["variants"]
         ],
         "selection_metric": rep["selection"]["metric"],
         "selected": rep["selection"]["selected"],
+        "seed_noise": rep["selection"].get("seed_noise"),
         "train_run": train_id,
         "test_metrics": test.get("metrics"),
         "test_gain": rep["test_gain"],
@@ -309,7 +323,8 @@ def _train_variant(pilot: Pilot, vp: Pilot, phase, named: bool, progress: bool, 
     interrupted. A variant that fails (an error, out of memory, a module it names that the
     model lacks) or hits a limit stays on the record with its reason and the plan goes on; a
     failed gate (the update audit) stops the plan."""
-    name = vp.variant
+    name, k = vp.variant, vp.replicate
+    title = f"{name} seed+{k}" if k else name
     resume = _resumable(pilot, vp)
     if resume:
         log(f"    {name}: resuming interrupted run {resume}")
@@ -318,12 +333,12 @@ def _train_variant(pilot: Pilot, vp: Pilot, phase, named: bool, progress: bool, 
             "train",
             "train",
             lambda: run_train(vp, resume=resume, limits_checked=True, progress=progress, log=log),
-            where=lambda r: variant_name(r.variant) == name,
-            variant=name if named else None,
+            where=lambda r: variant_name(r.variant) == name and replicate_of(r.variant) == k,
+            variant=title if named else None,
         )
     except CheckFailed:  # a failed gate (the update audit): the wiring is wrong for all
         raise
     except registry.StoppedByLimit as e:
-        log(f"    {name}: stopped by a limit ({e}); the plan goes on")
+        log(f"    {title}: stopped by a limit ({e}); the plan goes on")
     except Exception as e:  # noqa: BLE001 - the record keeps the reason; the others still run
-        log(f"    {name}: failed ({type(e).__name__}: {e}); the plan goes on")
+        log(f"    {title}: failed ({type(e).__name__}: {e}); the plan goes on")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from lorapilot.decision.plan import variant_name
+from lorapilot.decision.plan import replicate_of, variant_name
 from lorapilot.records import registry
 from lorapilot.records.runs_view import watch
 
@@ -25,6 +25,7 @@ def run_rows(pilot_dir: Path, kind: str | None = None) -> list[dict[str, Any]]:
             "data_version": r.data_version,
             "variant": (r.variant or {}).get("label"),
             "variant_name": variant_name(r.variant) if r.kind == "train" else None,
+            "replicate": replicate_of(r.variant) if r.kind == "train" else None,
             "error": r.error,
         }
         for r in registry.list_runs(pilot_dir, kind)

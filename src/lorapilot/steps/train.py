@@ -59,12 +59,15 @@ def changed_keys(old: dict, new: dict, prefix: str = "", limit: int = 8) -> list
     return out[:limit]
 
 
-def pilot_for(path: str, sets: list[str] | None, variant: str | None, resume: str | None) -> Pilot:
-    """The pilot `train` runs: `--resume RUN` alone takes the run's own variant and overrides
-    from its record; otherwise the spec with `--variant` or `--set`."""
-    if resume and not sets and variant is None:
+def pilot_for(
+    path: str, sets: list[str] | None, variant: str | None, resume: str | None, replicate: int = 0
+) -> Pilot:
+    """The pilot `train` runs: `--resume RUN` alone takes the run's own variant, seed
+    replicate and overrides from its record; otherwise the spec with `--variant` (and
+    `--replicate`) or `--set`."""
+    if resume and not sets and variant is None and not replicate:
         return pilot_of_run(path, resume)
-    return load_pilot(path, sets, variant)
+    return load_pilot(path, sets, variant, replicate)
 
 
 def run_train(
@@ -90,6 +93,8 @@ def run_train(
     label = variant_label(pilot.diff)
     variant = {"name": pilot.variant, "label": label, "diff": pilot.diff,
                "parent_spec_hash": None, "why": _why(pilot)}  # fmt: skip
+    if pilot.replicate:  # seed k of selection.seeds: the same recipe, train.seed + k
+        variant["replicate"] = pilot.replicate
     if resume:
         rec = registry.get_run(pilot.dir, resume)
         if rec.kind != "train":
@@ -227,6 +232,8 @@ def run_train(
         "status": rec.status,
         "variant": (rec.variant or {}).get("label", label),
         "variant_name": (rec.variant or {}).get("name", pilot.variant),
+        "replicate": (rec.variant or {}).get("replicate", 0),
+        "seed": spec.train.seed,
         "checkpointing": rec.result.get("checkpointing"),
         "variant_diff": (rec.variant or {}).get("diff", {}),
         "update_audit": rec.result.get("update_audit"),

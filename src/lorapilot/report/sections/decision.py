@@ -57,6 +57,7 @@ def _decision(s: dict) -> list:
     )
     variants = [v for v in _list(sel, "variants") if isinstance(v, dict)]
     if variants:
+        seeds = sel.get("seeds") or 1
         out.append(Sub(f"Variants, selected on validation {sel.get('metric')}"))
         metric = _get(s, "success", "metric")
         # extraction compares fields, classification categories: say which the delta is over
@@ -71,8 +72,10 @@ def _decision(s: dict) -> list:
                     "change",
                     "run",
                     "status",
-                    str(sel.get("metric")),
-                    f"{metric} delta",
+                    f"{sel.get('metric')} (mean of {seeds} seeds)"
+                    if seeds > 1
+                    else str(sel.get("metric")),
+                    f"{metric} delta" + (" (median seed)" if seeds > 1 else ""),
                     f"worst {str(group).replace('_', '-')} delta",
                     "time",
                     "median step",
@@ -103,6 +106,8 @@ def _decision(s: dict) -> list:
                 ],
             )
         )
+        if seeds > 1:
+            out += _seeds(sel, variants, metric)
         ad_hoc = _list(sel, "ad_hoc_runs")
         if ad_hoc:
             out.append(
@@ -299,6 +304,65 @@ def _hypothesis(s: dict) -> list:
                 ]
             )
         )
+    return out
+
+
+def _seeds(sel: dict, variants: list[dict], metric: Any) -> list:
+    """selection.seeds > 1: every seed of every variant, and what their spread says about the
+    choice and the gain."""
+    rows = [
+        [
+            Mark(f"{v.get('name')} (selected)", True) if v.get("selected") else v.get("name"),
+            fmt(sd.get("seed")),
+            sd.get("run_id") or DASH,
+            sd.get("status"),
+            fmt(sd.get("value")),
+            fdelta(sd.get("delta")),
+            "median: carried to verify and the test"
+            if v.get("selected") and sd.get("run_id") == v.get("run_id")
+            else "",
+        ]
+        for v in variants
+        for sd in _list(v, "seeds")
+        if isinstance(sd, dict)
+    ]
+    out: list = [
+        Sub(f"Seeds: each variant trained {sel.get('seeds')} times"),
+        Table(
+            [
+                "variant",
+                "train.seed",
+                "run",
+                "status",
+                str(sel.get("metric")),
+                f"{metric} delta",
+                "",
+            ],
+            rows,
+        ),  # fmt: skip
+    ]
+    noise = _dict(sel, "seed_noise")
+    if noise:
+        spread = f"{fmt(noise.get('low'))}-{fmt(noise.get('high'))}, sd {fmt(noise.get('sd'))}"
+        text = f"{noise.get('variant')}'s seeds range {spread}. "
+        if noise.get("runner_up") is not None:
+            text += (
+                f"The runner-up, {noise['runner_up']}, ranges "
+                f"{fmt(noise.get('runner_up_low'))}-{fmt(noise.get('runner_up_high'))}: "
+                + (
+                    "the chosen variant's worst seed beats its best."
+                    if noise.get("separated")
+                    else "the ranges overlap, so the choice between them is within seed noise."
+                )
+            )
+        short = _list(noise, "short_of_criterion")
+        text += (
+            f" {len(short)} of {noise.get('seeds')} seeds fall short of the success criterion's "
+            "gain on their own."
+            if short
+            else f" Every seed meets the success criterion's gain (+{fmt(noise.get('min_gain'))})."
+        )
+        out.append(Para(text.strip()))
     return out
 
 
