@@ -52,6 +52,12 @@ def check(r: dict) -> None:
         )
     for g in r["guards"]:
         stdout.print(f"  guard: {esc(str(g))}")
+    plan = r.get("plan") or {}
+    if plan.get("train_runs", 1) > 1:
+        seeds = f", {plan['seeds']} seeds each" if plan["seeds"] > 1 else ""
+        stdout.print(
+            f"  plan: {esc(', '.join(plan['variants']))}{seeds} ({plan['train_runs']} train runs)"
+        )
     for src in r["data_source"]["sources"]:
         what = src.get("format") or src["type"]
         if src["type"] == "hf_cache":

@@ -224,6 +224,8 @@ def test_seeded_plan_trains_every_seed_selects_on_the_mean_and_tests_the_median_
     spec["selection"] = {"seeds": 2}
     (pilot / "pilot.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
     (tmp_path / "driver.py").write_text(DRIVER)
+    plan = run_json("check", str(pilot))["plan"]
+    assert plan == {"variants": ["base", "lr"], "seeds": 2, "train_runs": 4}
     out = _drive(tmp_path, pilot)
     trains = [p for p in out["phases"] if p["phase"] == "train"]
     assert [p["variant"] for p in trains] == ["base", "base seed+1", "lr", "lr seed+1"]
@@ -276,8 +278,8 @@ def test_seeded_plan_trains_every_seed_selects_on_the_mean_and_tests_the_median_
     assert by_hand["replicate"] == 1 and by_hand["seed"] == 6
     from safetensors.torch import load_file
 
-    a = load_file(pilot / "runs" / recs["lr seed+1"]["id"] / "adapter" / "adapter_model.safetensors")
-    b = load_file(pilot / "runs" / by_hand["run_id"] / "adapter" / "adapter_model.safetensors")
+    a, b = (load_file(pilot / "runs" / rid / "adapter" / "adapter_model.safetensors")
+            for rid in (recs["lr seed+1"]["id"], by_hand["run_id"]))  # fmt: skip
     assert a.keys() == b.keys() and all((a[k] == b[k]).all() for k in a)
     bad = run_json("train", str(pilot), "--variant", "lr", "--replicate", "3", expect=2)
     assert "selection.seeds: 3" in bad["error"]

@@ -28,6 +28,11 @@ def run_check(pilot: Pilot) -> dict[str, Any]:
         "hypothesis": s.hypothesis.strip(),
         "success": s.success.model_dump() if s.success else None,
         "guards": [g.model_dump(exclude_none=True) for g in s.guards],
+        "plan": {
+            "variants": s.variant_names(),
+            "seeds": s.selection.seeds,
+            "train_runs": len(s.variant_names()) * s.selection.seeds,
+        },
         "resolved": s.model_dump(mode="json"),
         "data_source": check_data_source(pilot),
         "base_shape": base,
