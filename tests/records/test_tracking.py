@@ -96,6 +96,7 @@ def test_train_runs_appear_in_mlflow_with_params_steps_metrics_status(tracked):
         (pilot / "runs" / ok["run_id"] / "adapter" / "lorapilot.json").read_text()
     )
     assert tags["lorapilot.kind"] == "train" and tags["lorapilot.variant"] == "base"
+    assert tags["lorapilot.variant_name"] == "base" and "lorapilot.replicate" not in tags
     assert tags["lorapilot.data_version"] == ok["data_version"]
     assert tags["lorapilot.eval_protocol"] == ok["eval_protocol"]
     assert tags["lorapilot.base_sha256"] == manifest["base"]["sha256"]

@@ -216,6 +216,9 @@ class _Run:
             "lorapilot.variant_diff": json.dumps((rec.variant or {}).get("diff"))
             if rec.variant
             else None,
+            # the plan variant and its seed replicate (selection.seeds), to group runs by
+            "lorapilot.variant_name": (rec.variant or {}).get("name"),
+            "lorapilot.replicate": (rec.variant or {}).get("replicate"),
             "lorapilot.data_version": rec.data_version or res.get("data_version"),
             "lorapilot.eval_protocol": protocol if isinstance(protocol, str) else None,
             "lorapilot.base_sha256": base.get("sha256"),
