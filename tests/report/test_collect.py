@@ -54,7 +54,7 @@ def test_not_comparable_reason_names_the_protocol_keys(tmp_path):
 def test_a_near_constant_baseline_is_named_as_a_limitation():
     """#35 item 6 (the warning): a zero-shot baseline that puts more than half of the
     examples in one class is a weak starting point, and the report says so with the numbers."""
-    from lorapilot.report.collect import degenerate_baseline
+    from lorapilot.report.limitations import degenerate_baseline
 
     rows = [{"parsed": "Refund_not_showing_up"}] * 149 + [{"parsed": "card_arrival"}] * 5
     [line] = degenerate_baseline(rows)
@@ -156,7 +156,7 @@ def test_probes_are_kept_per_variant_with_their_quantization(tmp_path):
 
 
 def test_an_exports_warning_is_a_limitation_of_the_deliverable():
-    from lorapilot.report.collect import export_warnings
+    from lorapilot.report.limitations import export_warnings
 
     gguf = {
         "format": "gguf",
@@ -170,7 +170,7 @@ def test_an_exports_warning_is_a_limitation_of_the_deliverable():
 
 
 def test_a_chosen_adapter_that_generates_other_labels_is_a_limitation():
-    from lorapilot.report.collect import generation_warnings
+    from lorapilot.report.limitations import generation_warnings
 
     g = {"agreement": 0.675, "label_rate": 0.896, "n": 154, "n_same": 104, "n_labels": 138,
          "not_labels": [["open_account", 3]],
@@ -193,7 +193,7 @@ def test_a_chosen_adapter_that_generates_other_labels_is_a_limitation():
 
 
 def test_a_multi_label_adapter_that_never_names_two_labels_is_a_limitation():
-    from lorapilot.report.collect import label_set_warnings
+    from lorapilot.report.limitations import label_set_warnings
 
     rows = [{"gold": ["joy"], "parsed": ["joy"]}, {"gold": ["joy", "anger"], "parsed": ["joy"]},
             {"gold": ["fear"], "parsed": None}]  # fmt: skip

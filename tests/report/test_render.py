@@ -504,7 +504,7 @@ def test_the_report_says_which_run_each_sizing_and_base_figure_is_from(state):
 def test_leaks_kept_under_warn_are_a_named_limitation(tmp_path):
     from conftest import EXAMPLES
 
-    from lorapilot.report.collect import limitations
+    from lorapilot.report.limitations import limitations
     from lorapilot.spec import load_pilot
 
     pilot = load_pilot(EXAMPLES / "ticket-triage")
