@@ -584,7 +584,34 @@ def evaluation(r: dict) -> None:
             )
         stdout.print(t)
     _generated(r.get("generation"))
+    _label_issues(r.get("label_issues"))
     stdout.print(f"  predictions: {esc(r['predictions'])}")
+
+
+def _label_issues(li: dict | None) -> None:
+    """A probe baseline's review of the training labels: how many, the commonest pairs and
+    the first suspects."""
+    if not li:
+        return
+    if li.get("skipped"):
+        stdout.print(f"  training labels not reviewed: {esc(li['skipped'])}")
+        return
+    pairs = ", ".join(
+        f"{esc(p['label'])} -> {esc(p['suggested'])} {p['count']}" for p in li["pairs"][:4]
+    )
+    stdout.print(
+        f"  suspect training labels: {li['n_suspects']} of {li['n']} ({li['rate']:.1%}; "
+        f"out-of-fold probe accuracy {li['out_of_fold_accuracy']:.3f})"
+        + (f": {pairs}" if pairs else "")
+    )
+    for s in li["suspects"][:3]:
+        text = " ".join(str(s.get("text") or "").split())[:70]
+        stdout.print(
+            f"    {esc(str(s['id']))} labelled {esc(s['label'])} (p {s['p_label']:.2f}), the "
+            f"features say {esc(s['suggested'])} (p {s['p_suggested']:.2f}): {esc(text)}"
+        )
+    if li.get("file"):
+        stdout.print(f"    every suspect, to review (nothing is changed): {esc(li['file'])}")
 
 
 def prediction(r: dict) -> None:

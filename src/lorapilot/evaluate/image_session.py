@@ -23,6 +23,7 @@ import numpy as np
 from lorapilot.data.rows import Record
 from lorapilot.errors import UsageError
 from lorapilot.evaluate.image_predict import scored
+from lorapilot.evaluate.label_issues import suspect_labels
 from lorapilot.evaluate.linear_probe import L2, MAX_ITER, fit_linear_probe
 from lorapilot.evaluate.metrics import classification_metrics
 from lorapilot.evaluate.runner import EvalResult
@@ -113,10 +114,12 @@ def probe_predictions(
     progress: bool = True,
     label: str = "baseline",
     log: Callable[[str], None] | None = None,
+    issues: bool = False,
 ) -> tuple[EvalResult, dict]:
     """The linear probe (fitted on the training split's features of the frozen base: `model`,
     any adapter switched off) on `split_records` -> (its evaluation, {probe,
-    random_head_metrics})."""
+    random_head_metrics}); `issues`: also the training images whose label the features
+    contradict (`label_issues.py`)."""
     import torch
 
     spec = pilot.spec
@@ -163,6 +166,8 @@ def probe_predictions(
             k: random_head[k] for k in ("accuracy", "macro_f1", "invalid_rate") if k in random_head
         },
     }
+    if issues:
+        extras.update(suspect_labels(f_train, labels, train.records))
     n_all = len(train) + len(data)
     result = EvalResult(metrics, rows, seconds, n_all / max(seconds, 1e-9), protocol, "cpu")
     return result, extras

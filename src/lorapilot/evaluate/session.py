@@ -6,7 +6,9 @@ and `protocol.json` (the evaluation protocol and its hash). The test split is re
 only `eval --split test --final` touches it, and every access is appended to
 `runs/test_ledger.jsonl` under a lock. The final test of an adapter also evaluates the base
 on the same rows in the same access (`baseline_predictions.jsonl`), so the decision can be
-confirmed on test with a paired gain.
+confirmed on test with a paired gain. A baseline that fits a linear probe (images; text
+with `--linear-probe`) also lists the training examples whose label its features contradict
+(`label_issues.jsonl`, evaluate/label_issues.py).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pathlib import Path
 
 from lorapilot.data.shots import refuse_shots_for_images
 from lorapilot.errors import UsageError
+from lorapilot.evaluate.label_issues import SUSPECT_ROWS
 from lorapilot.evaluate.records import (
     BASELINE_PREDICTIONS,
     record_test_access,
@@ -25,6 +28,8 @@ from lorapilot.evaluate.records import (
 from lorapilot.modality import modality_of
 from lorapilot.records.steprun import open_run
 from lorapilot.spec import Pilot
+
+LABEL_ISSUES = "label_issues.jsonl"  # a probe baseline's suspect training labels
 
 
 def _limit(records: list, limit: int | None) -> list:
@@ -85,10 +90,16 @@ def evaluate_split(
         label = f"{kind} ({split})"
         extras: dict = {}
         if adapter_dir is None:  # the baseline classifier (images: the linear probe)
+            # a probe's baseline on validation also reviews the training labels
             result, extras = loaded.evaluate_base(
-                records, loaded.protocol, label=label, progress=progress, log=log
-            )
+                records, loaded.protocol, label=label, progress=progress, log=log,
+                label_issues=split == "val",
+            )  # fmt: skip
             protocol = loaded.protocol
+            suspects = extras.pop(SUSPECT_ROWS, None)
+            if suspects is not None:
+                write_predictions(run.dir / LABEL_ISSUES, suspects)
+                extras["label_issues"]["file"] = str(run.dir / LABEL_ISSUES)
         else:
             result, protocol = loaded.evaluate(
                 model, records, label=label, progress=progress, log=log

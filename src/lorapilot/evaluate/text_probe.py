@@ -26,6 +26,7 @@ import numpy as np
 
 from lorapilot.data.rows import Record
 from lorapilot.errors import UsageError
+from lorapilot.evaluate.label_issues import suspect_labels
 from lorapilot.evaluate.linear_probe import L2, MAX_ITER, fit_linear_probe
 from lorapilot.evaluate.runner import EvalResult, score_predictions
 from lorapilot.records.progress import Phase
@@ -132,9 +133,11 @@ def probe_evaluation(
     progress: bool = True,
     label: str = "linear probe",
     log: Callable[[str], None] | None = None,
+    issues: bool = False,
 ) -> tuple[EvalResult, dict]:
     """The probe fitted on `train`'s features, evaluated on `records` -> (its evaluation,
-    {linear_probe: its settings and fit})."""
+    {linear_probe: its settings and fit}); `issues`: also the training examples whose label
+    the features contradict (`label_issues.py`; single-label tasks)."""
     from lorapilot.base.models import pad_id_of
 
     labels = list(spec.task.labels or [])
@@ -184,6 +187,8 @@ def probe_evaluation(
             "hidden_size": int(f_eval.shape[1]) if f_eval.size else None,
         }
     }
+    if issues and not spec.task.multi_label:
+        extras.update(suspect_labels(f_train, labels, train))
     n_all = len(train) + len(records)
     result = EvalResult(metrics, rows, seconds, n_all / max(seconds, 1e-9), protocol, device)
     return result, extras

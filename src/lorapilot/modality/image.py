@@ -249,13 +249,15 @@ class ImageModality:
 
         evaluate = self._evaluator(prepared, resolved)
 
-        def evaluate_base(records, protocol, *, label="baseline", progress=True, log=None):
+        def evaluate_base(
+            records, protocol, *, label="baseline", progress=True, log=None, label_issues=False
+        ):
             # the probe reads the base's features: an adapter is switched off for them; a full
             # fine-tune replaced the weights, so the base is loaded again beside it
             base = load_image_classifier(pilot, resolved)[1] if full else model
             return probe_predictions(
                 base, pilot, prepared, pipe, records, protocol, progress=progress, label=label,
-                log=log,
+                log=log, issues=label_issues,
             )  # fmt: skip
 
         protocol = image_protocol(spec, pipe, prepared.version, resolved.weights_sha256)

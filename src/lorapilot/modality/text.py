@@ -191,8 +191,9 @@ class TextModality:
         evaluate = self._evaluator(tok, fmt, prepared)
 
         def evaluate_base(
-            records, protocol, *, label="baseline", progress=True, log=None, generation=None
-        ):
+            records, protocol, *, label="baseline", progress=True, log=None, generation=None,
+            label_issues=False,
+        ):  # fmt: skip
             # an attached adapter switched off: the same model, protocol and rows; a full
             # fine-tune replaced the weights, so the base is loaded again beside it
             base = load_base(pilot, resolved)[1] if full else model
@@ -202,6 +203,7 @@ class TextModality:
                 return probe_evaluation(
                     base, tok, fmt, spec, prepared.splits.get("train") or [], records,
                     prepared.answer_budget, protocol, progress=progress, label=label, log=log,
+                    issues=label_issues,
                 )  # fmt: skip
             lora = adapter_dir is not None and not full
             with model.disable_adapter() if lora else contextlib.nullcontext():

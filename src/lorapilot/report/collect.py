@@ -359,6 +359,7 @@ def collect(pilot: Pilot) -> dict:
         "prompting": prompting,
         "linear_probe": probe_alt,
         "data": latest["data"] and latest["data"].result,
+        "label_issues": suspect_labels_of(runs),
         "probe": latest["probe"] and latest["probe"].result,
         "probes": probes_by_variant(runs),
         "smoke": latest["smoke"] and latest["smoke"].result,
@@ -389,6 +390,16 @@ def collect(pilot: Pilot) -> dict:
             else []
         ),
     }
+
+
+def suspect_labels_of(runs: list) -> dict | None:
+    """The latest completed baseline that reviewed the training labels (a probe: an image
+    pilot's baseline, a text pilot's `--linear-probe` alternative), with its run id."""
+    for r in reversed(runs):
+        li = r.result.get("label_issues") if r.kind == "baseline" else None
+        if r.status == "completed" and isinstance(li, dict):
+            return {**li, "run_id": r.id, "data_version": r.data_version}
+    return None
 
 
 def probes_by_variant(runs: list) -> list[dict]:

@@ -162,6 +162,7 @@ def _data(s: dict) -> list:
                 ]
             ),
         ]
+    out += _label_issues(s.get("label_issues"), d.get("version"))
     lengths = d.get("lengths") or {}
     if lengths:
         keys = ("n", "p50", "p95", "max", "max_length", "n_truncated", "n_target_truncated")
@@ -178,6 +179,54 @@ def _data(s: dict) -> list:
                 "distribution: the bars show those three figures; the dotted line is max_length.",
             ),
         ]
+    return out
+
+
+def _label_issues(li: Any, version: Any) -> list:
+    """A probe baseline's review of the training labels (evaluate/label_issues.py)."""
+    if not isinstance(li, dict) or li.get("skipped") or "n_suspects" not in li:
+        return []
+    out: list = [
+        Sub("Suspect training labels"),
+        Para(
+            f"{fmt(li.get('n_suspects'))} of {fmt(li.get('n'))} training examples "
+            f"({fmt(100 * (li.get('rate') or 0), 1)}%) carry a label the base's features "
+            f"contradict, by {li.get('method')}; the probe's out-of-fold accuracy is "
+            f"{fmt(li.get('out_of_fold_accuracy'))} (a weak probe disagrees with right labels "
+            f"too). Candidates to review, not errors: nothing was changed. Baseline run "
+            f"{li.get('run_id')}"
+            + (
+                f", data version {li.get('data_version')} (not the current one: run the "
+                "baseline again)"
+                if version and li.get("data_version") != version
+                else ""
+            )
+            + f"; every suspect in {li.get('file') or 'its label_issues.jsonl'}."
+        ),
+    ]
+    pairs = [p for p in li.get("pairs") or [] if isinstance(p, dict)]
+    if pairs:
+        out.append(
+            Table(
+                ["labelled", "the features say", "examples"],
+                [[p.get("label"), p.get("suggested"), fmt(p.get("count"))] for p in pairs[:10]],
+            )
+        )
+    shown = [x for x in li.get("suspects") or [] if isinstance(x, dict)][:MAX_LISTED]
+    if shown:
+        out.append(
+            Table(
+                ["id", "source", "labelled", "p", "the features say", "p", "input"],
+                [
+                    [
+                        x.get("id"), x.get("source"), x.get("label"), fmt(x.get("p_label")),
+                        x.get("suggested"), fmt(x.get("p_suggested")),
+                        " ".join(str(x.get("text") or "").split())[:120],
+                    ]
+                    for x in shown
+                ],
+            )
+        )  # fmt: skip
     return out
 
 
