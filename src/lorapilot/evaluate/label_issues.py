@@ -38,8 +38,8 @@ SHOWN = 20  # suspects in the record (all of them go to label_issues.jsonl)
 METHOD = (
     "confident learning (Northcutt et al. 2021) on out-of-fold probabilities of the linear "
     "probe ({folds} stratified folds, seed {seed}, L2 {l2:g}): an example is suspect when "
-    "another label reaches its own per-label threshold (the mean probability of that label over the "
-    "examples labelled with it) and is likelier than the example's own label"
+    "another label reaches its own per-label threshold (the mean probability of that label "
+    "over the examples labelled with it) and is likelier than the example's own label"
 )
 
 
