@@ -62,6 +62,15 @@ def test_the_probe_is_an_alternative_set_beside_the_adapter(pilot):
         assert r["parsed"] == max(r["scores"], key=r["scores"].get) and "tokens_cut" in r
     acc = sum(r["correct"] for r in rows) / len(rows)
     assert probe["metrics"]["accuracy"] == pytest.approx(acc)
+    # the probe also reviews the training labels: every suspect in label_issues.jsonl
+    li = probe["label_issues"]
+    suspects = [json.loads(x) for x in open(li["file"])]
+    assert li["n"] == lp["fitted_on"]["n"] and li["n_suspects"] == len(suspects)
+    assert li == record["result"]["label_issues"] and "label_issues" not in zero
+    assert li["suspects"] == suspects[:20] and li["folds"] == 5
+    for s in suspects:  # each names its training example and a likelier other label
+        assert s["label"] != s["suggested"] and s["p_suggested"] > s["p_label"]
+        assert s["id"] and s["source"].startswith("data/")
 
     # the alternative on new inputs: the same probe (refitted: deterministic), the same answers
     new = pilot / "new.jsonl"
@@ -92,6 +101,8 @@ def test_the_probe_is_an_alternative_set_beside_the_adapter(pilot):
     rep = run_json("report", str(pilot))
     assert rep["linear_probe"] == p
     md = open(rep["markdown"]).read()
+    if li["n_suspects"]:
+        assert "### Suspect training labels" in md and f"Baseline run {probe['run_id']}" in md
     assert "### Against an embedding classifier: a linear probe on the base's features" in md
     assert f"| linear-probe run | {probe['run_id']} |" in md
     if not p["adapter_beats_probe"]:

@@ -105,6 +105,9 @@ def test_baseline_is_a_linear_probe_fitted_on_train_and_scored_on_val(tmp_path, 
     rows = [json.loads(x) for x in Path(out["predictions"]).read_text().splitlines()]
     assert [r["gold"] for r in rows] == [r["category"] for r in rows]
     assert all(set(r["scores"]) == set(LABELS) and r["parsed"] in LABELS for r in rows)
+    li = out["label_issues"]  # the probe reviews the training images' labels too
+    assert li["n"] == 12 and Path(li["file"]).is_file()
+    assert li["n_suspects"] == len(Path(li["file"]).read_text().splitlines())
     again = run_json("baseline", str(pilot), "--no-progress")
     assert again["metrics"] == m and again["eval_protocol"] == out["eval_protocol"]
     # the training split's features are kept for the next probe fit (the final test's)
