@@ -297,6 +297,27 @@ def _seeded(v: dict) -> str:
     return f"{mean:.3f}{spread} ({v['low']:.3f}-{v['high']:.3f}, {done} seeds)"
 
 
+def _seed_noise(noise: dict | None) -> None:
+    """selection.seeds: the chosen variant's range against the runner-up's, and the seeds
+    that fall short of the success criterion on their own."""
+    if not noise:
+        return
+    line = f"seeds: {esc(noise['variant'])} {noise['low']:.3f}-{noise['high']:.3f}"
+    if noise.get("runner_up") is not None:
+        apart = "separated" if noise["separated"] else "[yellow]overlapping: within seed noise[/]"
+        line += (
+            f", runner-up {esc(noise['runner_up'])} {noise['runner_up_low']:.3f}-"
+            f"{noise['runner_up_high']:.3f} ({apart})"
+        )
+    short = noise.get("short_of_criterion") or []
+    line += (
+        f"; [yellow]{len(short)} of {noise['seeds']} seeds short of the success criterion[/]"
+        if short
+        else f"; every seed meets the success criterion (+{noise['min_gain']:g})"
+    )
+    stdout.print(line)
+
+
 def _variants(rows: list[dict], metric: str) -> None:
     seeded = any("seeds_done" in v for v in rows)
     t = Table(title=f"variants (selected on validation {metric}"
@@ -325,6 +346,7 @@ def run(r: dict) -> None:
         selected = r.get("selected")
         _variants([{**v, "selected": v["name"] == selected} for v in r["variants"]],
                   r.get("selection_metric") or "")  # fmt: skip
+        _seed_noise(r.get("seed_noise"))
     stdout.print(
         f"decision: [bold]{r['decision']}[/] (variant {r.get('selected')}, train run "
         f"{r['train_run']}, {r['wall_s']:.0f} s)"
@@ -942,6 +964,7 @@ def compare(r: dict) -> None:
     sel = r.get("selection") or {}
     if len(sel.get("variants") or []) > 1 or (sel.get("seeds") or 1) > 1:
         _variants(sel["variants"], sel.get("metric") or "")
+    _seed_noise(sel.get("seed_noise"))
     if r["decision"]:
         stdout.print(f"decision so far ({r['chosen']}): [bold]{r['decision']}[/]")
         _decision(r)

@@ -13,7 +13,7 @@ import sys
 import time
 
 import yaml
-from conftest import init_tiny_pilot, run_json
+from conftest import init_tiny_pilot, run_cli, run_json
 
 # The tiny random model cannot overfit smoke's examples in 30 steps (smoke's wiring check is
 # tested on the default model); everything else here is the real pipeline, in a child process
@@ -255,6 +255,8 @@ def test_seeded_plan_trains_every_seed_selects_on_the_mean_and_tests_the_median_
     noise = out["seed_noise"]
     assert noise["variant"] == out["selected"] and noise["seeds"] == 2
     assert noise["runner_up"] == ({"base", "lr"} - {out["selected"]}).pop()
+    text = run_cli("compare", str(pilot)).stdout
+    assert "mean over seeds" in text and f"seeds: {out['selected']} " in text
     md = (pilot / "report" / "report.md").read_text()
     assert "Seeds: each variant trained 2 times" in md and "macro_f1 (mean of 2 seeds)" in md
     assert "median: carried to verify and the test" in md
