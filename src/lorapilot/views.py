@@ -626,6 +626,8 @@ def _label_issues(li: dict | None) -> None:
         f"out-of-fold probe accuracy {li['out_of_fold_accuracy']:.3f})"
         + (f": {pairs}" if pairs else "")
     )
+    if li.get("note"):
+        stdout.print(f"    [yellow]{esc(li['note'])}[/]")
     for s in li["suspects"][:3]:
         text = " ".join(str(s.get("text") or "").split())[:70]
         stdout.print(

@@ -42,6 +42,7 @@ def test_flipped_labels_are_the_suspects_and_right_ones_are_left_alone():
     assert {"label": "billing", "suggested": "shipping", "count": 2} in summary["pairs"]
     assert summary["folds"] == 5 and "confident learning" in summary["method"]
     assert 0.9 < summary["out_of_fold_accuracy"] <= 116 / 120  # the flips never agree
+    assert "note" not in summary and summary["seconds"] >= 0
     # deterministic: the same folds and fits give the same suspects
     assert label_issues(x, LABELS, gold, examples)[1] == suspects
 
@@ -74,5 +75,10 @@ def test_a_labels_only_example_is_never_flagged_and_tiny_sets_are_skipped():
     summary, suspects = label_issues(x, [*LABELS, "other"], gold, examples)
     assert [s["id"] for s in suspects] == ["0"]
     assert "other" not in {s["label"] for s in suspects}
+    # overlapping clusters: a weak probe, and the record says what that means
+    noise = np.random.default_rng(1).normal(size=(60, 4))
+    ids = [{"id": i} for i in range(60)]
+    noisy, _ = label_issues(noise, LABELS, [LABELS[i % 3] for i in range(60)], ids)
+    assert noisy["out_of_fold_accuracy"] < 0.8 and "most suspects may be" in noisy["note"]
     few, none = label_issues(x[:6], LABELS, gold[:6], examples[:6])
     assert none == [] and "too few" in few["skipped"]

@@ -202,6 +202,7 @@ def _label_issues(li: Any, version: Any) -> list:
                 else ""
             )
             + f"; every suspect in {li.get('file') or 'its label_issues.jsonl'}."
+            + (f" Note: {li['note']}." if li.get("note") else "")
         ),
     ]
     pairs = [p for p in li.get("pairs") or [] if isinstance(p, dict)]
