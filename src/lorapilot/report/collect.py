@@ -206,13 +206,10 @@ def choose_run(pilot: Pilot, candidates: list[dict]) -> tuple[dict | None, dict]
     winner, table = select(candidates, spec.variant_names(), spec.selection_metric, _num, seeds)
     by_id = {c["id"]: c for c in candidates}
     metric = spec.success.metric
-    for entry in table:
+    for entry in table:  # side by side: what each variant cost and changed, per category too
         for seed in entry.get("seeds") or []:  # each seed's gain, for the criterion's check
-            seed["delta"] = (
-                ((by_id.get(seed["run_id"]) or {}).get("deltas") or {})
-                .get("overall", {})
-                .get(metric)
-            )  # side by side: what each variant cost and changed, per category too
+            seed_row = by_id.get(seed["run_id"]) or {}
+            seed["delta"] = ((seed_row.get("deltas") or {}).get("overall") or {}).get(metric)
         row = by_id.get(entry["run_id"]) or {}
         deltas = row.get("deltas") or {}
         group, per = per_group(deltas)
