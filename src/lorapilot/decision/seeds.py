@@ -31,11 +31,12 @@ def seed_summary(
             }
         )
     values = [p["value"] for p in per if p["value"] is not None]
+    mean = statistics.fmean(values) if values else None
     return {
         "seeds": per,
         "seeds_done": len(done),
-        "value": statistics.fmean(values) if values else None,
-        "mean": statistics.fmean(values) if values else None,
+        "value": mean,
+        "mean": mean,
         "sd": statistics.stdev(values) if len(values) > 1 else None,
         "low": min(values, default=None),
         "high": max(values, default=None),
@@ -52,7 +53,9 @@ def seed_noise(table: list[dict], min_gain: float) -> dict | None:
     chosen = next((e for e in table if e.get("selected")), None)
     if chosen is None or not chosen.get("seeds"):
         return None
-    rivals = [e for e in table if not e.get("selected") and e.get("mean") is not None]
+    n = len(chosen["seeds"])  # rivals with every seed done: a partial mean is not a rival
+    rivals = [e for e in table if not e.get("selected") and e.get("seeds_done") == n
+              and e.get("mean") is not None]  # fmt: skip
     runner = max(rivals, key=lambda e: e["mean"], default=None)
     short = [
         {k: s.get(k) for k in ("replicate", "seed", "run_id", "delta")}
@@ -61,7 +64,7 @@ def seed_noise(table: list[dict], min_gain: float) -> dict | None:
     ]
     out = {
         "variant": chosen["name"],
-        "seeds": len(chosen["seeds"]),
+        "seeds": n,
         "mean": chosen["mean"],
         "sd": chosen["sd"],
         "low": chosen["low"],
