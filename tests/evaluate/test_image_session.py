@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from lorapilot.evaluate.image_session import _cached, _keep
+from lorapilot.evaluate.feature_cache import cached as _cached
+from lorapilot.evaluate.feature_cache import keep as _keep
 
 
 def test_kept_features_read_back_exactly_in_half_the_bytes_when_float32_holds_them(tmp_path):

@@ -78,7 +78,10 @@ def test_the_probe_is_an_alternative_set_beside_the_adapter(pilot):
                            + "\n" for i, r in enumerate(rows)))  # fmt: skip
     out = run_json("predict", str(pilot), "--input", str(new), "--base", "--linear-probe",
                    "--no-progress")  # fmt: skip
-    assert out["eval_protocol"] == probe["eval_protocol"] and out["linear_probe"] == lp
+    assert out["eval_protocol"] == probe["eval_protocol"]
+    # the training prompts' features kept by the baseline: read back, not computed again
+    assert lp["train_features_reused"] is False and (pilot / lp["train_features"]).is_file()
+    assert out["linear_probe"] == {**lp, "train_features_reused": True}
     got = [json.loads(x) for x in open(out["predictions"])]
     assert [g["parsed"] for g in got] == [r["parsed"] for r in rows]
     assert out["metrics"]["macro_f1"] == pytest.approx(probe["metrics"]["macro_f1"])

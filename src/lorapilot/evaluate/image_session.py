@@ -12,7 +12,6 @@ an adapter refits the same probe to score the base on the test rows (`probe_pred
 from __future__ import annotations
 
 import contextlib
-import io
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,20 +21,18 @@ import numpy as np
 
 from lorapilot.data.rows import Record
 from lorapilot.errors import UsageError
+from lorapilot.evaluate.feature_cache import cache_path, cached, keep
 from lorapilot.evaluate.image_predict import scored
 from lorapilot.evaluate.label_issues import suspect_labels
 from lorapilot.evaluate.linear_probe import L2, MAX_ITER, fit_linear_probe
 from lorapilot.evaluate.metrics import classification_metrics
 from lorapilot.evaluate.runner import EvalResult
-from lorapilot.fsutil import atomic_write_bytes, sha256_json
 from lorapilot.modality.image_examples import ImageExamples
 from lorapilot.modality.image_transforms import ImagePipeline
-from lorapilot.records import registry
 from lorapilot.records.progress import Phase
 from lorapilot.spec import Pilot
 
 FEATURE_BATCH = 64
-FEATURES_DIR = ".features"  # under runs/: the training split's features, by what they hold
 RANDOM_HEAD_SEED = 0
 
 
@@ -69,38 +66,16 @@ def _feature_cache(pilot: Pilot, model: Any, train: ImageExamples, protocol: dic
     data version, labels), the pixel limit, the images' ids and the dtype and device they
     were computed in."""
     first = next(model.parameters())
-    key = sha256_json(
+    return cache_path(
+        pilot.dir,
         {
             "eval_protocol": protocol.get("eval_protocol"),
             "max_pixels": limit,
             "ids": [r.id for r in train.records],
             "dtype": str(first.dtype),
             "device": first.device.type,
-        }
-    )[:16]
-    return registry.runs_dir(pilot.dir) / FEATURES_DIR / f"train-{key}.npy"
-
-
-def _cached(path: Path, n: int) -> np.ndarray | None:
-    """The kept features, or None when there are none, or unreadable or of another shape
-    (they are then computed again and the file replaced)."""
-    try:
-        f = np.load(path, allow_pickle=False)
-    except (OSError, ValueError):
-        return None
-    ok = f.ndim == 2 and f.shape[0] == n and f.dtype in (np.float32, np.float64)
-    return f.astype(np.float64) if ok else None
-
-
-def _keep(path: Path, f: np.ndarray) -> None:
-    """Written atomically: a killed process leaves no half file under the final name. In
-    float32 where that holds them exactly (a model's features are float32 at most, widened
-    for the fit): half the bytes in a pilot folder that travels to the rented machine."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    narrow = f.astype(np.float32)
-    buf = io.BytesIO()
-    np.save(buf, narrow if np.array_equal(narrow, f) else f, allow_pickle=False)
-    atomic_write_bytes(path, buf.getvalue())
+        },
+    )
 
 
 def probe_predictions(
@@ -132,13 +107,13 @@ def probe_predictions(
     model.eval()
     t0 = time.perf_counter()
     cache = _feature_cache(pilot, model, train, protocol, limit)
-    f_train = _cached(cache, len(train))
+    f_train = cached(cache, len(train))
     reused = f_train is not None
     todo = len(data) + (0 if f_train is not None else len(train))
     with Phase(f"{label}: features", todo, bar=progress, log=log) as bar:
         if f_train is None:
             f_train = features(model, train, lambda n: bar.advance(n=n))
-            _keep(cache, f_train)
+            keep(cache, f_train)
         f_eval = features(model, data, lambda n: bar.advance(n=n))
     probe = fit_linear_probe(f_train, np.array(train.label_ids), len(labels))
     rows, metrics = scored(data, probe.logits(f_eval))

@@ -20,12 +20,14 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from lorapilot.data.rows import Record
 from lorapilot.errors import UsageError
+from lorapilot.evaluate.feature_cache import cached, keep
 from lorapilot.evaluate.label_issues import suspect_labels
 from lorapilot.evaluate.linear_probe import L2, MAX_ITER, fit_linear_probe
 from lorapilot.evaluate.runner import EvalResult, score_predictions
@@ -134,10 +136,12 @@ def probe_evaluation(
     label: str = "linear probe",
     log: Callable[[str], None] | None = None,
     issues: bool = False,
+    cache: Path | None = None,
 ) -> tuple[EvalResult, dict]:
     """The probe fitted on `train`'s features, evaluated on `records` -> (its evaluation,
     {linear_probe: its settings and fit}); `issues`: also the training examples whose label
-    the features contradict (`label_issues.py`; single-label tasks)."""
+    the features contradict (`label_issues.py`; single-label tasks); `cache`: where the
+    training features are kept between fits (`feature_cache.py`, the caller's key)."""
     from lorapilot.base.models import pad_id_of
 
     labels = list(spec.task.labels or [])
@@ -147,10 +151,17 @@ def probe_evaluation(
     batch = spec.eval.batch_size
     pad = pad_id_of(tok)
     t0 = time.perf_counter()
-    with Phase(f"{label}: features", len(train) + len(records), bar=progress, log=log) as bar:
-        f_train, _, _ = prompt_features(
-            model, fmt, pad, train, answer_budget, precision, batch, lambda n: bar.advance(n=n)
-        )
+    f_train = cached(cache, len(train)) if cache is not None else None
+    reused = f_train is not None
+    todo = len(records) + (0 if reused else len(train))
+    with Phase(f"{label}: features", todo, bar=progress, log=log) as bar:
+        if f_train is None:
+            f_train, _, _ = prompt_features(
+                model, fmt, pad, train, answer_budget, precision, batch,
+                lambda n: bar.advance(n=n),
+            )  # fmt: skip
+            if cache is not None:
+                keep(cache, f_train)
         f_eval, ids, cuts = prompt_features(
             model, fmt, pad, records, answer_budget, precision, batch, lambda n: bar.advance(n=n)
         )
@@ -185,6 +196,14 @@ def probe_evaluation(
             "train_loss": round(float(np.mean([p.train_loss for p in probes])), 6),
             "fitted_on": {"split": "train", "n": len(train)},
             "hidden_size": int(f_eval.shape[1]) if f_eval.size else None,
+            **(
+                {
+                    "train_features": str(cache.relative_to(cache.parents[2])),  # runs/.features
+                    "train_features_reused": reused,
+                }
+                if cache is not None
+                else {}
+            ),  # fmt: skip
         }
     }
     if issues and not spec.task.multi_label:

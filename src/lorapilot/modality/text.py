@@ -198,12 +198,19 @@ class TextModality:
             # fine-tune replaced the weights, so the base is loaded again beside it
             base = load_base(pilot, resolved)[1] if full else model
             if linear_probe:
+                from lorapilot.evaluate.feature_cache import cache_path
                 from lorapilot.evaluate.text_probe import probe_evaluation
 
+                train = prepared.splits.get("train") or []
+                first = next(base.parameters())
+                cache = cache_path(pilot.dir, {  # what the training prompts' features hold
+                    "eval_protocol": protocol.get("eval_protocol"),
+                    "base": resolved.weights_sha256, "ids": [r.id for r in train],
+                    "dtype": str(first.dtype), "device": first.device.type,
+                })  # fmt: skip
                 return probe_evaluation(
-                    base, tok, fmt, spec, prepared.splits.get("train") or [], records,
-                    prepared.answer_budget, protocol, progress=progress, label=label, log=log,
-                    issues=label_issues,
+                    base, tok, fmt, spec, train, records, prepared.answer_budget, protocol,
+                    progress=progress, label=label, log=log, issues=label_issues, cache=cache,
                 )  # fmt: skip
             lora = adapter_dir is not None and not full
             with model.disable_adapter() if lora else contextlib.nullcontext():
