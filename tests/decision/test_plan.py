@@ -126,6 +126,16 @@ def test_a_run_id_alone_gives_back_its_variant_and_a_changed_spec_is_refused_by_
     rid2 = _interrupted_train(tmp_path, ad_hoc, {"name": None, "label": "one_change",
                                                  "diff": ad_hoc.diff})  # fmt: skip
     assert pilot_of_run(tmp_path, rid2).spec.spec_hash() == ad_hoc.spec.spec_hash()
+    # a seed replicate (selection.seeds) comes back as that replicate, base's too
+    raw["selection"] = {"seeds": 2}
+    (tmp_path / "pilot.yaml").write_text(yaml.safe_dump(raw))
+    for name in ("r8", "base"):
+        rep = load_pilot(tmp_path, variant=name, replicate=1)
+        rid3 = _interrupted_train(tmp_path, rep, {"name": name, "replicate": 1,
+                                                  "diff": rep.diff})  # fmt: skip
+        back = pilot_of_run(tmp_path, rid3)
+        assert (back.variant, back.replicate, back.spec.train.seed) == (name, 1, 1)
+        assert back.spec.spec_hash() == rep.spec.spec_hash()
     # resuming with other values than the run started with: refused, naming the keys
     with pytest.raises(UsageError, match=r"differs from the one the run started with \(adapter\.r"):
         run_train(load_pilot(tmp_path, ["adapter.r=4"]), resume=rid)
