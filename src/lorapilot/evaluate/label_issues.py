@@ -23,12 +23,14 @@ commonest disagreements. Pure: arrays in, dicts out.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from lorapilot.evaluate.linear_probe import fit_linear_probe
+from lorapilot.evaluate.metrics import softmax_rows
 
 FOLDS = 5
 SEED = 0
@@ -73,10 +75,7 @@ def out_of_fold_probabilities(
         if not held.any():
             continue
         probe = fit_linear_probe(features[~held], y[~held], n_classes, L2)
-        logits = probe.logits(features[held])
-        logits = logits - logits.max(axis=1, keepdims=True)
-        e = np.exp(logits)
-        probs[held] = e / e.sum(axis=1, keepdims=True)
+        probs[held] = softmax_rows(probe.logits(features[held]))
     return probs
 
 
@@ -143,11 +142,10 @@ def label_issues(
         }
         for i in flagged
     ]
-    pairs: dict[tuple[str, str], int] = {}
-    for s in suspects:
-        pairs[(s["label"], s["suggested"])] = pairs.get((s["label"], s["suggested"]), 0) + 1
+    pairs = Counter((s["label"], s["suggested"]) for s in suspects)
+    flagged_per = Counter(s["label"] for s in suspects)
     per_label = {
-        lab: {"examples": int(counts[j]), "suspects": sum(s["label"] == lab for s in suspects)}
+        lab: {"examples": int(counts[j]), "suspects": flagged_per[lab]}
         for j, lab in enumerate(labels)
         if counts[j]
     }

@@ -209,9 +209,13 @@ def calibration_offsets(content_free_scores: np.ndarray) -> np.ndarray:
     s = np.asarray(content_free_scores, dtype=np.float64)
     if s.ndim != 2 or not s.size or not np.isfinite(s).all():
         raise ValueError("content-free scores must be a finite [n_inputs, n_labels] array")
-    shifted = s - s.max(axis=1, keepdims=True)
-    probs = np.exp(shifted) / np.exp(shifted).sum(axis=1, keepdims=True)
-    return -np.log(probs.mean(axis=0))
+    return -np.log(softmax_rows(s).mean(axis=0))
+
+
+def softmax_rows(scores: np.ndarray) -> np.ndarray:
+    """Each row of [n, k] scores (logits, log-probabilities) normalised to probabilities."""
+    e = np.exp(scores - scores.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
 
 
 # --------------------------------------------------------------------------- lookup
