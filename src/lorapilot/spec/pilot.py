@@ -23,6 +23,16 @@ from lorapilot.spec.task import FieldSpec, TaskSpec
 from lorapilot.spec.train import AdapterSpec, TrainSpec
 
 
+def drop_additions(resolved: dict) -> dict:
+    """A spec dump without the keys that only add runs of their own (the alternatives'
+    baselines, `eval` ALTERNATIVE_KEYS; more seeds, `selection.seeds`, each run recording its
+    seed): for the spec hash and `run`'s phase inputs, so adding them redoes nothing."""
+    for key in ALTERNATIVE_KEYS:
+        resolved["eval"].pop(key, None)
+    resolved["selection"].pop("seeds", None)
+    return resolved
+
+
 class PilotSpec(_Strict):
     """The whole pilot.yaml."""
 
@@ -270,9 +280,7 @@ class PilotSpec(_Strict):
         resolved["tracking"] = []
         resolved.pop("export", None)
         resolved["limits"].pop("gpu_prices", None)
-        for key in ALTERNATIVE_KEYS:
-            resolved["eval"].pop(key, None)
-        resolved["selection"].pop("seeds", None)  # adds train runs; each records its seed
+        drop_additions(resolved)
         if resolved.get("smoke") == SmokeSpec().model_dump(mode="json"):
             resolved.pop("smoke")
         return sha256_json(resolved)

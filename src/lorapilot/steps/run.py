@@ -37,7 +37,7 @@ from lorapilot.records import environment, registry, steprun
 from lorapilot.report.collect import collect
 from lorapilot.sizing.estimate import plan_refusal
 from lorapilot.spec import Pilot
-from lorapilot.spec.evaluation import ALTERNATIVE_KEYS
+from lorapilot.spec.pilot import drop_additions
 from lorapilot.steps.baseline import run_baseline
 from lorapilot.steps.budget import run_budget
 from lorapilot.steps.data import run_data
@@ -72,9 +72,7 @@ def inputs_key(pilot: Pilot, env: dict) -> str:
     selection.seeds, which only adds train runs (each replicate's seed is in its spec)."""
     spec = pilot.spec.model_dump(mode="json")
     spec["limits"] = spec["tracking"] = spec["export"] = None
-    for key in ALTERNATIVE_KEYS:
-        spec["eval"].pop(key, None)
-    spec["selection"].pop("seeds", None)  # more seeds add train runs; each has its own key
+    drop_additions(spec)
     return (
         "in-"
         + sha256_json(
