@@ -478,6 +478,8 @@ def inspect(r: dict) -> None:
     stdout.print(
         f"\ncategories: {esc(', '.join(r['categories']))}  (green = tokens that carry the loss)"
     )
+    if r.get("chat_template", "base") != "base":
+        stdout.print(f"prompt format: model.chat_template {esc(r['chat_template'])}")
     if r.get("shots"):  # inspect --shots: the few-shot baseline's prompts
         sh = r["shots"]
         stdout.print(f"as the few-shot baseline prompts: {_shots_text(sh)}")

@@ -687,7 +687,7 @@ def load_base(pilot: Pilot, resolved: ResolvedModel | None = None, *, use: str =
     if use == "train" and m.dtype == "auto" and dtype != "float32":
         dtype = dtype if checkpoint_dtype(resolved.path) == dtype else "float32"
     model, tok = load_model(resolved, dtype, m.trust_remote_code, m.quantization)
-    return resolved, model, tok
+    return resolved, model, set_chat_template(pilot, tok)
 
 
 SAFETENSORS_FLOATS = {"F32": "float32", "BF16": "bfloat16", "F16": "float16", "F64": "float64"}
@@ -784,4 +784,12 @@ def load_tokenizer(pilot: Pilot, weights: bool = True) -> tuple[Any, Any]:
     tok = AutoTokenizer.from_pretrained(
         resolved.path, local_files_only=True, trust_remote_code=m.trust_remote_code
     )
-    return resolved, tok
+    return resolved, set_chat_template(pilot, tok)
+
+
+def set_chat_template(pilot: Pilot, tok: Any) -> Any:
+    """The tokenizer with the spec's `model.chat_template` on it (None: the base's own)."""
+    from lorapilot.base import chat_template
+
+    where = str(pilot.spec_path)
+    return chat_template.apply(tok, pilot.spec.model.chat_template, pilot.dir, where)

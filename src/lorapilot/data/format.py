@@ -2,8 +2,9 @@
 
 Training, evaluation, inspection and the fresh-process reload all call `encode_example`, so
 the evaluation prompt is the training prompt minus the answer, byte for byte and token for
-token. The prompt comes from the base model's own chat template: the task's system text and
-user template fill the system and user turns, the answer is the assistant turn.
+token. The prompt comes from a chat template (the base model's own, or the one the spec's
+`model.chat_template` sets, base/chat_template.py): the task's system text and user template
+fill the system and user turns, the answer is the assistant turn.
 
 Token layout of one example::
 
@@ -206,8 +207,10 @@ class PromptFormatter:
         `with_shots`), never in training examples."""
         if not getattr(tokenizer, "chat_template", None):
             raise UsageError(
-                "the base model's tokenizer has no chat template; lorapilot builds prompts from it "
-                "(set one in tokenizer_config.json)"
+                "the base model's tokenizer has no chat template, and lorapilot builds prompts "
+                "from one: set `model.chat_template: plain` in the spec (sections `### Input:` "
+                "and `### Response:`, the answer ended by the eos token) or the path of a Jinja "
+                "chat template file"
             )
         self.tok = tokenizer
         self.task = task

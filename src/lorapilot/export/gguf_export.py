@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from lorapilot.base.chat_template import FILE as CHAT_TEMPLATE_FILE
 from lorapilot.base.manifest import MANIFEST, read_manifest, weights_sha256
 from lorapilot.base.models import load_tokenizer, original_gguf
 from lorapilot.base.quantize import require_trained_base
@@ -148,7 +149,7 @@ def export_gguf(
     messages = render_messages(spec.task, "{text}")
     system = next((m["content"] for m in messages if m["role"] == "system"), None)
     user = next(m["content"] for m in messages if m["role"] == "user")
-    template = ollama.template_for(getattr(tok, "chat_template", None))
+    template = ollama.template_for(spec.model.chat_template, getattr(tok, "chat_template", None))
     stops = sorted({tok.decode([i]) for i in cases["stop_ids"]})
     name = f"{spec.name} {train_id}"
     # the served context: room for the longest input the pilot allows, not only val's
@@ -173,6 +174,8 @@ def export_gguf(
             atomic_write_json(tmp / classify_module.CONFIG, classifier | {"train_run": train_id})
         if grammar is not None:
             (tmp / grammar_file).write_text(grammar, encoding="utf-8")
+        if spec.model.chat_template:  # the pilot's prompt format, for llama.cpp's --jinja
+            (tmp / CHAT_TEMPLATE_FILE).write_text(tok.chat_template, encoding="utf-8")
         if schema is not None:
             atomic_write_json(tmp / SCHEMA_FILE, schema)
         header = f"written by lorapilot export --gguf: pilot {spec.name}, train run {train_id}"
@@ -191,9 +194,11 @@ def export_gguf(
         matches = None
         if template is not None and cases["records"]:
             first = cases["records"][0].text
+            pilot_prompt = cases["prompt_text_of_first"]
+            if tok.bos_token and template == ollama.PLAIN:  # llama.cpp adds it itself
+                pilot_prompt = pilot_prompt.removeprefix(tok.bos_token)
             matches = (
-                ollama.chatml_prompt(system, user.replace("{text}", first))
-                == cases["prompt_text_of_first"]
+                ollama.prompt_of(template, system, user.replace("{text}", first)) == pilot_prompt
             )
         check["modelfile_prompt_matches"] = matches
         (tmp / "README.md").write_text(
@@ -205,6 +210,8 @@ def export_gguf(
                 grammar=grammar_file if grammar is not None else None,
                 schema=SCHEMA_FILE if schema is not None else None,
                 label_sets=spec.task.multi_label,
+                chat_template=CHAT_TEMPLATE_FILE if spec.model.chat_template else None,
+                ollama_template=template is not None,
             )
         )  # fmt: skip
         return {

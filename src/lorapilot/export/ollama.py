@@ -19,12 +19,35 @@ def chatml_prompt(system: str | None, user: str) -> str:
     return f"{head}<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"
 
 
-def template_for(chat_template: str | None) -> str | None:
-    """The Go template for the base's chat template, when it is ChatML; None: Ollama derives
-    one from the GGUF's own chat template."""
-    if chat_template and "<|im_start|>" in chat_template:
+PLAIN = (
+    "{{ if .System }}{{ .System }}\n\n{{ end }}"
+    "{{ if .Prompt }}### Input:\n{{ .Prompt }}\n\n{{ end }}"
+    "### Response:\n{{ .Response }}"
+)
+"""Ollama's Go template for lorapilot's `plain` format (model.chat_template: plain); the bos
+token, where the base's tokenizer adds one, is added by llama.cpp from the GGUF's metadata."""
+
+
+def plain_prompt(system: str | None, user: str) -> str:
+    """What the PLAIN template renders before the model answers (bos token excluded)."""
+    head = f"{system}\n\n" if system else ""
+    return f"{head}### Input:\n{user}\n\n### Response:\n"
+
+
+def template_for(setting: str | None, chat_template: str | None) -> str | None:
+    """The Go template for the pilot's prompt format: `setting` is model.chat_template (None:
+    the base's own, given when it is ChatML; `plain`: PLAIN). None: no Go template is known
+    for it (Ollama derives one from the GGUF's own chat template, the base's)."""
+    if setting == "plain":
+        return PLAIN
+    if setting is None and chat_template and "<|im_start|>" in chat_template:
         return CHATML
     return None
+
+
+def prompt_of(template: str, system: str | None, user: str) -> str:
+    """What a Go template of this module renders before the model answers."""
+    return (chatml_prompt if template == CHATML else plain_prompt)(system, user)
 
 
 def _quoted(text: str) -> str:
@@ -70,11 +93,17 @@ def readme(
     grammar: str | None = None,
     schema: str | None = None,
     label_sets: bool = False,
+    chat_template: str | None = None,
+    ollama_template: bool = True,
 ) -> str:
     """How to serve the export, and what its serving check found (`label_sets`: a
-    multi-label pilot, whose grammar holds lists of labels)."""
+    multi-label pilot, whose grammar holds lists of labels; `chat_template`: the file of the
+    pilot's own prompt format, model.chat_template; `ollama_template`: whether the Modelfile
+    has a TEMPLATE for it)."""
     name = f"{pilot}-{train_run}".lower().replace("_", "-")
     sys_flag = f' -sys "{system}"' if system else ""
+    # the GGUF carries the base's own chat template: llama.cpp is given the pilot's
+    tmpl_flag = f" --jinja --chat-template-file {chat_template}" if chat_template else ""
     verdict = "passed" if check.get("ok") else "FAILED"
     out = [
         f"# {pilot}: the adapter of train run {train_run}, for llama.cpp and Ollama",
@@ -106,6 +135,13 @@ def readme(
         )
     elif grammar:
         out.append(f"- `{grammar}`: the labels as a llama.cpp grammar (answers only a label)")
+    if chat_template:
+        out.append(
+            f"- `{chat_template}`: the prompt format the pilot trained with (its "
+            "`model.chat_template`); the GGUF files carry the base's own chat template, so "
+            "give llama.cpp this one (`--jinja --chat-template-file`)"
+            + ("" if ollama_template else "; the Modelfile has no TEMPLATE for it: write one")
+        )
     out += [
         "- `Modelfile`: Ollama (base + adapter)"
         + (", `Modelfile.merged`: Ollama (merged)" if merged_file else ""),
@@ -121,8 +157,8 @@ def readme(
         "## llama.cpp",
         "",
         "```bash",
-        f"llama-cli -m {base_file} --lora {adapter_file}{sys_flag} --temp 0",
-        f"llama-server -m {base_file} --lora {adapter_file} --temp 0",
+        f"llama-cli -m {base_file} --lora {adapter_file}{sys_flag}{tmpl_flag} --temp 0",
+        f"llama-server -m {base_file} --lora {adapter_file}{tmpl_flag} --temp 0",
         "```",
         "",
         "## Ollama",

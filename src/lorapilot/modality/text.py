@@ -9,6 +9,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from lorapilot.base.chat_template import FILE as CHAT_TEMPLATE_FILE
 from lorapilot.base.models import load_tokenizer
 from lorapilot.data.audit import example_view, sample_per_category
 from lorapilot.data.dataset import PreparedData, encode_records, formatter_for, prepare_data
@@ -60,6 +61,8 @@ class TextModality:
             "version": prepared.version,
             "split": split,
             "categories": sorted({r.category for r in recs}),
+            # which chat template renders the prompts: model.chat_template, or the base's own
+            "chat_template": spec.model.chat_template or "base",
             "examples": views,
             **({"shots": shot_info} if shot_info else {}),
         }
@@ -146,6 +149,9 @@ class TextModality:
                 "tokenizer_sha256": tokenizer_hash(tok),
                 "template_sha256": template_hash(tok, spec.task),
             },
+            adapter_texts=(
+                {CHAT_TEMPLATE_FILE: tok.chat_template} if spec.model.chat_template else {}
+            ),
         )
 
     def adapter_problems(self, adapter_dir: Path, manifest: dict) -> list[str]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from lorapilot.data.audit import smoke_sample
@@ -28,6 +28,10 @@ class Trainee:
     # the model's own ranking of labels, without calibration (the smoke's memorisation check)
     evaluate: Callable[..., tuple[Any, dict]]
     manifest_hashes: dict  # text: tokenizer and chat template; images: the transforms
+    # files the adapter folder carries beside its weights (name -> text), pinned by its
+    # manifest: a text pilot's own chat template (model.chat_template), which whoever serves
+    # the adapter must prompt it with
+    adapter_texts: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass

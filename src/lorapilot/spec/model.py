@@ -62,6 +62,17 @@ class ModelSpec(_Strict):
         "otherwise (full fine-tuning, a quantized base, fp32 compute). Evaluation loads the "
         "whole base in its precision. An explicit dtype loads every weight in it.",
     )
+    chat_template: str | None = Field(
+        None,
+        description="The prompt format, when not the base tokenizer's own chat template: "
+        "`plain` (the system text, `### Input:` and `### Response:` sections, the answer "
+        "ended by the tokenizer's eos token, the bos token first where the tokenizer adds "
+        "one: for base models that ship no chat template), or the path of a Jinja chat "
+        "template file, relative to the pilot folder. Its text is in the template hash (data "
+        "version, evaluation protocol, adapter manifest) and in the tokenizer every export "
+        "saves.",
+        min_length=1,
+    )
     trust_remote_code: bool = Field(
         False, description="Run code shipped with the model repo. Off unless you set it."
     )

@@ -140,6 +140,15 @@ class PilotSpec(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _chat_template_is_for_text(self) -> PilotSpec:
+        if self.model.chat_template is not None and self.task.modality == "image":
+            raise ValueError(
+                "model.chat_template sets a text model's prompt format; an image pilot has no "
+                "prompt (remove the key)"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _gguf_is_for_text(self) -> PilotSpec:
         if "gguf" in self.export.formats and self.task.modality == "image":
             raise ValueError(

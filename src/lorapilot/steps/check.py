@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from lorapilot.base import chat_template
 from lorapilot.base.models import resolve_base
 from lorapilot.data.source import check_data_source
 from lorapilot.errors import UsageError
@@ -18,6 +19,8 @@ def run_check(pilot: Pilot) -> dict[str, Any]:
     """The resolved spec, its hash and the data sources found."""
     s = pilot.spec
     base = check_rank(pilot)
+    if s.model.chat_template not in (None, chat_template.PLAIN):  # the file is found now
+        chat_template.read_template_file(s.model.chat_template, pilot.dir, str(pilot.spec_path))
     return {
         "ok": True,
         "pilot": str(pilot.dir),

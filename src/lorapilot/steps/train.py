@@ -18,6 +18,7 @@ from lorapilot.base.quantize import identity
 from lorapilot.decision.plan import pilot_of_run
 from lorapilot.errors import CheckFailed, UsageError
 from lorapilot.evaluate.records import write_eval_files
+from lorapilot.fsutil import atomic_write_text
 from lorapilot.modality import modality_of
 from lorapilot.records import registry, tracking
 from lorapilot.records.steprun import record_kwargs
@@ -214,6 +215,8 @@ def run_train(
             eval_device=ev.device,
             generation=ev.generation,  # eval.generation_check: the answers a chat server gives
         )
+        for name, text in tr.adapter_texts.items():  # before the manifest, which pins them
+            atomic_write_text(adapter_dir / name, text)
         write_adapter_manifest(
             adapter_dir,
             base=base_info,
