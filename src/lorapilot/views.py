@@ -480,6 +480,10 @@ def inspect(r: dict) -> None:
     )
     if r.get("chat_template", "base") != "base":
         stdout.print(f"prompt format: model.chat_template {esc(r['chat_template'])}")
+    if r.get("system_folded"):
+        stdout.print(
+            "the chat template takes no system turn: task.system opens the first user turn"
+        )
     if r.get("shots"):  # inspect --shots: the few-shot baseline's prompts
         sh = r["shots"]
         stdout.print(f"as the few-shot baseline prompts: {_shots_text(sh)}")

@@ -87,7 +87,7 @@ def test_bad_templates_are_refused_naming_the_key_and_file(tmp_path, default_mod
     with pytest.raises(UsageError, match="empty.jinja is empty"):
         chat_template.apply(tok, "empty.jinja", tmp_path, "p.yaml")
     (tmp_path / "broken.jinja").write_text("{% for m in messages %}{{ m['content'] }}")
-    with pytest.raises(UsageError, match="broken.jinja does not render a system, user and"):
+    with pytest.raises(UsageError, match="broken.jinja does not render a user and an"):
         chat_template.apply(tok, "broken.jinja", tmp_path, "p.yaml")
     no_eos = SimpleNamespace(eos_token=None)
     with pytest.raises(UsageError, match="has none"):
@@ -147,6 +147,8 @@ def test_a_base_without_a_chat_template_is_trained_verified_and_exported_with_pl
     run_json("export", str(pilot), "--merge", "--out", str(tmp_path / "merged"))
     merged = AutoTokenizer.from_pretrained(tmp_path / "merged")
     assert merged.chat_template == saved
+    report = run_json("report", str(pilot))
+    assert "| chat template | plain |" in Path(report["markdown"]).read_text()
 
 
 def test_a_template_file_is_the_prompt_and_a_changed_one_is_caught(plain_pilot, tmp_path):
@@ -170,3 +172,49 @@ def test_a_template_file_is_the_prompt_and_a_changed_one_is_caught(plain_pilot, 
     (pilot / "format.jinja").unlink()
     proc = run_cli("check", str(pilot))
     assert proc.returncode == 2 and "model.chat_template: 'format.jinja' is neither" in proc.stderr
+
+
+NO_SYSTEM = (  # Gemma's rule (its instruct templates refuse a system turn), SmolLM2's tokens
+    "{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}"
+    "{% endif %}{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + "
+    "'<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
+    "{% endif %}"
+)
+
+
+def test_a_template_that_refuses_a_system_turn_gets_it_in_the_first_user_turn(
+    plain_pilot, tmp_path
+):
+    """Gemma's and older Mistral instruct templates raise on a system turn: the system text
+    opens the first user turn instead (demonstrations after it), said by inspect."""
+    from lorapilot.data.format import folds_system, render_messages
+    from lorapilot.spec import TaskSpec
+
+    task = TaskSpec(kind="classification", labels=["a", "b"], system="Pick: {labels}.",
+                    template="Q: {text}")  # fmt: skip
+    folded = render_messages(task, "x", (("s1", "a"),), fold_system=True)
+    assert [m["role"] for m in folded] == ["user", "assistant", "user"]
+    assert folded[0]["content"] == "Pick: a, b.\n\nQ: s1" and folded[2]["content"] == "Q: x"
+    assert render_messages(task, "x")[0] == {"role": "system", "content": "Pick: a, b."}
+
+    def refuses_system(msgs, **kw):
+        if msgs[0]["role"] == "system":
+            raise ValueError("System role not supported")
+        return ""
+
+    tok = SimpleNamespace(apply_chat_template=refuses_system)
+    assert folds_system(tok, task)
+    assert not folds_system(tok, task.model_copy(update={"system": None}))
+
+    pilot = tmp_path / "p"
+    shutil.copytree(plain_pilot, pilot, ignore=shutil.ignore_patterns("runs"))
+    (pilot / "gemma.jinja").write_text(NO_SYSTEM)
+    set_template(pilot, "gemma.jinja")
+    shown = run_json("inspect", str(pilot))
+    system = yaml.safe_load((pilot / "pilot.yaml").read_text())["task"]["system"].split("{")[0]
+    assert shown["system_folded"] is True
+    rendered = shown["examples"][0]["rendered"]
+    assert rendered.startswith("<|im_start|>user\n" + system)
+    assert "<|im_start|>system" not in rendered
+    assert "takes no system turn" in run_cli("inspect", str(pilot)).stdout
+    assert run_json("train", str(pilot))["status"] == "completed"

@@ -85,21 +85,18 @@ def read_template_file(value: str, pilot_dir: Path, where: str) -> str:
 
 def apply(tokenizer: Any, value: str | None, pilot_dir: Path, where: str) -> Any:
     """Set the pilot's chat template on `tokenizer` (None: keep the base's own) and check
-    that it renders a conversation; -> the tokenizer."""
+    that it renders a user and an assistant turn (a system turn it may refuse: the prompt
+    then folds the system text into the user turn, data/format.py); -> the tokenizer."""
     if value is None:
         return tokenizer
     tokenizer.chat_template = template_text(value, pilot_dir, tokenizer, where)
-    probe = [
-        {"role": "system", "content": "s"},
-        {"role": "user", "content": "u"},
-        {"role": "assistant", "content": "a"},
-    ]
+    probe = [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]
     try:
         tokenizer.apply_chat_template(probe, tokenize=False)
-        tokenizer.apply_chat_template(probe[:2], tokenize=False, add_generation_prompt=True)
+        tokenizer.apply_chat_template(probe[:1], tokenize=False, add_generation_prompt=True)
     except Exception as e:  # jinja2's syntax and runtime errors, raise_exception() in templates
         raise UsageError(
-            f"{where}: model.chat_template: {value} does not render a system, user and "
-            f"assistant turn ({type(e).__name__}: {e})"
+            f"{where}: model.chat_template: {value} does not render a user and an assistant "
+            f"turn ({type(e).__name__}: {e})"
         ) from None
     return tokenizer

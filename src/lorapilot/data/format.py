@@ -74,19 +74,56 @@ def _label_lines(task: TaskSpec) -> str:
 
 
 def render_messages(
-    task: TaskSpec, text: str, shots: tuple[tuple[str, str], ...] = ()
+    task: TaskSpec,
+    text: str,
+    shots: tuple[tuple[str, str], ...] = (),
+    fold_system: bool = False,
 ) -> list[dict[str, str]]:
     """System + user turns for one input text; `shots` (input text, answer) pairs come first
-    as earlier user and assistant turns of the same template (few-shot prompting)."""
+    as earlier user and assistant turns of the same template (few-shot prompting).
+    `fold_system`: the chat template takes no system turn (see `folds_system`), so the system
+    text opens the first user turn, separated by a blank line."""
     msgs = []
-    if task.system:
-        msgs.append({"role": "system", "content": _fill(task.system, task)})
+    system = _fill(task.system, task) if task.system else None
+    if system and not fold_system:
+        msgs.append({"role": "system", "content": system})
     user = _fill(task.template, task)
     for shot_text, shot_answer in shots:
         msgs.append({"role": "user", "content": user.replace("{text}", shot_text)})
         msgs.append({"role": "assistant", "content": shot_answer})
     msgs.append({"role": "user", "content": user.replace("{text}", text)})
+    if system and fold_system:
+        msgs[0] = {"role": "user", "content": f"{system}{SYSTEM_FOLD}{msgs[0]['content']}"}
     return msgs
+
+
+SYSTEM_FOLD = "\n\n"
+"""Between the system text and the first user turn's, where a template takes no system turn."""
+
+
+def folds_system(tokenizer: Any, task: TaskSpec) -> bool:
+    """Whether the system text must go into the first user turn: the task has one and the
+    chat template refuses a system turn (Gemma's and older Mistral instruct templates raise
+    on one) but renders the user turn alone."""
+    if not task.system:
+        return False
+    probe = [{"role": "user", "content": "x"}]
+    try:
+        tokenizer.apply_chat_template(
+            [{"role": "system", "content": "s"}, *probe], tokenize=False,
+            add_generation_prompt=True,
+        )  # fmt: skip
+        return False
+    except Exception:  # jinja2's TemplateError, raised by the template's raise_exception()
+        pass
+    try:
+        tokenizer.apply_chat_template(probe, tokenize=False, add_generation_prompt=True)
+    except Exception as e:
+        raise UsageError(
+            f"the chat template does not render a user turn ({type(e).__name__}: {e}); set "
+            "model.chat_template to a template that does (`plain` or a Jinja file)"
+        ) from None
+    return True
 
 
 def answer_text(task: TaskSpec, label: str | None, target: dict | None) -> str:
@@ -218,7 +255,13 @@ class PromptFormatter:
         self.truncation_side = truncation_side
         self.loss_on = loss_on
         self.shots = tuple(shots)
-        self.special_ids = set(tokenizer.all_special_ids)
+        # the tokens that can end a turn: the named special tokens, and the added tokens
+        # marked special (a pretrained base's <|im_end|> or <end_of_turn> is often only that)
+        self.special_ids = set(tokenizer.all_special_ids) | {
+            i for i, t in (getattr(tokenizer, "added_tokens_decoder", None) or {}).items()
+            if getattr(t, "special", False)
+        }  # fmt: skip
+        self.fold_system = folds_system(tokenizer, task)
         self._check_template()
 
     def with_shots(self, shots: list[tuple[str, str]], answer_budget: int) -> PromptFormatter:
@@ -238,13 +281,13 @@ class PromptFormatter:
 
     def prompt_text(self, text: str) -> str:
         return self.tok.apply_chat_template(
-            render_messages(self.task, text, self.shots),
+            render_messages(self.task, text, self.shots, self.fold_system),
             tokenize=False,
             add_generation_prompt=True,
         )
 
     def full_text(self, text: str, answer: str) -> str:
-        msgs = render_messages(self.task, text, self.shots)
+        msgs = render_messages(self.task, text, self.shots, self.fold_system)
         msgs.append({"role": "assistant", "content": answer})
         return self.tok.apply_chat_template(msgs, tokenize=False)
 

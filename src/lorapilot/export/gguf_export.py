@@ -33,7 +33,7 @@ from lorapilot.base.manifest import MANIFEST, read_manifest, weights_sha256
 from lorapilot.base.models import load_tokenizer, original_gguf
 from lorapilot.base.quantize import require_trained_base
 from lorapilot.data.dataset import formatter_for, max_length_of, prepare_data
-from lorapilot.data.format import render_messages
+from lorapilot.data.format import folds_system, render_messages
 from lorapilot.errors import CheckFailed, LorapilotError, UsageError
 from lorapilot.evaluate.metrics import CONTENT_FREE, calibration_offsets
 from lorapilot.evaluate.runner import label_token_ids, score_predictions, stop_token_ids
@@ -146,7 +146,7 @@ def export_gguf(
     minimum = spec.export.min_agreement if min_agreement is None else min_agreement
     ref = reference or spec.export.reference
     cases = _cases(pilot, tok, manifest, train_id, adapter_dir, ref, say)
-    messages = render_messages(spec.task, "{text}")
+    messages = render_messages(spec.task, "{text}", fold_system=folds_system(tok, spec.task))
     system = next((m["content"] for m in messages if m["role"] == "system"), None)
     user = next(m["content"] for m in messages if m["role"] == "user")
     template = ollama.template_for(spec.model.chat_template, getattr(tok, "chat_template", None))

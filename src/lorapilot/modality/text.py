@@ -63,6 +63,8 @@ class TextModality:
             "categories": sorted({r.category for r in recs}),
             # which chat template renders the prompts: model.chat_template, or the base's own
             "chat_template": spec.model.chat_template or "base",
+            # a template that takes no system turn: the system text opens the first user turn
+            "system_folded": fmt.fold_system,
             "examples": views,
             **({"shots": shot_info} if shot_info else {}),
         }

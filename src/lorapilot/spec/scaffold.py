@@ -28,6 +28,7 @@ task:
   template: "Message:\\n{{text}}\\n\\nCategory:"
 model:
   base: smollm2-135m-instruct   # `lorapilot model fetch` installs it; or a local HF folder
+  # chat_template: plain        # a base without a chat template (### Input / ### Response)
 data:
   source: "Example messages written by lorapilot init (replace with your data)"
   permission: "Synthetic example data; free to use"

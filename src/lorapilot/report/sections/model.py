@@ -33,6 +33,8 @@ def _base_model(s: dict) -> list:
         ("requested revision", model.get("revision")),
         ("dtype", model.get("dtype")),
         ("trust_remote_code", model.get("trust_remote_code")),
+        # the prompt format: the base's own chat template unless the spec sets one
+        ("chat template", model.get("chat_template") or "the base's own"),
     ]
     if not isinstance(base, dict):
         return [
