@@ -66,6 +66,12 @@ def check(r: dict) -> None:
             f"  data: {esc(src['key'])} {esc(src.get('path') or src['name'])} ({esc(what)}, "
             f"{src['n_files']} file(s), {src['bytes']} bytes)"
         )
+    prompt = r.get("prompt_format")
+    if prompt and (prompt["chat_template"] != "base" or prompt["system_folded"]):
+        what = prompt["chat_template"]
+        what = "the base's chat template" if what == "base" else f"model.chat_template {what}"
+        folded = ", task.system in the first user turn" if prompt["system_folded"] else ""
+        stdout.print(f"  prompt format: {esc(what)}{folded}")
     stdout.print(f"  spec hash: {r['spec_hash'][:16]}")
 
 

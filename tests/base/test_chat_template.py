@@ -124,10 +124,13 @@ def test_a_base_without_a_chat_template_is_trained_verified_and_exported_with_pl
 ):
     pilot = plain_pilot
     set_template(pilot, None)  # the base's own: it has none, and the error says what to set
-    proc = run_cli("inspect", str(pilot))
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert "set `model.chat_template: plain`" in proc.stderr
+    for verb in ("check", "inspect"):  # check reads the tokenizer when the base is here
+        proc = run_cli(verb, str(pilot))
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr
+        assert "set `model.chat_template: plain`" in proc.stderr
     set_template(pilot, "plain")
+    prompt = run_json("check", str(pilot))["prompt_format"]
+    assert prompt == {"chat_template": "plain", "system_folded": False}
     shown = run_json("inspect", str(pilot))
     example = shown["examples"][0]
     assert example["rendered"].startswith(EOS) and "### Response:\n" in example["rendered"]
@@ -210,6 +213,7 @@ def test_a_template_that_refuses_a_system_turn_gets_it_in_the_first_user_turn(
     shutil.copytree(plain_pilot, pilot, ignore=shutil.ignore_patterns("runs"))
     (pilot / "gemma.jinja").write_text(NO_SYSTEM)
     set_template(pilot, "gemma.jinja")
+    assert run_json("check", str(pilot))["prompt_format"]["system_folded"] is True
     shown = run_json("inspect", str(pilot))
     system = yaml.safe_load((pilot / "pilot.yaml").read_text())["task"]["system"].split("{")[0]
     assert shown["system_folded"] is True

@@ -34,6 +34,16 @@ _PLAIN_TURNS = (
 )
 
 
+def missing(where: str = "") -> UsageError:
+    """The refusal for a base whose tokenizer has no chat template and a spec that sets none."""
+    return UsageError(
+        f"{where + ': ' if where else ''}the base model's tokenizer has no chat template, and "
+        "lorapilot builds prompts from one: set `model.chat_template: plain` in the spec "
+        "(sections `### Input:` and `### Response:`, the answer ended by the eos token) or the "
+        "path of a Jinja chat template file"
+    )
+
+
 def plain_template(with_bos: bool) -> str:
     """The `plain` format's Jinja text; `with_bos`: the base's bos token opens it."""
     return ("{{- bos_token }}" if with_bos else "") + _PLAIN_TURNS

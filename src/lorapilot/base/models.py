@@ -773,7 +773,6 @@ def image_processor_config(pilot: Pilot) -> dict | None:
 def load_tokenizer(pilot: Pilot, weights: bool = True) -> tuple[Any, Any]:
     """(resolved base, tokenizer) for the pilot's base model, offline (`weights=False`: see
     resolve_base)."""
-    from transformers import AutoTokenizer
 
     require_text(pilot, "a text model")
 
@@ -781,10 +780,16 @@ def load_tokenizer(pilot: Pilot, weights: bool = True) -> tuple[Any, Any]:
     resolved = resolve_base(
         m.base, m.revision, root=pilot.dir, allow_pickle=m.allow_pickle, weights=weights
     )
-    tok = AutoTokenizer.from_pretrained(
-        resolved.path, local_files_only=True, trust_remote_code=m.trust_remote_code
+    return resolved, set_chat_template(pilot, load_tokenizer_of(resolved.path, m.trust_remote_code))
+
+
+def load_tokenizer_of(folder: Path, trust_remote_code: bool = False) -> Any:
+    """A base folder's tokenizer as it ships (its own chat template), offline."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(
+        folder, local_files_only=True, trust_remote_code=trust_remote_code
     )
-    return resolved, set_chat_template(pilot, tok)
 
 
 def set_chat_template(pilot: Pilot, tok: Any) -> Any:

@@ -24,6 +24,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from lorapilot.base import chat_template
 from lorapilot.errors import UsageError
 from lorapilot.fsutil import sha256_bytes, sha256_json
 from lorapilot.spec import FieldSpec, TaskSpec, ValueSpec
@@ -243,12 +244,7 @@ class PromptFormatter:
         """`shots`: demonstrations before every prompt (a few-shot baseline's prompt; see
         `with_shots`), never in training examples."""
         if not getattr(tokenizer, "chat_template", None):
-            raise UsageError(
-                "the base model's tokenizer has no chat template, and lorapilot builds prompts "
-                "from one: set `model.chat_template: plain` in the spec (sections `### Input:` "
-                "and `### Response:`, the answer ended by the eos token) or the path of a Jinja "
-                "chat template file"
-            )
+            raise chat_template.missing()
         self.tok = tokenizer
         self.task = task
         self.max_length = max_length

@@ -8,7 +8,8 @@ import json
 from typing import Any
 
 from lorapilot.base import chat_template
-from lorapilot.base.models import resolve_base
+from lorapilot.base.models import load_tokenizer_of, resolve_base
+from lorapilot.data.format import folds_system
 from lorapilot.data.source import check_data_source
 from lorapilot.errors import UsageError
 from lorapilot.sizing.memory import LORA_SHAPES, ModelShape
@@ -19,8 +20,7 @@ def run_check(pilot: Pilot) -> dict[str, Any]:
     """The resolved spec, its hash and the data sources found."""
     s = pilot.spec
     base = check_rank(pilot)
-    if s.model.chat_template not in (None, chat_template.PLAIN):  # the file is found now
-        chat_template.read_template_file(s.model.chat_template, pilot.dir, str(pilot.spec_path))
+    prompt = check_prompt_format(pilot)
     return {
         "ok": True,
         "pilot": str(pilot.dir),
@@ -39,6 +39,32 @@ def run_check(pilot: Pilot) -> dict[str, Any]:
         "resolved": s.model_dump(mode="json"),
         "data_source": check_data_source(pilot),
         "base_shape": base,
+        "prompt_format": prompt,
+    }
+
+
+def check_prompt_format(pilot: Pilot) -> dict | None:
+    """A text pilot's prompt format, from its base's tokenizer when the base is on this
+    machine: a template file that is missing or does not render, or a base without a chat
+    template and a spec that sets none, exits 2 now rather than at the first prompt built.
+    -> {chat_template, system_folded}, or None where the tokenizer is not here to read."""
+    s = pilot.spec
+    if s.task.modality == "image":
+        return None
+    where = str(pilot.spec_path)
+    if s.model.chat_template not in (None, chat_template.PLAIN):  # the file is found now
+        chat_template.read_template_file(s.model.chat_template, pilot.dir, where)
+    try:
+        resolved = resolve_base(s.model.base, s.model.revision, root=pilot.dir, weights=False)
+        tok = load_tokenizer_of(resolved.path, s.model.trust_remote_code)
+    except (UsageError, OSError, ValueError):
+        return None  # not fetched yet: the steps that load it say so
+    chat_template.apply(tok, s.model.chat_template, pilot.dir, where)
+    if not getattr(tok, "chat_template", None):
+        raise chat_template.missing(where)
+    return {
+        "chat_template": s.model.chat_template or "base",
+        "system_folded": folds_system(tok, s.task),
     }
 
 
