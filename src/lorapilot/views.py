@@ -391,6 +391,14 @@ def init(r: dict) -> None:
 def data(r: dict) -> None:
     stdout.print(f"[green]data ok[/] version [bold]{r['version']}[/]  run {r['run_id']}")
     stdout.print(f"  source: {esc(str(r['source']))}\n  permission: {esc(str(r['permission']))}")
+    conv = r.get("messages")  # data.fields.messages: conversations, and their system turns
+    if conv:
+        stdout.print(
+            f"  conversations in {esc(conv['column'])!r}: the user turn is the input, the "
+            f"assistant turn the answer; {conv['with_system']} of {conv['n_examples']} carry "
+            f"a system turn ({conv['system_differs']} other than task.system, which prompts "
+            "every example)"
+        )
     sets = r.get("label_sets")  # a multi-label task: examples carrying each label
     t = Table(title="examples per split and " + ("label" if sets else "category"))
     splits = list(r["splits"])

@@ -74,6 +74,11 @@ def _label_lines(task: TaskSpec) -> str:
     return "\n".join(f"{lab}: {said[lab]}" if lab in said else lab for lab in task.labels or [])
 
 
+def rendered_system(task: TaskSpec) -> str | None:
+    """task.system as prompts show it (its {labels}, {fields}, {label_descriptions} filled)."""
+    return _fill(task.system, task) if task.system else None
+
+
 def render_messages(
     task: TaskSpec,
     text: str,
@@ -85,7 +90,7 @@ def render_messages(
     `fold_system`: the chat template takes no system turn (see `folds_system`), so the system
     text opens the first user turn, separated by a blank line."""
     msgs = []
-    system = _fill(task.system, task) if task.system else None
+    system = rendered_system(task)
     if system and not fold_system:
         msgs.append({"role": "system", "content": system})
     user = _fill(task.template, task)

@@ -60,8 +60,15 @@ def read_inputs(
             f"data.fields.text_template names ({', '.join(data.fields.input_columns('text'))}); "
             "the input file must have those columns"
         )
+    if answer_field and data.fields.messages and not field_name:
+        raise UsageError(
+            f"--answer-field {answer_field}: the pilot reads inputs and answers from the "
+            f"conversations in {data.fields.messages!r} (data.fields.messages); to read a file "
+            "of plain columns, give --field NAME for its input too"
+        )
     if field_name:
         renamed["image" if spec.task.modality == "image" else "text"] = field_name
+        renamed["messages"] = None  # the named column, not a conversation, is the input
     if answer_field:
         renamed["label" if spec.task.labelled else "target"] = answer_field
     if renamed:
@@ -85,7 +92,7 @@ def read_inputs(
             )
         if kind is None:  # a folder of images: their paths are the pilot folder's
             shown = _in_pilot(pilot, path)
-    column = data.fields.image if spec.task.modality == "image" else data.fields.text
+    column = data.fields.input_columns(spec.task.modality)[0]
     try:
         records, skipped = load_records(
             path, spec.task, data, display_path=shown, key="--input",

@@ -74,6 +74,7 @@ class Record:
     image: ImageMeta | None = None  # image tasks: the decoded file's properties and hashes
     group: str | None = None  # data.split.group's value: the group's examples share a split
     empty_fields: tuple[str, ...] = ()  # data.fields.text_template's columns empty in this row
+    system: str | None = None  # data.fields.messages: the row's system turn (counted, not used)
 
 
 def answer_of(record: Record) -> Any:
@@ -186,6 +187,15 @@ class RecordBuilder:
             else None
         )
         self.template_columns = data.fields.input_columns(task.modality)
+        # the names the input and the answer are read under (and named by in messages):
+        # data.fields' columns, or the turns of a data.fields.messages conversation
+        conv = data.fields.messages if task.modality != "image" else None
+        self.text_column = (
+            data.fields.image if task.modality == "image"
+            else f"{conv} (user turn)" if conv else data.fields.text
+        )  # fmt: skip
+        answer = data.fields.label if task.labelled else data.fields.target
+        self.answer_column = f"{conv} (assistant turn)" if conv else answer
         self.category_by = data.category if not task.labelled else None
         self.shown = shown
         self.stem = stem
@@ -200,15 +210,17 @@ class RecordBuilder:
         self.seen: dict[str, str] = {}
 
     def build(self, row: dict, line: int) -> Record:
-        fm = self.fields
         empty: tuple[str, ...] = ()
+        system = None
+        if self.fields.messages is not None and self.task.modality != "image":
+            row, system = self._from_messages(row)
         if self.template is not None:
             column = "data.fields.text_template"
             text, empty = self._from_template(row)
         else:
             # an image task's input is the image's path (relative to the pilot folder); the
             # image itself is opened and checked once every row is read (data/images.py)
-            column = fm.image if self.task.modality == "image" else fm.text
+            column = self.text_column
             text = row.get(column, _MISSING)
             if text is _MISSING or text is None:
                 raise BadRow(f"missing field {column!r}")
@@ -226,7 +238,7 @@ class RecordBuilder:
 
         label = None
         target = None
-        answer = row.get(fm.label if self.task.labelled else fm.target, _MISSING)
+        answer = row.get(self.answer_column, _MISSING)
         if self.answers or answer not in (_MISSING, None):
             if self.task.multi_label:
                 target = self._label_set(answer)
@@ -260,7 +272,53 @@ class RecordBuilder:
             category=category,
             group=group,
             empty_fields=empty,
+            system=system,
         )
+
+    def _from_messages(self, row: dict) -> tuple[dict, str | None]:
+        """A data.fields.messages row as the input and answer columns (`text_column`,
+        `answer_column`), and its system turn: an optional system (or developer) turn, one
+        user turn, then the assistant's answer (absent in inputs to predict)."""
+        name = self.fields.messages
+        conv = row.get(name, _MISSING)
+        if conv is _MISSING or conv is None:
+            raise BadRow(f"missing field {name!r}")
+        if isinstance(conv, str):  # a CSV cell or a Parquet string column: JSON text
+            try:
+                conv = json.loads(conv, parse_constant=no_constant)
+            except ValueError as e:
+                raise BadRow(f"field {name!r} is not valid JSON: {json_message(e)}") from None
+        if not isinstance(conv, list) or not conv:
+            raise BadRow(
+                f"field {name!r} must be a list of {{role, content}} turns, got "
+                f"{'an empty list' if conv == [] else json_type(conv)}"
+            )
+        turns: list[tuple[str, str]] = []
+        for i, turn in enumerate(conv):
+            role = turn.get("role") if isinstance(turn, dict) else None
+            if not isinstance(role, str):
+                raise BadRow(f"turn {i} of {name!r} is not a {{role, content}} object")
+            content = turn.get("content")
+            if not isinstance(content, str):  # a list of parts (images, audio): not read
+                raise BadRow(
+                    f"turn {i} of {name!r} ({role}): content must be a string, got "
+                    f"{json_type(content)}"
+                )
+            turns.append((role, content))
+        system = turns.pop(0)[1] if turns[0][0] in ("system", "developer") else None
+        roles = [r for r, _ in turns]
+        if roles not in (["user"], ["user", "assistant"]):
+            raise BadRow(
+                f"field {name!r} has the turns {', '.join(roles) or 'system alone'}: a pilot "
+                "reads one user turn and its assistant answer (a longer conversation is not "
+                "one example)"
+            )
+        if self.answers and len(turns) == 1:
+            raise BadRow(f"field {name!r} has no assistant turn: the answer to learn")
+        out = {**row, self.text_column: turns[0][1]}
+        if len(turns) == 2:
+            out[self.answer_column] = turns[1][1]
+        return out, system
 
     def _from_template(self, row: dict) -> tuple[str, tuple[str, ...]]:
         """data.fields.text_template filled from the row, and the columns that were empty.
@@ -309,7 +367,7 @@ class RecordBuilder:
         return value
 
     def _label(self, label: Any) -> str:
-        name = self.fields.label
+        name = self.answer_column
         if label is _MISSING or label is None:
             raise BadRow(f"missing field {name!r}")
         if not isinstance(label, str):
@@ -327,7 +385,7 @@ class RecordBuilder:
     def _label_set(self, cell: Any) -> list[str]:
         """A multi-label example's labels, in task.labels order: a JSON list of labels, or
         a text cell split on data.fields.label_separator. A label named twice counts once."""
-        name = self.fields.label
+        name = self.answer_column
         if cell is _MISSING or cell is None:
             raise BadRow(f"missing field {name!r}")
         if isinstance(cell, str):
@@ -355,7 +413,7 @@ class RecordBuilder:
         return [lab for lab in self.task.labels or [] if lab in given]
 
     def _target(self, target: Any) -> Any:
-        name = self.fields.target
+        name = self.answer_column
         if target is _MISSING or target is None:
             raise BadRow(f"missing field {name!r}")
         if isinstance(target, str) and not self.text_target:
@@ -430,7 +488,9 @@ def needed_columns(data: DataSpec, task: TaskSpec, answers: bool = True) -> list
     extra = [data.split.group] if data.split.group else []
     if not task.labelled and data.category and not data.category.startswith("target."):
         extra.append(data.category)
-    return list(dict.fromkeys([*inputs, fm.label if task.labelled else fm.target, *extra]))
+    # a conversation holds its answer (data.fields.messages); else the label or target column
+    answer = [] if fm.messages else [fm.label if task.labelled else fm.target]
+    return list(dict.fromkeys([*inputs, *answer, *extra]))
 
 
 def require_columns(

@@ -4,6 +4,7 @@ category, duplicates and leaks, lengths, skipped rows, the loss-mask audit)."""
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from typing import Any
 
 from lorapilot.data.audit import length_stats, mask_audit, truncation_report
@@ -15,6 +16,7 @@ from lorapilot.data.dataset import (
     group_report,
     remaining_leaks,
 )
+from lorapilot.data.format import rendered_system
 from lorapilot.data.rows import Skipped, skipped_summary
 from lorapilot.data.targets import grounded_in, grounded_strings
 from lorapilot.errors import UsageError
@@ -29,6 +31,7 @@ SET_ASIDE = (
     "unlisted_labels",
     "groups",
     "text_template",
+    "messages",
     "label_sets",
 )
 
@@ -68,6 +71,9 @@ def shared_report(
     template = template_report(pilot, prepared)
     if template:
         warnings += template["warnings"]
+    messages = messages_report(pilot, prepared)
+    if messages:
+        warnings += messages["warnings"]
     if leaks and spec.data.leakage == "warn":
         warnings.append(
             f"{len(leaks)} duplicate pair(s) across splits kept (data.leakage: warn): "
@@ -96,6 +102,9 @@ def shared_report(
             {"text_template": {k: v for k, v in template.items() if k != "warnings"}}
             if template
             else {}
+        ),
+        **(
+            {"messages": {k: v for k, v in messages.items() if k != "warnings"}} if messages else {}
         ),
         "warnings": warnings,
     }
@@ -160,6 +169,43 @@ def template_report(pilot: Pilot, prepared: PreparedData) -> dict[str, Any] | No
         "empty": {c: {**per, "total": sum(per.values())} for c, per in empty.items()},
         "warnings": warnings,
     }
+
+
+def messages_report(pilot: Pilot, prepared: PreparedData) -> dict[str, Any] | None:
+    """With data.fields.messages: the system turns the conversations carry, which the pilot
+    does not use (task.system is its prompt): how many rows have one, how many of those
+    differ from task.system as the prompt renders it, the commonest texts; a warning when
+    any differ."""
+    fm = pilot.spec.data.fields
+    if fm.messages is None:
+        return None
+    task_system = rendered_system(pilot.spec.task)
+    records = [r for recs in prepared.splits.values() for r in recs]
+    with_system = [r for r in records if r.system is not None]
+    differing = [r for r in with_system if r.system.strip() != (task_system or "").strip()]
+    texts = Counter(r.system for r in with_system)
+    warnings = []
+    if differing:
+        first = differing[0]
+        warnings.append(
+            f"{len(differing)} of {len(records)} conversation(s) in {fm.messages!r} carry a "
+            f"system turn other than task.system (first: {first.source}, "
+            f"{_cut(first.system or '')!r}); lorapilot prompts every example with task.system, "
+            "not the data's: set task.system to the data's text to train as it was written"
+        )
+    return {
+        "column": fm.messages,
+        "n_examples": len(records),
+        "with_system": len(with_system),
+        "system_differs": len(differing),
+        "system_texts": [{"text": _cut(t), "n": n} for t, n in texts.most_common(5)],
+        "n_system_texts": len(texts),
+        "warnings": warnings,
+    }
+
+
+def _cut(text: str, limit: int = 200) -> str:
+    return text if len(text) <= limit else text[:limit] + "…"
 
 
 def unlisted_report(skipped: list[Skipped]) -> dict[str, Any]:

@@ -35,6 +35,16 @@ class FieldMap(_Strict):
         "braces.",
     )
 
+    messages: str | None = Field(
+        None,
+        description="Column holding a chat conversation, as OpenAI's and TRL's fine-tuning "
+        "data write it (a list of {role, content}; a JSON string in a CSV cell), in place of "
+        "`text` and `label`/`target`: its user turn is the input text, its assistant turn the "
+        "answer (the label; the labels separated by label_separator; the target as JSON). A "
+        "system turn is not used, the spec's task.system is the prompt: `data` counts the "
+        "rows whose system turn differs from it. One user turn and at most one assistant "
+        "turn per row (after an optional system turn); another shape is an invalid row.",
+    )
     label_separator: str = Field(
         ",",
         min_length=1,
@@ -45,6 +55,7 @@ class FieldMap(_Strict):
     _omitted_at: ClassVar[dict[str, tuple]] = {
         "image": ("image",),
         "text_template": (None,),
+        "messages": (None,),
         "label_separator": (",",),
     }
 
@@ -64,11 +75,23 @@ class FieldMap(_Strict):
             )
         return self
 
+    @model_validator(mode="after")
+    def _messages_alone(self) -> FieldMap:
+        both = {"text", "label", "target", "text_template"} & self.model_fields_set
+        if self.messages is not None and both:
+            raise ValueError(
+                f"messages holds the input and the answer; set it or {', '.join(sorted(both))}, "
+                "not both"
+            )
+        return self
+
     def input_columns(self, modality: str) -> list[str]:
-        """The columns the input is read from: the image path; the text column, or the
-        columns text_template names, in order, once each."""
+        """The columns the input is read from: the image path; the conversation; the text
+        column, or the columns text_template names, in order, once each."""
         if modality == "image":
             return [self.image]
+        if self.messages is not None:
+            return [self.messages]
         if self.text_template is None:
             return [self.text]
         return list(dict.fromkeys(c for _, c in template_parts(self.text_template) if c))

@@ -137,6 +137,11 @@ class PilotSpec(_Strict):
                 "data.fields.text_template builds a text input from columns; an image pilot's "
                 "input is the image (data.fields.image)"
             )
+        if self.data.fields.messages is not None and self.task.modality == "image":
+            raise ValueError(
+                "data.fields.messages reads chat conversations; an image pilot's input is the "
+                "image (data.fields.image)"
+            )
         return self
 
     @model_validator(mode="after")

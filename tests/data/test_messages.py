@@ -1,0 +1,170 @@
+"""data.fields.messages: chat fine-tuning data (OpenAI's and TRL's `messages` rows) read as
+the input (the user turn) and the answer (the assistant turn); a system turn counted against
+task.system, never used silently; every other shape an invalid row, named."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+import yaml
+from conftest import init_tiny_pilot, run_cli, run_json
+from pydantic import ValidationError
+
+from lorapilot.data.load import load_records
+from lorapilot.spec import DataSpec, FieldMap, TaskSpec
+
+CLF = TaskSpec(kind="classification", labels=["billing", "technical"])
+SYSTEM = "Route the ticket."
+
+
+def conv(user, answer=None, system=SYSTEM):
+    turns = [{"role": "system", "content": system}] if system is not None else []
+    turns.append({"role": "user", "content": user})
+    if answer is not None:
+        turns.append({"role": "assistant", "content": answer})
+    return {"messages": turns}
+
+
+def data(file: str = "d.jsonl", **kw) -> DataSpec:
+    return DataSpec(file=file, fields=FieldMap(messages="messages", id=None), **kw)
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_turns_become_input_answer_and_system_and_bad_shapes_are_named(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", [
+        conv("I was charged twice", "billing"),
+        conv("The app crashes", "technical", system=None),  # no system turn: fine
+        {"messages": [{"role": "developer", "content": "x"}, *conv("Refund?", "billing",
+                                                                    system=None)["messages"]]},
+        conv("Hello", None),  # no answer to learn
+        {"messages": [*conv("a", "billing")["messages"], {"role": "user", "content": "b"},
+                      {"role": "assistant", "content": "technical"}]},  # two exchanges
+        {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]},
+                      {"role": "assistant", "content": "billing"}]},  # content parts
+        {"messages": "not a list"},
+        {"messages": {"role": "user", "content": "one turn, not a list"}},
+        {"messages": [{"content": "no role"}]},
+        conv("Where is my parcel", "shipping"),  # not a task label
+        {"text": "no conversation", "label": "billing"},
+    ])  # fmt: skip
+    records, skipped = load_records(path, CLF, data(on_error="skip"))
+    assert [(r.text, r.label, r.system) for r in records] == [
+        ("I was charged twice", "billing", SYSTEM),
+        ("The app crashes", "technical", None),
+        ("Refund?", "billing", "x"),
+    ]
+    problems = [s.problem for s in skipped]
+    assert problems == [
+        "field 'messages' has no assistant turn: the answer to learn",
+        "field 'messages' has the turns user, assistant, user, assistant: a pilot reads one "
+        "user turn and its assistant answer (a longer conversation is not one example)",
+        "turn 0 of 'messages' (user): content must be a string, got array",
+        "field 'messages' is not valid JSON: Expecting value (column 1)",  # text: read as JSON
+        "field 'messages' must be a list of {role, content} turns, got object",
+        "turn 0 of 'messages' is not a {role, content} object",
+        "label 'shipping' is not one of the task labels (billing, technical); to leave such "
+        "examples out, counted per label, set data.unlisted_labels: drop",
+        "missing field 'messages'",
+    ]
+
+
+def test_csv_cells_extraction_targets_and_label_sets(tmp_path):
+    path = tmp_path / "d.csv"
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["messages"])
+        w.writerow([json.dumps(conv("Invoice 12 from ACME", '{"vendor": "ACME"}')["messages"])])
+        w.writerow([json.dumps(conv("Invoice 13", "not json")["messages"])])
+        w.writerow(["[{broken"])
+    ext = TaskSpec(kind="extraction", fields=[{"name": "vendor"}])
+    records, skipped = load_records(path, ext, data(on_error="skip", file="d.csv"))
+    assert [(r.text, r.target) for r in records] == [("Invoice 12 from ACME", {"vendor": "ACME"})]
+    assert skipped[0].problem.startswith(
+        "field 'messages (assistant turn)' is not valid JSON: Expecting value"
+    )
+    assert skipped[1].problem.startswith("field 'messages' is not valid JSON")
+    multi = TaskSpec(kind="multi_label_classification", labels=["anger", "joy", "fear"])
+    path = write_jsonl(tmp_path / "m.jsonl", [conv("Ugh, yay", "joy, anger")])
+    (rec,), _ = load_records(path, multi, data())
+    assert rec.target == ["anger", "joy"]
+
+
+def test_messages_with_text_or_an_image_pilot_are_refused():
+    with pytest.raises(ValidationError, match="set it or label, text, not both"):
+        FieldMap(messages="messages", text="body", label="y")
+    with pytest.raises(ValidationError, match="data.fields.messages reads chat conversations"):
+        from pathlib import Path
+
+        from lorapilot.spec import PilotSpec
+
+        photos = Path(__file__).parents[2] / "examples" / "clothing-photos" / "pilot.yaml"
+        spec = yaml.safe_load(photos.read_text())
+        spec["data"]["fields"] = {"messages": "messages"}
+        PilotSpec.model_validate(spec)
+
+
+@pytest.fixture(scope="module")
+def chat_pilot(tmp_path_factory, tiny_model_dir):
+    """`init`'s pilot with its examples written as chat fine-tuning rows, with a system turn
+    of their own (not the spec's task.system)."""
+    pilot = init_tiny_pilot(tmp_path_factory.mktemp("chat"), tiny_model_dir, max_steps=2)
+    rows = [json.loads(x) for x in (pilot / "data" / "examples.jsonl").read_text().splitlines()]
+    write_jsonl(pilot / "data" / "chat.jsonl",
+                [conv(r["text"], r["label"], system="Label it.") for r in rows])  # fmt: skip
+    spec = yaml.safe_load((pilot / "pilot.yaml").read_text())
+    spec["data"]["file"] = "data/chat.jsonl"
+    spec["data"]["fields"] = {"messages": "messages", "id": None}
+    (pilot / "pilot.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    return pilot, rows, spec
+
+
+def test_the_data_verb_counts_system_turns_other_than_task_system(chat_pilot, tmp_path):
+    pilot, rows, spec = chat_pilot
+    out = run_json("data", str(pilot))
+    conv_report = out["messages"]
+    assert conv_report["with_system"] == conv_report["system_differs"] == len(rows)
+    assert conv_report["system_texts"] == [{"text": "Label it.", "n": len(rows)}]
+    assert f"{len(rows)} of {len(rows)} conversation(s) in 'messages'" in out["warnings"][0]
+    shown = run_json("inspect", str(pilot))["examples"][0]["rendered"]
+    assert spec["task"]["system"].split("{")[0] in shown and "Label it." not in shown
+    text = run_cli("data", str(pilot)).stdout
+    assert "conversations in 'messages': the user turn is the input" in text
+
+
+def test_predict_reads_conversations_or_plain_columns(chat_pilot, tmp_path):
+    pilot, rows, _ = chat_pilot
+    run_json("train", str(pilot))
+    asks = write_jsonl(tmp_path / "asks.jsonl", [conv(r["text"]) for r in rows[:3]])
+    out = run_json("predict", str(pilot), "--input", str(asks))
+    assert out["n"] == 3
+    plain = write_jsonl(tmp_path / "plain.jsonl", [{"body": r["text"], "y": r["label"]}
+                                                    for r in rows[:3]])  # fmt: skip
+    out = run_json("predict", str(pilot), "--input", str(plain), "--field", "body",
+                   "--answer-field", "y")  # fmt: skip
+    assert out["n"] == 3 and out["metrics"]["n"] == 3
+    proc = run_cli("predict", str(pilot), "--input", str(plain), "--answer-field", "y")
+    assert proc.returncode == 2 and "give --field NAME for its input too" in proc.stderr
+
+
+def test_parquet_and_saved_hf_datasets_hold_conversations_as_lists_of_structs(tmp_path):
+    """TRL's datasets (and Parquet files written from them) store `messages` as a list of
+    {role, content} structs, not as text."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [conv("I was charged twice", "billing"), conv("It crashes", "technical")]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "d.parquet")
+    records, _ = load_records(tmp_path / "d.parquet", CLF, data(file="d.parquet"))
+    assert [(r.text, r.label, r.system) for r in records] == [
+        ("I was charged twice", "billing", SYSTEM), ("It crashes", "technical", SYSTEM)
+    ]  # fmt: skip
+    datasets = pytest.importorskip("datasets")
+    datasets.Dataset.from_list(rows).save_to_disk(str(tmp_path / "ds"))
+    records, _ = load_records(tmp_path / "ds", CLF, data(file="ds"), display_path="ds")
+    assert [r.label for r in records] == ["billing", "technical"]
