@@ -207,6 +207,10 @@ def test_a_template_that_refuses_a_system_turn_gets_it_in_the_first_user_turn(
 
     tok = SimpleNamespace(apply_chat_template=refuses_system)
     assert folds_system(tok, task)
+    drops = SimpleNamespace(apply_chat_template=lambda msgs, **kw: msgs[-1]["content"])
+    assert folds_system(drops, task)  # a template that renders no system text silently
+    keeps = SimpleNamespace(apply_chat_template=lambda msgs, **kw: str(msgs))
+    assert not folds_system(keeps, task)
     assert not folds_system(tok, task.model_copy(update={"system": None}))
 
     pilot = tmp_path / "p"

@@ -110,16 +110,18 @@ SYSTEM_FOLD = "\n\n"
 def folds_system(tokenizer: Any, task: TaskSpec) -> bool:
     """Whether the system text must go into the first user turn: the task has one and the
     chat template refuses a system turn (Gemma's and older Mistral instruct templates raise
-    on one) but renders the user turn alone."""
+    on one) or drops it (renders no system text), but renders the user turn alone."""
     if not task.system:
         return False
     probe = [{"role": "user", "content": "x"}]
+    marker = "lorapilot-system-probe"
     try:
-        tokenizer.apply_chat_template(
-            [{"role": "system", "content": "s"}, *probe], tokenize=False,
+        shown = tokenizer.apply_chat_template(
+            [{"role": "system", "content": marker}, *probe], tokenize=False,
             add_generation_prompt=True,
         )  # fmt: skip
-        return False
+        if marker in shown:
+            return False
     except Exception:  # jinja2's TemplateError, raised by the template's raise_exception()
         pass
     try:
