@@ -228,3 +228,28 @@ def test_image_pilot_and_bad_flags_exit_2(tmp_path):
     ):
         proc = run_cli("export", str(tt), *args)
         assert proc.returncode == 2 and says in proc.stderr, (args, proc.stderr)
+
+
+def test_a_plain_prompt_format_is_served_as_trained(tmp_path, default_model_dir):
+    """model.chat_template: plain on the real default model: llama.cpp tokenizes every plain
+    prompt as the pilot does (no problem named), the Modelfile's PLAIN template renders the
+    pilot's prompt, and the folder carries the template with the flags that pass it."""
+    need_llama_cpp()
+    pilot = tmp_path / "tt"
+    shutil.copytree(EXAMPLES / "ticket-triage", pilot, ignore=shutil.ignore_patterns("runs"))
+    spec = yaml.safe_load((pilot / "pilot.yaml").read_text())
+    spec["model"]["chat_template"] = "plain"
+    spec["train"].update(max_steps=2, micro_batch=4, threads=1)
+    spec["data"]["split"].update(val=0.02)
+    (pilot / "pilot.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    run_json("train", str(pilot), "--no-progress")
+    proc = run_cli("export", str(pilot), "--gguf", "--out", str(tmp_path / "served"), "--json")
+    assert proc.returncode in (0, 1), proc.stderr  # the agreement gate may refuse 2 steps
+    out = json.loads(proc.stdout)
+    assert out["problems"] == [] and out["modelfile_prompt_matches"] is True
+    served = tmp_path / "served"
+    assert "chat_template.jinja" in out["sha256"]
+    assert "### Response:" in (served / "chat_template.jinja").read_text()
+    assert 'TEMPLATE """{{ if .System }}' in (served / "Modelfile").read_text()
+    readme = (served / "README.md").read_text()
+    assert "--jinja --chat-template-file chat_template.jinja" in readme
