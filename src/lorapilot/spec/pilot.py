@@ -108,12 +108,30 @@ class PilotSpec(_Strict):
         return self
 
     @model_validator(mode="after")
-    def _few_shot_is_for_text(self) -> PilotSpec:
-        if self.eval.few_shot is not None and self.task.modality == "image":
-            raise ValueError(
-                "eval.few_shot: prompting with examples is a text pilot's alternative; an "
-                "image pilot's baseline is a linear probe on the frozen features"
-            )
+    def _text_keys_are_for_text(self) -> PilotSpec:
+        """Keys only a text pilot reads, refused on an image pilot, saying what it has."""
+        if self.task.modality != "image":
+            return self
+        refused = [
+            (self.eval.few_shot is not None,
+             "eval.few_shot: prompting with examples is a text pilot's alternative; an image "
+             "pilot's baseline is a linear probe on the frozen features"),
+            (self.data.fields.text_template is not None,
+             "data.fields.text_template builds a text input from columns; an image pilot's "
+             "input is the image (data.fields.image)"),
+            (self.data.fields.messages is not None,
+             "data.fields.messages reads chat conversations; an image pilot's input is the "
+             "image (data.fields.image)"),
+            (self.model.chat_template is not None,
+             "model.chat_template sets a text model's prompt format; an image pilot has no "
+             "prompt (remove the key)"),
+            ("gguf" in self.export.formats,
+             "export.formats: gguf is llama.cpp's format for text models; an image pilot "
+             "exports peft or merged"),
+        ]  # fmt: skip
+        for is_set, why in refused:
+            if is_set:
+                raise ValueError(why)
         return self
 
     @model_validator(mode="after")
@@ -127,38 +145,6 @@ class PilotSpec(_Strict):
                     if self.task.modality == "image"
                     else ""
                 )
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _text_template_is_for_text(self) -> PilotSpec:
-        if self.data.fields.text_template is not None and self.task.modality == "image":
-            raise ValueError(
-                "data.fields.text_template builds a text input from columns; an image pilot's "
-                "input is the image (data.fields.image)"
-            )
-        if self.data.fields.messages is not None and self.task.modality == "image":
-            raise ValueError(
-                "data.fields.messages reads chat conversations; an image pilot's input is the "
-                "image (data.fields.image)"
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _chat_template_is_for_text(self) -> PilotSpec:
-        if self.model.chat_template is not None and self.task.modality == "image":
-            raise ValueError(
-                "model.chat_template sets a text model's prompt format; an image pilot has no "
-                "prompt (remove the key)"
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _gguf_is_for_text(self) -> PilotSpec:
-        if "gguf" in self.export.formats and self.task.modality == "image":
-            raise ValueError(
-                "export.formats: gguf is llama.cpp's format for text models; an image pilot "
-                "exports peft or merged"
             )
         return self
 
