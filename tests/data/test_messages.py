@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+from pathlib import Path
 
 import pytest
 import yaml
@@ -99,8 +100,6 @@ def test_messages_with_text_or_an_image_pilot_are_refused():
     with pytest.raises(ValidationError, match="set it or label, text, not both"):
         FieldMap(messages="messages", text="body", label="y")
     with pytest.raises(ValidationError, match="data.fields.messages reads chat conversations"):
-        from pathlib import Path
-
         from lorapilot.spec import PilotSpec
 
         photos = Path(__file__).parents[2] / "examples" / "clothing-photos" / "pilot.yaml"
@@ -135,6 +134,9 @@ def test_the_data_verb_counts_system_turns_other_than_task_system(chat_pilot, tm
     assert spec["task"]["system"].split("{")[0] in shown and "Label it." not in shown
     text = run_cli("data", str(pilot)).stdout
     assert "conversations in 'messages': the user turn is the input" in text
+    report = run_json("report", str(pilot))  # a limitation of whatever is decided
+    said = " ".join(Path(report["markdown"]).read_text().split())
+    assert f"{len(rows)} of {len(rows)} conversations in the data carry a system turn" in said
 
 
 def test_predict_reads_conversations_or_plain_columns(chat_pilot, tmp_path):

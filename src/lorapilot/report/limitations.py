@@ -107,6 +107,14 @@ def limitations(
             f"{unlisted['dropped']} example(s) with labels outside task.labels were left out "
             "(data.unlisted_labels: drop); the decision covers the pilot's labels only"
         )
+    conv = (data or {}).get("messages")  # data.fields.messages: the data's own system turns
+    if isinstance(conv, dict) and conv.get("system_differs"):
+        out.append(
+            f"{conv['system_differs']} of {conv['n_examples']} conversations in the data carry "
+            "a system turn other than task.system: the adapter was trained and judged with "
+            "task.system's prompt, not the one the data was written with (a server that sends "
+            "the data's system prompt asks it something else)"
+        )
     shared = ((data or {}).get("groups") or {}).get("shared")
     if shared and isinstance(shared, list):
         out.append(
