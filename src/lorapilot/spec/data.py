@@ -66,9 +66,11 @@ class FieldMap(_Strict):
             template_parts(v)
         return v
 
+    # (Both refusals compare with the defaults, not the keys set: a dumped spec, as run
+    # records and adapter manifests hold it, writes every default out and must validate.)
     @model_validator(mode="after")
     def _one_text(self) -> FieldMap:
-        if self.text_template is not None and "text" in self.model_fields_set:
+        if self.text_template is not None and self.text != "text":
             raise ValueError(
                 "set text (one column) or text_template (several), not both: the template "
                 "names its columns itself"
@@ -77,10 +79,11 @@ class FieldMap(_Strict):
 
     @model_validator(mode="after")
     def _messages_alone(self) -> FieldMap:
-        both = {"text", "label", "target", "text_template"} & self.model_fields_set
+        defaults = {"text": "text", "label": "label", "target": "target", "text_template": None}
+        both = sorted(k for k, v in defaults.items() if getattr(self, k) != v)
         if self.messages is not None and both:
             raise ValueError(
-                f"messages holds the input and the answer; set it or {', '.join(sorted(both))}, "
+                f"messages holds the input and the answer; set it or {', '.join(both)}, "
                 "not both"
             )
         return self
