@@ -83,8 +83,7 @@ class FieldMap(_Strict):
         both = sorted(k for k, v in defaults.items() if getattr(self, k) != v)
         if self.messages is not None and both:
             raise ValueError(
-                f"messages holds the input and the answer; set it or {', '.join(both)}, "
-                "not both"
+                f"messages holds the input and the answer; set it or {', '.join(both)}, not both"
             )
         return self
 
