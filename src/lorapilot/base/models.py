@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from lorapilot import __version__
+from lorapilot.base import chat_template
 from lorapilot.errors import LorapilotError, UsageError
 from lorapilot.fsutil import atomic_write_json, follow_umask, locked, sha256_file, swap_into_place
 from lorapilot.spec import require_text
@@ -773,7 +774,6 @@ def image_processor_config(pilot: Pilot) -> dict | None:
 def load_tokenizer(pilot: Pilot, weights: bool = True) -> tuple[Any, Any]:
     """(resolved base, tokenizer) for the pilot's base model, offline (`weights=False`: see
     resolve_base)."""
-
     require_text(pilot, "a text model")
 
     m = pilot.spec.model
@@ -794,7 +794,5 @@ def load_tokenizer_of(folder: Path, trust_remote_code: bool = False) -> Any:
 
 def set_chat_template(pilot: Pilot, tok: Any) -> Any:
     """The tokenizer with the spec's `model.chat_template` on it (None: the base's own)."""
-    from lorapilot.base import chat_template
-
     where = str(pilot.spec_path)
     return chat_template.apply(tok, pilot.spec.model.chat_template, pilot.dir, where)

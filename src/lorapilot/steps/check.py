@@ -5,6 +5,7 @@ or reading records. A bad key exits 2 naming it (and the resolved path)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 from lorapilot.base import chat_template
@@ -19,8 +20,9 @@ from lorapilot.spec import Pilot
 def run_check(pilot: Pilot) -> dict[str, Any]:
     """The resolved spec, its hash and the data sources found."""
     s = pilot.spec
-    base = check_rank(pilot)
-    prompt = check_prompt_format(pilot)
+    folder = local_base(pilot)
+    base = check_rank(pilot, folder)
+    prompt = check_prompt_format(pilot, folder)
     return {
         "ok": True,
         "pilot": str(pilot.dir),
@@ -43,7 +45,19 @@ def run_check(pilot: Pilot) -> dict[str, Any]:
     }
 
 
-def check_prompt_format(pilot: Pilot) -> dict | None:
+def local_base(pilot: Pilot) -> Path | None:
+    """A text pilot's base folder when it is on this machine (its weights not hashed), else
+    None: a base not fetched yet is said by the steps that load it."""
+    s = pilot.spec
+    if s.task.modality == "image":
+        return None
+    try:
+        return resolve_base(s.model.base, s.model.revision, root=pilot.dir, weights=False).path
+    except (UsageError, OSError, ValueError):
+        return None
+
+
+def check_prompt_format(pilot: Pilot, folder: Path | None) -> dict | None:
     """A text pilot's prompt format, from its base's tokenizer when the base is on this
     machine: a template file that is missing or does not render, or a base without a chat
     template and a spec that sets none, exits 2 now rather than at the first prompt built.
@@ -54,11 +68,12 @@ def check_prompt_format(pilot: Pilot) -> dict | None:
     where = str(pilot.spec_path)
     if s.model.chat_template not in (None, chat_template.PLAIN):  # the file is found now
         chat_template.read_template_file(s.model.chat_template, pilot.dir, where)
+    if folder is None:
+        return None
     try:
-        resolved = resolve_base(s.model.base, s.model.revision, root=pilot.dir, weights=False)
-        tok = load_tokenizer_of(resolved.path, s.model.trust_remote_code)
-    except (UsageError, OSError, ValueError):
-        return None  # not fetched yet: the steps that load it say so
+        tok = load_tokenizer_of(folder, s.model.trust_remote_code)
+    except (OSError, ValueError):
+        return None  # no tokenizer to read there: the steps that load it say so
     chat_template.apply(tok, s.model.chat_template, pilot.dir, where)
     if not getattr(tok, "chat_template", None):
         raise chat_template.missing(where)
@@ -68,7 +83,7 @@ def check_prompt_format(pilot: Pilot) -> dict | None:
     }
 
 
-def check_rank(pilot: Pilot) -> dict | None:
+def check_rank(pilot: Pilot, folder: Path | None) -> dict | None:
     """A LoRA rank the base cannot take is refused now (exit 2), from the base's config.json
     alone: r must not exceed the smallest dimension of a module it adapts. -> the base's
     shape, or None where it cannot be read without loading it (an image base, a base not on
@@ -76,10 +91,11 @@ def check_rank(pilot: Pilot) -> dict | None:
     s = pilot.spec
     if s.task.modality == "image" or s.adapter.method != "lora":
         return None
+    if folder is None:
+        return None
     try:
-        resolved = resolve_base(s.model.base, s.model.revision, root=pilot.dir, weights=False)
         shape = ModelShape.from_config(
-            json.loads((resolved.path / "config.json").read_text(encoding="utf-8"))
+            json.loads((folder / "config.json").read_text(encoding="utf-8"))
         )
     except (UsageError, OSError, ValueError):
         return None
