@@ -184,3 +184,30 @@ def test_teacher_forced_agreement_counts_tokens_from_the_same_prefix(converted, 
     assert compared == 12 and same <= 11
     # the prefix up to the change is untouched: the first four agree as before
     assert rt.forced(prompt, changed[:4], ended=False, stop=set()) == [4, 4]
+
+
+def test_the_pilot_s_prompt_format_goes_into_converted_and_rewritten_files(
+    converted, tiny_model_dir
+):
+    """model.chat_template's text in place of the base's, in a file converted from the
+    folder and in one rewritten from another GGUF's metadata (llama-server's chat endpoint
+    reads it from there); without it each keeps the base's."""
+    import gguf
+
+    def template_of(path):
+        field = gguf.GGUFReader(str(path)).fields.get(gf.CHAT_TEMPLATE_KEY)
+        return None if field is None else str(field.contents())
+
+    c = converted
+    base_own = template_of(c["root"] / "base.gguf")
+    assert base_own and "<|im_start|>" in base_own  # the tiny base's SmolLM2 template
+    tensors = gf.model_tensors(of_folder(tiny_model_dir), c["config"], "t")
+    mine = "{{ messages[0]['content'] }}### Response:\n"
+    gf.convert_hf(tiny_model_dir, tensors, c["root"] / "own.gguf", "f32", c["pre"], "t",
+                  chat_template=mine)  # fmt: skip
+    assert template_of(c["root"] / "own.gguf") == mine
+    gf.rewrite_gguf(c["root"] / "base.gguf", tensors, c["root"] / "re.gguf", "f32",
+                    chat_template=mine)  # fmt: skip
+    assert template_of(c["root"] / "re.gguf") == mine
+    gf.rewrite_gguf(c["root"] / "base.gguf", tensors, c["root"] / "kept.gguf", "f32")
+    assert template_of(c["root"] / "kept.gguf") == base_own

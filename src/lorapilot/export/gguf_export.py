@@ -212,6 +212,7 @@ def export_gguf(
                 label_sets=spec.task.multi_label,
                 chat_template=CHAT_TEMPLATE_FILE if spec.model.chat_template else None,
                 ollama_template=template is not None,
+                base_has_template=kind != "original",
             )
         )  # fmt: skip
         return {
@@ -400,8 +401,11 @@ def _write_models(
         if quantized and (kind != "original" or merge)
         else None
     )
+    # the pilot's own prompt format goes into every file written here (a copied original
+    # keeps the base's: the README passes chat_template.jinja to llama.cpp)
+    own = tok.chat_template if pilot.spec.model.chat_template else None
     base_note = _write_base(
-        tmp / BASE_FILE, kind, original, resolved.path, config, tok, say, weights, quantized
+        tmp / BASE_FILE, kind, original, resolved.path, config, tok, say, weights, quantized, own
     )
     if merge:
         say(f"writing {MERGED_FILE} (the adapter merged in, {_merged_type(kind)})")
@@ -409,8 +413,9 @@ def _write_models(
         tensors = gf.model_tensors(merged, config, str(resolved.path))
         pre = _pre_of(tmp / BASE_FILE) if original is None else None
         _write_model(
-            tmp / MERGED_FILE, tensors, _merged_type(kind), original, resolved.path, pre, name, say
-        )
+            tmp / MERGED_FILE, tensors, _merged_type(kind), original, resolved.path, pre, name,
+            say, own,
+        )  # fmt: skip
     return base_note
 
 
@@ -429,9 +434,11 @@ def _write_base(
     say: Progress,
     weights: Weights | None = None,
     quantized: dict | None = None,
+    chat_template: str | None = None,
 ) -> str:
     """base.gguf, and what it holds. `weights`: the dequantized weights of a `quantized` base
-    (the trained-on ones), else the folder's safetensors are."""
+    (the trained-on ones), else the folder's safetensors are; `chat_template`: the pilot's
+    own, written into a converted file (a copied original keeps the base's)."""
     if kind == "original":
         assert original is not None
         say(f"copying {original.name} (the GGUF the base was dequantized from)")
@@ -451,29 +458,30 @@ def _write_base(
     tensors = gf.model_tensors(weights, config, str(folder))
     if original is not None:
         say(f"writing {BASE_FILE} as {kind} from {source}, metadata from {original.name}")
-        _write_model(dest, tensors, kind, original, folder, None, None, say)
+        _write_model(dest, tensors, kind, original, folder, None, None, say, chat_template)
         return f"{what}; metadata of {original.name}"
     pre = choose_pre_tokenizer(folder, config, tok, say)
     say(f"writing {BASE_FILE} as {kind} from {source} (pre-tokenizer {pre})")
     name = config.get("_name_or_path") or folder.name
-    _write_model(dest, tensors, kind, None, folder, pre, name, say)
+    _write_model(dest, tensors, kind, None, folder, pre, name, say, chat_template)
     return f"{what} (pre-tokenizer {pre})"
 
 
 def _write_model(
     dest: Path, tensors: list, kind: str, original: Path | None, folder: Path,
-    pre: str | None, name: str | None, say: Progress,
+    pre: str | None, name: str | None, say: Progress, chat_template: str | None = None,
 ) -> None:  # fmt: skip
     """One GGUF model file (base or merged): `original`'s metadata where the base has its own
-    GGUF, else converted from the folder with llama.cpp pre-tokenizer `pre`; its tensors
-    written as a phase (a line every 30 s and at the end: an 8B base takes minutes)."""
+    GGUF, else converted from the folder with llama.cpp pre-tokenizer `pre`, the pilot's
+    `chat_template` in either; its tensors written as a phase (a line every 30 s and at the
+    end: an 8B base takes minutes)."""
     phase = Phase(f"writing {dest.name}", len(tensors), bar=False, log=plain_log(say))
     try:
         if original is not None:
-            gf.rewrite_gguf(original, tensors, dest, kind, phase.advance)
+            gf.rewrite_gguf(original, tensors, dest, kind, phase.advance, chat_template)
         else:
             assert pre is not None and name is not None
-            gf.convert_hf(folder, tensors, dest, kind, pre, name, phase.advance)
+            gf.convert_hf(folder, tensors, dest, kind, pre, name, phase.advance, chat_template)
     finally:
         phase.close()
 

@@ -280,23 +280,31 @@ FILE_TYPES = {"f32": 0, "f16": 1, "q8_0": 7}
 """GGUF `general.file_type` (llama.cpp's LLAMA_FTYPE) per base type."""
 
 
+CHAT_TEMPLATE_KEY = "tokenizer.chat_template"
+
+
 def rewrite_gguf(
     original: Path,
     tensors: list[Tensor],
     out: Path,
     base_type: str,
     tick: Callable[[], None] | None = None,
+    chat_template: str | None = None,
 ) -> None:
     """A GGUF model with `original`'s metadata (architecture, tokenizer, chat template) and the
     given tensors in `base_type`: a base converted from a quantized GGUF, or a merged model.
-    The tensors must be exactly the original's, by name and shape."""
+    The tensors must be exactly the original's, by name and shape. `chat_template`: the
+    pilot's own prompt format (model.chat_template), in place of the original's."""
     import gguf
 
     reader = gguf.GGUFReader(str(original))
     want = {t.name: tuple(int(x) for x in reversed(t.shape)) for t in reader.tensors}
     arch = str(reader.fields["general.architecture"].contents())
     w = gguf.GGUFWriter(str(out), arch)
-    _copy_metadata(reader, w, skip={"general.architecture", "general.file_type"})
+    skip = {"general.architecture", "general.file_type"}
+    _copy_metadata(reader, w, skip=skip | ({CHAT_TEMPLATE_KEY} if chat_template else set()))
+    if chat_template:
+        w.add_chat_template(chat_template)
     w.add_file_type(FILE_TYPES[base_type])
     for t in tensors:
         shape = want.get(t.name)
@@ -332,10 +340,12 @@ def convert_hf(
     pre: str,
     name: str,
     tick: Callable[[], None] | None = None,
+    chat_template: str | None = None,
 ) -> None:
     """A GGUF model from a Hugging Face folder: hyperparameters from config.json, a byte-level
     BPE tokenizer from tokenizer.json (the only kind converted here) with `pre` as llama.cpp's
-    pre-tokenizer, the chat template and special tokens from the tokenizer config."""
+    pre-tokenizer, the chat template (`chat_template`: the pilot's own, in place of the
+    folder's) and special tokens from the tokenizer config."""
     import gguf
 
     config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
@@ -345,7 +355,7 @@ def convert_hf(
     w.add_name(name)
     add_hparams(w, config, str(folder / "config.json"))
     w.add_file_type(FILE_TYPES[base_type])
-    add_tokenizer(w, folder, pre, int(config["vocab_size"]))
+    add_tokenizer(w, folder, pre, int(config["vocab_size"]), chat_template)
     _write_model_tensors(w, tensors, base_type, tick)
 
 
@@ -372,7 +382,9 @@ def add_hparams(w, config: dict, where: str) -> None:
     w.add_vocab_size(int(config["vocab_size"]))
 
 
-def add_tokenizer(w, folder: Path, pre: str, n_vocab: int) -> None:
+def add_tokenizer(
+    w, folder: Path, pre: str, n_vocab: int, chat_template: str | None = None
+) -> None:
     import gguf
 
     tok = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))
@@ -390,6 +402,8 @@ def add_tokenizer(w, folder: Path, pre: str, n_vocab: int) -> None:
     w.add_token_list(tokens)
     w.add_token_types(types)
     special = gguf.SpecialVocab(folder, load_merges=True, n_vocab=n_vocab)
+    if chat_template:  # the pilot's prompt format, not the folder's
+        special.chat_template = chat_template
     special.add_to_gguf(w, quiet=True)
     template = folder / "chat_template.jinja"
     if template.is_file() and not special.chat_template:

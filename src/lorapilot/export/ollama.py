@@ -95,14 +95,17 @@ def readme(
     label_sets: bool = False,
     chat_template: str | None = None,
     ollama_template: bool = True,
+    base_has_template: bool = True,
 ) -> str:
     """How to serve the export, and what its serving check found (`label_sets`: a
     multi-label pilot, whose grammar holds lists of labels; `chat_template`: the file of the
     pilot's own prompt format, model.chat_template; `ollama_template`: whether the Modelfile
-    has a TEMPLATE for it)."""
+    has a TEMPLATE for it; `base_has_template`: whether base.gguf carries it, false for a
+    copied original GGUF, which keeps the base's)."""
     name = f"{pilot}-{train_run}".lower().replace("_", "-")
     sys_flag = f' -sys "{system}"' if system else ""
-    # the GGUF carries the base's own chat template: llama.cpp is given the pilot's
+    # a copied original GGUF carries the base's own chat template: llama.cpp is given the
+    # pilot's (harmless where the file carries it too)
     tmpl_flag = f" --jinja --chat-template-file {chat_template}" if chat_template else ""
     verdict = "passed" if check.get("ok") else "FAILED"
     out = [
@@ -136,10 +139,15 @@ def readme(
     elif grammar:
         out.append(f"- `{grammar}`: the labels as a llama.cpp grammar (answers only a label)")
     if chat_template:
+        carried = (
+            "the GGUF files carry it as their chat template too"
+            if base_has_template
+            else f"`{base_file}` is the base's own GGUF and carries the base's chat template, "
+            "so give llama.cpp this one (`--jinja --chat-template-file`)"
+        )
         out.append(
             f"- `{chat_template}`: the prompt format the pilot trained with (its "
-            "`model.chat_template`); the GGUF files carry the base's own chat template, so "
-            "give llama.cpp this one (`--jinja --chat-template-file`)"
+            f"`model.chat_template`); {carried}"
             + ("" if ollama_template else "; the Modelfile has no TEMPLATE for it: write one")
         )
     out += [
