@@ -46,8 +46,13 @@ def test_turns_become_input_answer_and_system_and_bad_shapes_are_named(tmp_path)
         conv("Hello", None),  # no answer to learn
         {"messages": [*conv("a", "billing")["messages"], {"role": "user", "content": "b"},
                       {"role": "assistant", "content": "technical"}]},  # two exchanges
-        {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]},
-                      {"role": "assistant", "content": "billing"}]},  # content parts
+        {"messages": [{"role": "user", "content": [{"type": "text", "text": "Card "},
+                                                   {"type": "text", "text": "declined"}]},
+                      {"role": "assistant", "content": "billing"}]},  # text parts: joined
+        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]},
+                      {"role": "assistant", "content": "billing"}]},  # an image part
+        {"messages": [{"role": "user", "content": 7},
+                      {"role": "assistant", "content": "billing"}]},
         {"messages": "not a list"},
         {"messages": {"role": "user", "content": "one turn, not a list"}},
         {"messages": [{"content": "no role"}]},
@@ -59,13 +64,16 @@ def test_turns_become_input_answer_and_system_and_bad_shapes_are_named(tmp_path)
         ("I was charged twice", "billing", SYSTEM),
         ("The app crashes", "technical", None),
         ("Refund?", "billing", "x"),
+        ("Card declined", "billing", None),
     ]
     problems = [s.problem for s in skipped]
     assert problems == [
         "field 'messages' has no assistant turn: the answer to learn",
         "field 'messages' has the turns user, assistant, user, assistant: a pilot reads one "
         "user turn and its assistant answer (a longer conversation is not one example)",
-        "turn 0 of 'messages' (user): content must be a string, got array",
+        "turn 0 of 'messages' (user): a content part of type 'image_url' is not read (text "
+        "parts only)",
+        "turn 0 of 'messages' (user): content must be a string or a list of text parts, got number",
         "field 'messages' is not valid JSON: Expecting value (column 1)",  # text: read as JSON
         "field 'messages' must be a list of {role, content} turns, got object",
         "turn 0 of 'messages' is not a {role, content} object",

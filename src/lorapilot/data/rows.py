@@ -298,13 +298,7 @@ class RecordBuilder:
             role = turn.get("role") if isinstance(turn, dict) else None
             if not isinstance(role, str):
                 raise BadRow(f"turn {i} of {name!r} is not a {{role, content}} object")
-            content = turn.get("content")
-            if not isinstance(content, str):  # a list of parts (images, audio): not read
-                raise BadRow(
-                    f"turn {i} of {name!r} ({role}): content must be a string, got "
-                    f"{json_type(content)}"
-                )
-            turns.append((role, content))
+            turns.append((role, _turn_text(turn.get("content"), f"turn {i} of {name!r} ({role})")))
         system = turns.pop(0)[1] if turns[0][0] in ("system", "developer") else None
         roles = [r for r, _ in turns]
         if roles not in (["user"], ["user", "assistant"]):
@@ -451,6 +445,25 @@ class RecordBuilder:
             raise BadRow(f"field {name!r} is empty")
         _no_surrogates(rid, name or "id")
         return rid
+
+
+def _turn_text(content: Any, where: str) -> str:
+    """A chat turn's text: a string, or a list of text parts (OpenAI's `[{"type": "text",
+    "text": ...}]`, joined); a part of another kind (an image, audio) is not read."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and content:
+        kinds = [p.get("type") if isinstance(p, dict) else None for p in content]
+        texts = [
+            p.get("text") if k == "text" else None for p, k in zip(content, kinds, strict=True)
+        ]
+        if all(isinstance(t, str) for t in texts):
+            return "".join(texts)
+        other = next(k for k, t in zip(kinds, texts, strict=True) if not isinstance(t, str))
+        raise BadRow(f"{where}: a content part of type {other!r} is not read (text parts only)")
+    raise BadRow(
+        f"{where}: content must be a string or a list of text parts, got {json_type(content)}"
+    )
 
 
 def _show(value: str, limit: int = 80) -> str:
