@@ -72,6 +72,8 @@ def check(r: dict) -> None:
         what = "the base's chat template" if what == "base" else f"model.chat_template {what}"
         folded = ", task.system in the first user turn" if prompt["system_folded"] else ""
         stdout.print(f"  prompt format: {esc(what)}{folded}")
+    for w in (prompt or {}).get("warnings", []):
+        stdout.print(f"  [yellow]warning:[/] {esc(w)}")
     stdout.print(f"  spec hash: {r['spec_hash'][:16]}")
 
 

@@ -130,7 +130,7 @@ def test_a_base_without_a_chat_template_is_trained_verified_and_exported_with_pl
         assert "set `model.chat_template: plain`" in proc.stderr
     set_template(pilot, "plain")
     prompt = run_json("check", str(pilot))["prompt_format"]
-    assert prompt == {"chat_template": "plain", "system_folded": False}
+    assert prompt == {"chat_template": "plain", "system_folded": False, "warnings": []}
     shown = run_json("inspect", str(pilot))
     example = shown["examples"][0]
     assert example["rendered"].startswith(EOS) and "### Response:\n" in example["rendered"]
@@ -163,7 +163,11 @@ def test_a_template_file_is_the_prompt_and_a_changed_one_is_caught(plain_pilot, 
         "{% if add_generation_prompt %}<answer>{% endif %}"
     )
     set_template(pilot, "format.jinja")
-    assert run_json("check", str(pilot))["resolved"]["model"]["chat_template"] == "format.jinja"
+    checked = run_json("check", str(pilot))
+    assert checked["resolved"]["model"]["chat_template"] == "format.jinja"
+    # this tokenizer puts <|endoftext|> first, and the file renders none: said at check
+    (warning,) = checked["prompt_format"]["warnings"]
+    assert "puts '<|endoftext|>' before every text, and the chat template renders none" in warning
     shown = run_json("inspect", str(pilot))["examples"][0]
     assert shown["rendered"].startswith("[system] ") and shown["decoded_target"].endswith(EOS)
     run_json("train", str(pilot))

@@ -56,6 +56,25 @@ def adds_bos(tokenizer: Any) -> bool:
     return bos is not None and tokenizer("x")["input_ids"][:1] == [bos]
 
 
+def bos_warning(tokenizer: Any) -> str | None:
+    """A tokenizer that puts its bos token before every text, with a chat template that
+    renders none: prompts are tokenized as the template renders them (no special tokens
+    added), so the base would train and be evaluated without the token it always saw first."""
+    if not adds_bos(tokenizer):
+        return None
+    shown = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "x"}], tokenize=False, add_generation_prompt=True
+    )
+    if shown.startswith(tokenizer.bos_token):
+        return None
+    return (
+        f"the base's tokenizer puts {tokenizer.bos_token!r} before every text, and the chat "
+        "template renders none: prompts are used as the template renders them, so the base "
+        "is trained and evaluated without it; start the template with {{ bos_token }} (as "
+        "`plain` does)"
+    )
+
+
 def template_text(value: str, pilot_dir: Path, tokenizer: Any, where: str) -> str:
     """The Jinja text `model.chat_template: value` names (`where`: the spec file, for
     messages): `plain`, built for this tokenizer, or the file's text."""

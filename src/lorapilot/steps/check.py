@@ -61,7 +61,8 @@ def check_prompt_format(pilot: Pilot, folder: Path | None) -> dict | None:
     """A text pilot's prompt format, from its base's tokenizer when the base is on this
     machine: a template file that is missing or does not render, or a base without a chat
     template and a spec that sets none, exits 2 now rather than at the first prompt built.
-    -> {chat_template, system_folded}, or None where the tokenizer is not here to read."""
+    -> {chat_template, system_folded, warnings}, or None where the tokenizer is not here
+    to read."""
     s = pilot.spec
     if s.task.modality == "image":
         return None
@@ -77,9 +78,11 @@ def check_prompt_format(pilot: Pilot, folder: Path | None) -> dict | None:
     chat_template.apply(tok, s.model.chat_template, pilot.dir, where)
     if not getattr(tok, "chat_template", None):
         raise chat_template.missing(where)
+    warning = chat_template.bos_warning(tok)
     return {
         "chat_template": s.model.chat_template or "base",
         "system_folded": folds_system(tok, s.task),
+        "warnings": [warning] if warning else [],
     }
 
 
