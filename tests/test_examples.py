@@ -505,3 +505,55 @@ def test_emotions_example_is_multi_label_and_every_label_is_in_every_split(
     sets = report["label_sets"]
     assert all(1.05 < s["mean"] < 1.2 for s in sets["labels_per_example"].values())
     assert sets["commonest_combinations"][0]["labels"] == ["joy", "surprise"]
+
+
+BANKING_DIR = EXAMPLES / "banking-chat"
+
+
+def test_banking_build_script_writes_conversations_per_intent(tmp_path: Path) -> None:
+    """build.py on small CSVs shaped like BANKING77's (text, category; a header): the same
+    bytes twice, n per intent, each row a system, user and assistant turn."""
+    src = tmp_path / "banking_data"
+    src.mkdir()
+    for name, n in (("train", 6), ("test", 5)):
+        lines = ["text,category"] + [
+            f"{name} query {i} about {intent},{intent}"
+            for intent in ("card_arrival", "top_up_failed") for i in range(n)
+        ]  # fmt: skip
+        (src / f"{name}.csv").write_text("\n".join(lines) + "\n")
+    outs = []
+    for run in ("a", "b"):
+        build(BANKING_DIR, "--source", src, "--n-train", 4, "--n-eval", 2, "--out",
+              tmp_path / run)  # fmt: skip
+        outs.append(
+            [(tmp_path / run / f"{s}.jsonl").read_bytes() for s in ("train", "val", "test")]
+        )
+    assert outs[0] == outs[1]
+    train, val, test = ([json.loads(x) for x in b.decode().splitlines()] for b in outs[0])
+    assert (len(train), len(val), len(test)) == (8, 4, 4)
+    roles = {tuple(t["role"] for t in r["messages"]) for r in train + val + test}
+    assert roles == {("system", "user", "assistant")}
+    for rows in (train, val, test):
+        assert Counter(r["messages"][2]["content"] for r in rows) == {
+            "card_arrival": len(rows) // 2, "top_up_failed": len(rows) // 2,
+        }  # fmt: skip
+    queries = [r["messages"][1]["content"] for r in val + test]
+    assert len(set(queries)) == len(queries) and all(q.startswith("test ") for q in queries)
+
+
+def test_banking_example_reads_its_conversations_with_its_own_system_turn(
+    default_model_dir,
+) -> None:
+    from lorapilot.base.models import load_tokenizer
+    from lorapilot.data.dataset import prepare_data
+    from lorapilot.data.summary import data_report
+    from lorapilot.spec import load_pilot
+
+    pilot = load_pilot(BANKING_DIR)
+    assert pilot.spec.data.fields.messages == "messages" and len(pilot.spec.task.labels) == 77
+    _, tok = load_tokenizer(pilot, weights=False)
+    report = data_report(pilot, prepare_data(pilot, tok), tok)
+    assert report["splits"] == {"train": 924, "val": 154, "test": 154}
+    assert report["skipped"] == [] and report["mask_audit"]["ok"]
+    assert report["messages"]["with_system"] == 1232 and report["messages"]["system_differs"] == 0
+    assert all(per == {"train": 12, "val": 2, "test": 2} for per in report["per_category"].values())
