@@ -299,6 +299,19 @@ def build(example: Path, *args: object) -> None:
     subprocess.run(cmd, check=True, capture_output=True, timeout=120)
 
 
+def built_twice(example: Path, tmp_path: Path, *args: object) -> list[bytes]:
+    """An example's build.py run twice into two folders: its train, val and test files, the
+    same bytes both times (the selection depends only on the files and the seed)."""
+    outs = []
+    for run in ("a", "b"):
+        build(example, *args, "--out", tmp_path / run)
+        outs.append(
+            [(tmp_path / run / f"{s}.jsonl").read_bytes() for s in ("train", "val", "test")]
+        )
+    assert outs[0] == outs[1]
+    return outs[0]
+
+
 FASHION_DIR = EXAMPLES / "fashion-items"
 
 
@@ -466,22 +479,15 @@ def test_emotions_build_script_is_a_seeded_subset_with_label_names(tmp_path: Pat
                 for i in range(n)
             )  # fmt: skip
         )
-    outs = []
-    for run in ("a", "b"):
-        build(EMOTIONS_DIR, "--source", src, "--n-train", 10, "--n-eval", 5, "--out",
-              tmp_path / run)  # fmt: skip
-        outs.append(
-            [(tmp_path / run / f"{s}.jsonl").read_bytes() for s in ("train", "val", "test")]
-        )
-    assert outs[0] == outs[1]
-    train = [json.loads(x) for x in outs[0][0].decode().splitlines()]
+    written = built_twice(EMOTIONS_DIR, tmp_path, "--source", src, "--n-train", 10, "--n-eval", 5)
+    train = [json.loads(x) for x in written[0].decode().splitlines()]
     assert len(train) == 10 and [r["id"] for r in train] != [f"train{i}" for i in range(10)]
     for r in train:  # indices named, in labels.txt order
         i = int(r["id"].removeprefix("train"))
         assert r["emotions"] == (
             ["anger", "joy"] if i % 3 == 0 else [["joy", "neutral"][i % 3 - 1]]
         )
-    val = [json.loads(x) for x in outs[0][1].decode().splitlines()]
+    val = [json.loads(x) for x in written[1].decode().splitlines()]
     assert [r["id"] for r in val] == [f"dev{i}" for i in range(5)]  # the first rows, in order
     assert val[0]["emotions"] == ["anger", "joy"] and val[1]["emotions"] == ["joy"]
 
@@ -521,15 +527,8 @@ def test_banking_build_script_writes_conversations_per_intent(tmp_path: Path) ->
             for intent in ("card_arrival", "top_up_failed") for i in range(n)
         ]  # fmt: skip
         (src / f"{name}.csv").write_text("\n".join(lines) + "\n")
-    outs = []
-    for run in ("a", "b"):
-        build(BANKING_DIR, "--source", src, "--n-train", 4, "--n-eval", 2, "--out",
-              tmp_path / run)  # fmt: skip
-        outs.append(
-            [(tmp_path / run / f"{s}.jsonl").read_bytes() for s in ("train", "val", "test")]
-        )
-    assert outs[0] == outs[1]
-    train, val, test = ([json.loads(x) for x in b.decode().splitlines()] for b in outs[0])
+    written = built_twice(BANKING_DIR, tmp_path, "--source", src, "--n-train", 4, "--n-eval", 2)
+    train, val, test = ([json.loads(x) for x in b.decode().splitlines()] for b in written)
     assert (len(train), len(val), len(test)) == (8, 4, 4)
     roles = {tuple(t["role"] for t in r["messages"]) for r in train + val + test}
     assert roles == {("system", "user", "assistant")}
