@@ -189,7 +189,8 @@ class RecordBuilder:
         self.template_columns = data.fields.input_columns(task.modality)
         # the names the input and the answer are read under (and named by in messages):
         # data.fields' columns, or the turns of a data.fields.messages conversation
-        conv = data.fields.messages if task.modality != "image" else None
+        self.conversations = data.fields.messages if task.modality != "image" else None
+        conv = self.conversations
         self.text_column = (
             data.fields.image if task.modality == "image"
             else f"{conv} (user turn)" if conv else data.fields.text
@@ -212,7 +213,7 @@ class RecordBuilder:
     def build(self, row: dict, line: int) -> Record:
         empty: tuple[str, ...] = ()
         system = None
-        if self.fields.messages is not None and self.task.modality != "image":
+        if self.conversations:
             row, system = self._from_messages(row)
         if self.template is not None:
             column = "data.fields.text_template"
@@ -279,7 +280,7 @@ class RecordBuilder:
         """A data.fields.messages row as the input and answer columns (`text_column`,
         `answer_column`), and its system turn: an optional system (or developer) turn, one
         user turn, then the assistant's answer (absent in inputs to predict)."""
-        name = self.fields.messages
+        name = self.conversations
         conv = row.get(name, _MISSING)
         if conv is _MISSING or conv is None:
             raise BadRow(f"missing field {name!r}")
