@@ -916,21 +916,64 @@ def init(
     name: Annotated[str, typer.Argument(help="Name of the new pilot folder.")],
     as_json: JsonFlag = False,
     task: Annotated[
-        str,
+        str | None,
         typer.Option(
             "--task",
             help="classification, multi_label_classification, extraction, format or "
-            "image_classification.",
+            "image_classification. Default: classification; with --from, inferred from the "
+            "answers.",
         ),
-    ] = "classification",
+    ] = None,
     directory: Annotated[Path, typer.Option("--dir", help="Where to create the folder.")] = Path(
         "."
     ),
+    sources: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--from",
+            help="Your data file (JSONL, CSV, Parquet; chat rows too): copied into the pilot, "
+            "its input and answer columns, task, labels or fields inferred and commented in "
+            "pilot.yaml. Several files: train=PATH val=PATH test=PATH (or named so).",
+        ),
+    ] = None,
+    text: Annotated[
+        str | None, typer.Option("--text", help="With --from: the input column (else inferred).")
+    ] = None,
+    answer: Annotated[
+        str | None,
+        typer.Option("--answer", help="With --from: the label or target column (else inferred)."),
+    ] = None,
+    base: Annotated[
+        str, typer.Option("--base", help="With --from: model.base (a default name or a folder).")
+    ] = "smollm2-135m-instruct",
+    source: Annotated[
+        str | None,
+        typer.Option("--source", help="With --from: data.source, where the data comes from."),
+    ] = None,
+    permission: Annotated[
+        str | None,
+        typer.Option(
+            "--permission",
+            help="With --from: data.permission, the licence or approval to use the data.",
+        ),
+    ] = None,
 ) -> Shown:
-    """Scaffold a pilot folder: a commented pilot.yaml and a tiny data file to start from."""
+    """Scaffold a pilot folder: a commented pilot.yaml and a tiny data file to start from, or,
+    with --from, your own data file and a pilot.yaml inferred from it."""
+    if sources:
+        from lorapilot.steps.init import run_init_from
+
+        result = run_init_from(
+            name, sources, directory, text, answer, task, base, source, permission
+        )
+        return Shown(result, views.init)
+    given = [f for f, v in (("--text", text), ("--answer", answer), ("--source", source),
+                            ("--permission", permission)) if v]  # fmt: skip
+    if given:
+        raise UsageError(f"{', '.join(given)}: for a pilot made from your data; give --from too")
     from lorapilot.spec.scaffold import init_pilot
 
-    return Shown(init_pilot(name, task, directory), views.init)
+    return Shown(init_pilot(name, task or "classification", directory), views.init)
 
 
 def _one_line_summaries(*apps: typer.Typer) -> None:

@@ -384,10 +384,17 @@ def sync(r: dict) -> None:
 
 
 def init(r: dict) -> None:
-    stdout.print(
-        f"[green]created[/] {r['pilot']} ({r['task']}, {r['n_examples']} examples). "
-        f"Next: lorapilot run {r['pilot']}"
-    )
+    stdout.print(f"[green]created[/] {esc(r['pilot'])} ({r['task']}, {r['n_examples']} examples)")
+    for split, copied in (r.get("copied") or {}).items():  # --from: the user's own files
+        stdout.print(f"  {esc(r['from'][split])} -> {esc(copied)}")
+    for line in r.get("inferred") or []:
+        stdout.print(f"  inferred {esc(line)}")
+    for w in r.get("warnings") or []:
+        stdout.print(f"  [yellow]warning[/] {esc(w)}")
+    nxt = "read pilot.yaml, then " if r.get("inferred") else ""
+    if r.get("to_state"):
+        nxt = f"read pilot.yaml, state {' and '.join(r['to_state'])} in it, then "
+    stdout.print(f"Next: {nxt}lorapilot check {esc(r['pilot'])} && lorapilot run {esc(r['pilot'])}")
 
 
 def data(r: dict) -> None:

@@ -401,3 +401,24 @@ def test_split_group_across_given_files_is_warned(tmp_path, default_model_dir):
     out = run_json("data", str(pilot))
     assert len(out["groups"]["shared"]) == 40
     assert any("40 group(s) of 'customer'" in w for w in out["warnings"])
+
+
+def test_a_prompt_longer_than_max_length_fails_and_answers_cut_are_named(
+    tmp_path, default_model_dir
+):
+    """A max_length the prompt alone fills left every example out in silence (`data` passed
+    with 0 examples: a 77-label system prompt at max_length 224); it fails, saying how long
+    the prompt is. An answer that would be cut leaves its example out, counted and named."""
+    pilot = tmp_path / "inv"
+    shutil.copytree(EXAMPLES / "invoice-fields", pilot, ignore=shutil.ignore_patterns("runs"))
+    short = run_json("data", str(pilot), "--set", "data.max_length=60", expect=1)
+    assert "data.max_length=60 is shorter than the prompt alone" in short["error"]
+    assert "task.system and task.template take" in short["error"]
+
+    some = run_json("data", str(pilot), "--set", "data.max_length=200",
+                    "--set", "data.truncation=allow")  # fmt: skip
+    gone = some["target_excluded"]
+    assert gone and some["n_examples"] + len(gone) == 462
+    (said,) = [w for w in some["warnings"] if "left out because their answer" in w]
+    assert said.startswith(f"{len(gone)} example(s)") and gone[0]["id"] in said
+    assert "raise data.max_length" in said

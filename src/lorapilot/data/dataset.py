@@ -310,7 +310,20 @@ def prepare_data(pilot: Pilot, tokenizer: Any, *, enforce_leakage: bool = True) 
         answers += list(spec.task.labels or [])
     budget = room = fmt.answer_budget_for(answers) if answers else 0
     target_excluded: list[dict] = []
-    if fmt.max_length - budget < len(fmt._ids(fmt.prompt_text(""))):
+    prompt = len(fmt._ids(fmt.prompt_text("")))
+    if prompt + 2 > fmt.max_length:  # not one input token and one answer token would fit
+        parts = (
+            "task.system, task.template and the labels they list"
+            if spec.task.labels
+            else ("task.system and task.template")
+        )
+        raise CheckFailed(
+            f"data.max_length={data.max_length} is shorter than the prompt alone: {parts} take "
+            f"{prompt} tokens before any input. Set data.max_length "
+            f"to at least {prompt + budget + 1} plus the longest input (`lorapilot data` then "
+            "names any input it cuts), or shorten task.system"
+        )
+    if fmt.max_length - budget < prompt:
         msg = (
             f"data.max_length={data.max_length} leaves no room for the input text: the prompt "
             "template "
@@ -319,7 +332,7 @@ def prepare_data(pilot: Pilot, tokenizer: Any, *, enforce_leakage: bool = True) 
         if data.on_truncated_target == "fail":
             raise CheckFailed(msg)
         # exclude: drop the examples whose own answer cannot fit, keep a budget that fits
-        keep_budget = fmt.max_length - len(fmt._ids(fmt.prompt_text(""))) - 1
+        keep_budget = fmt.max_length - prompt - 1
         for s in SPLITS:
             kept = []
             for r in splits.get(s, []):
@@ -330,6 +343,13 @@ def prepare_data(pilot: Pilot, tokenizer: Any, *, enforce_leakage: bool = True) 
                     kept.append(r)
             splits[s] = kept
         budget = keep_budget
+        empty = [s for s in ("train", "val") if not splits.get(s)]
+        if empty:
+            raise CheckFailed(
+                f"data: no {' and no '.join(empty)} examples left: {len(target_excluded)} were "
+                f"left out because their answer would be cut by data.max_length="
+                f"{data.max_length} (data.on_truncated_target: exclude); raise data.max_length"
+            )
 
     prepared = PreparedData(
         splits=splits,

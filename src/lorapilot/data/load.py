@@ -32,7 +32,7 @@ from lorapilot.errors import UsageError
 from lorapilot.spec import DataSpec, TaskSpec
 
 _BOM = b"\xef\xbb\xbf"
-_FORMATS = {
+FORMATS = {
     ".jsonl": "jsonl",
     ".json": "jsonl",
     ".ndjson": "jsonl",
@@ -45,7 +45,7 @@ _FORMATS = {
 def detect_format(path: Path, data: DataSpec) -> str:
     if data.format != "auto":
         return data.format
-    fmt = _FORMATS.get(path.suffix.lower())
+    fmt = FORMATS.get(path.suffix.lower())
     if fmt is None:
         raise UsageError(
             f"{path}: cannot tell the format from the extension {path.suffix!r}; "
@@ -104,21 +104,42 @@ def load_records(
         task, data, shown, path.stem, split, row_numbers=fmt == "parquet", answers=answers
     )
     try:
-        if fmt == "jsonl":
-            rows = _jsonl_rows(path)
-        elif fmt == "csv":
-            rows = _csv_rows(path, data, task, shown, answers)
-        else:
-            rows = _parquet_rows(path, data, task, shown, answers)
+        rows = file_rows(path, fmt, shown, _Columns(data, task, shown, answers))
         return collect_rows(rows, builder, data, shown, row_numbers=fmt == "parquet")
     except OSError as e:
         raise UsageError(f"{shown}: cannot read: {e.strerror or e}") from None
 
 
-# --------------------------------------------------------------------------- one record
-
-
 # --------------------------------------------------------------------------- readers
+
+
+class _Columns:
+    """What a reader asks of a spec: the columns it needs (checked against a CSV header or
+    a Parquet schema), those it reads, and the input text column (an empty cell there is
+    empty text, not a missing value). Without one (`file_rows(..., None)`), every column is
+    read as it is: `init --from` looking at a file no spec describes yet."""
+
+    def __init__(self, data: DataSpec, task: TaskSpec, shown: str, answers: bool) -> None:
+        self.data, self.task, self.shown, self.answers = data, task, shown, answers
+        self.text = data.fields.text
+
+    def check(self, names: list[str], where: str) -> None:
+        require_columns(names, self.data, self.task, where, self.answers)
+
+    def wanted(self, names: list[str]) -> list[str]:
+        return read_columns(self.data, self.task, names, self.answers)
+
+
+def file_rows(
+    path: Path, fmt: str, shown: str, columns: _Columns | None = None
+) -> Iterator[tuple[int, dict | BadRow]]:
+    """(line or row number, the row as a dict, or why it is unreadable) of a JSONL, CSV or
+    Parquet file."""
+    if fmt == "jsonl":
+        return _jsonl_rows(path)
+    if fmt == "csv":
+        return _csv_rows(path, shown, columns)
+    return _parquet_rows(path, shown, columns)
 
 
 def _lines(f: IO[bytes]) -> Iterator[tuple[int, bytes | None]]:
@@ -209,7 +230,7 @@ def header_of(path: Path, fmt: str) -> list[str] | None:
 
 
 def _csv_rows(
-    path: Path, data: DataSpec, task: TaskSpec, shown: str, answers: bool = True
+    path: Path, shown: str, columns: _Columns | None
 ) -> Iterator[tuple[int, dict | BadRow]]:
     """CSV with a header row; a quoted cell may span lines, so a row has its first line."""
     # The csv module's default cell limit (128 KiB) is below our line limit; a long text
@@ -245,7 +266,9 @@ def _csv_rows(
         if len(set(header)) != len(header):
             dups = sorted({h for h in header if header.count(h) > 1})
             raise UsageError(f"{shown}:1: duplicate column names in the header: {dups}")
-        require_columns(header, data, task, f"{shown}:1", answers)
+        if columns is not None:
+            columns.check(header, f"{shown}:1")
+        text = columns.text if columns is not None else None
         while True:
             start = reader.line_num + 1
             try:
@@ -275,14 +298,14 @@ def _csv_rows(
             yield (
                 start,
                 {
-                    k: (v if v != "" or k == data.fields.text else None)
+                    k: (v if v != "" or k == text else None)
                     for k, v in zip(header, row, strict=True)
                 },
             )
 
 
 def _parquet_rows(
-    path: Path, data: DataSpec, task: TaskSpec, shown: str, answers: bool = True
+    path: Path, shown: str, columns: _Columns | None
 ) -> Iterator[tuple[int, dict | BadRow]]:
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -293,8 +316,10 @@ def _parquet_rows(
         raise UsageError(f"{shown}: not a readable Parquet file: {e}") from None
     with pf:
         names = pf.schema_arrow.names
-        require_columns(names, data, task, shown, answers)
-        wanted = read_columns(data, task, names, answers)
+        wanted = None
+        if columns is not None:
+            columns.check(names, shown)
+            wanted = columns.wanted(names)
         row = 0
         try:
             # Batches, not the whole table: memory stays flat however many rows there are.

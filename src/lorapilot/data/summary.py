@@ -60,6 +60,15 @@ def shared_report(
             + ", ".join(f"{label!r} {n}" for label, n in list(per.items())[:10])
             + (f" and {len(per) - 10} more label(s)" if len(per) > 10 else "")
         )
+    if prepared.target_excluded:
+        gone = prepared.target_excluded
+        warnings.append(
+            f"{len(gone)} example(s) left out because their answer would be cut by "
+            f"data.max_length={spec.data.max_length} (data.on_truncated_target: exclude): "
+            + ", ".join(f"{e['id']} ({e['split']})" for e in gone[:5])
+            + (f" and {len(gone) - 5} more" if len(gone) > 5 else "")
+            + "; raise data.max_length to keep them"
+        )
     groups = group_report(pilot, prepared.splits)
     if groups and groups["shared"]:
         shown = ", ".join(repr(g["group"]) for g in groups["shared"][:10])

@@ -12,6 +12,7 @@ from lorapilot.base import chat_template
 from lorapilot.base.models import load_tokenizer_of, resolve_base
 from lorapilot.data.format import folds_system
 from lorapilot.data.source import check_data_source
+from lorapilot.data.summary import require_permission
 from lorapilot.errors import UsageError
 from lorapilot.sizing.memory import LORA_SHAPES, ModelShape
 from lorapilot.spec import Pilot
@@ -20,6 +21,7 @@ from lorapilot.spec import Pilot
 def run_check(pilot: Pilot) -> dict[str, Any]:
     """The resolved spec, its hash and the data sources found."""
     s = pilot.spec
+    require_permission(pilot)  # `data` would refuse to start without them: say it first
     folder = local_base(pilot)
     base = check_rank(pilot, folder)
     prompt = check_prompt_format(pilot, folder)

@@ -1,0 +1,387 @@
+"""`lorapilot init NAME --from FILE`: a pilot folder scaffolded from the user's own data.
+
+The file is read (JSONL, CSV, Parquet; chat rows too), its input and answer columns and the
+task they make are inferred (`data.infer`), the file is copied into the pilot's `data/`
+untouched, and pilot.yaml is written with every inference commented beside its key, so the
+user reads what was guessed before running anything. Nothing is written until the spec
+validates: the folder appears whole (built beside it, then renamed) or not at all.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import re
+import shutil
+import tempfile
+import textwrap
+from pathlib import Path
+
+import yaml
+
+from lorapilot.base.models import load_tokenizer_of, resolve_base
+from lorapilot.data.infer import Inferred, infer
+from lorapilot.data.load import FORMATS, file_rows
+from lorapilot.data.rows import BadRow
+from lorapilot.errors import UsageError
+from lorapilot.spec import _NAME_RE, load_spec_file
+
+MAX_ROWS = 200_000
+"""Rows read per file to infer from (the whole file is copied; `data` reads it all)."""
+CHARS_PER_TOKEN = 3
+"""A cautious guess for max_length before any tokenizer is loaded (English BPE: ~4)."""
+_SPLITS = {"train": "train", "val": "val", "valid": "val", "validation": "val", "dev": "val",
+           "test": "test"}  # fmt: skip
+_SUCCESS = {
+    "classification": ("macro_f1", "{metric: per_category.f1, max_drop: 0.05}"),
+    "multi_label_classification": ("macro_f1", "{metric: per_category.f1, max_drop: 0.05}"),
+    "extraction": ("field_f1", "{metric: json_valid_rate, min: 0.9}"),
+    "format": ("exact_match", "{metric: format_valid_rate, max_drop: 0.05}"),
+}
+_SYSTEM = {
+    "classification": "Classify the text. Answer with exactly one of: {labels}.",
+    "multi_label_classification": "Name every label that applies, separated by commas, from: "
+    "{labels}.",
+    "extraction": "Extract one JSON object with the keys {fields}. Use null when a field is "
+    "absent.",
+    "format": "Answer the request.",
+}
+_DOES = {
+    "classification": "labels each text with the right one of its {n} labels",
+    "multi_label_classification": "names every one of its {n} labels that applies to a text",
+    "extraction": "extracts the fields ({fields}) as valid JSON",
+    "format": "answers like the data's targets",
+}
+
+
+def run_init_from(
+    name: str,
+    sources: list[str],
+    parent: Path,
+    text: str | None = None,
+    answer: str | None = None,
+    task: str | None = None,
+    base: str = "smollm2-135m-instruct",
+    source: str | None = None,
+    permission: str | None = None,
+) -> dict:
+    if not _NAME_RE.match(name):
+        raise UsageError(f"init {name!r}: a pilot name is 1-64 of letters, digits, '.', '_', '-'")
+    if task == "image_classification":
+        raise UsageError("--from reads a text data file; for images, run init --task "
+                         "image_classification and point data.file at your folder")  # fmt: skip
+    folder = Path(parent) / name
+    if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
+        raise UsageError(f"{folder}: exists and is not empty")
+    files = _splits_of(sources)
+    rows, unreadable = [], []
+    for path in files.values():  # every split: a label only test holds is still a label
+        got, bad = _read(path)
+        rows += got
+        unreadable += [f"{path}:{line}: {problem}" for line, problem in bad]
+    try:
+        found = infer(rows, text=text, answer=answer, task=task)
+    except ValueError as e:
+        raise UsageError(f"{next(iter(files.values()))}: {e}") from None
+    if unreadable:
+        found.warnings.append(
+            f"{len(unreadable)} row(s) could not be read ({unreadable[0]}); `lorapilot data` "
+            "refuses them unless data.on_error is skip"
+        )
+    names = _copied_names(files)
+    yaml_text = pilot_yaml(name, found, names, base, source, permission, Path(parent))
+    _build(folder, files, names, yaml_text)
+    return {
+        "pilot": str(folder),
+        "spec": str(folder / "pilot.yaml"),
+        "task": found.task,
+        "n_examples": found.n_rows,
+        "from": {split: str(p) for split, p in files.items()},
+        "copied": {split: f"data/{n}" for split, n in names.items()},
+        "fields": {k: v for k, v in _field_map(found).items() if v is not None},
+        "labels": found.labels,
+        "label_counts": found.label_counts or None,
+        "extraction_fields": [f["name"] for f in found.fields] if found.fields else None,
+        "inferred": found.reasons,
+        "to_state": [
+            f"data.{k}" for k, v in (("source", source), ("permission", permission)) if not v
+        ],  # fmt: skip
+        "warnings": found.warnings,
+    }
+
+
+def _splits_of(sources: list[str]) -> dict[str, Path]:
+    """`--from FILE` once: the one file, split by lorapilot. Several: each file's split from
+    a `train=`/`val=`/`test=` prefix or from its name (train.csv, dev.jsonl, test.parquet)."""
+    if not sources:
+        raise UsageError("--from: give the data file to scaffold from")
+    out: dict[str, Path] = {}
+    for source in sources:
+        split, _, rest = source.partition("=")
+        if rest and split in _SPLITS and not Path(source).exists():
+            split, path = _SPLITS[split], Path(rest)
+        else:
+            path = Path(source)
+            words = re.findall(r"[a-z]+", path.stem.lower())
+            split = next((_SPLITS[w] for w in words if w in _SPLITS), None) or (
+                "file" if len(sources) == 1 else ""
+            )
+            if not split:
+                raise UsageError(
+                    f"--from {source}: cannot tell which split this file is from its name; "
+                    "write train=PATH, val=PATH or test=PATH"
+                )
+        if split in out:
+            raise UsageError(f"--from {source}: a second {split} file ({out[split]} is one)")
+        if not path.is_file():
+            raise UsageError(f"--from {path}: no such file (a JSONL, CSV or Parquet file)")
+        if path.suffix.lower() not in FORMATS:
+            raise UsageError(
+                f"--from {path}: cannot tell the format from the extension {path.suffix!r} "
+                f"(one of {', '.join(sorted(FORMATS))})"
+            )
+        out[split] = path
+    if len(out) > 1 and "train" not in out:
+        raise UsageError("--from: several files, none of them the train split (train=PATH)")
+    if len(out) == 1 and "file" not in out:
+        out = {"file": next(iter(out.values()))}  # one file is split by lorapilot
+    return dict(sorted(out.items(), key=lambda kv: ("file", "train", "val", "test").index(kv[0])))
+
+
+def _read(path: Path) -> tuple[list[dict], list[tuple[int, str]]]:
+    rows, bad = [], []
+    try:
+        for line, row in file_rows(path, FORMATS[path.suffix.lower()], str(path)):
+            if isinstance(row, BadRow):
+                bad.append((line, str(row)))
+            else:
+                rows.append(row)
+            if len(rows) >= MAX_ROWS:
+                break
+    except OSError as e:
+        raise UsageError(f"{path}: cannot read: {e.strerror or e}") from None
+    return rows, bad
+
+
+def _copied_names(files: dict[str, Path]) -> dict[str, str]:
+    names = {split: p.name for split, p in files.items()}
+    if len(set(names.values())) < len(names):  # train/data.csv and test/data.csv
+        names = {split: f"{split}-{n}" for split, n in names.items()}
+    return names
+
+
+def _build(folder: Path, files: dict[str, Path], names: dict[str, str], yaml_text: str) -> None:
+    """Everything in a temp folder beside the pilot, validated, then renamed into place."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+    try:
+        (tmp / "data").mkdir()
+        for split, path in files.items():
+            shutil.copyfile(path, tmp / "data" / names[split])
+        (tmp / "pilot.yaml").write_text(yaml_text, encoding="utf-8")
+        load_spec_file(tmp / "pilot.yaml")  # what we scaffold must validate
+        os.chmod(tmp, 0o777 & ~_umask())
+        if folder.exists():
+            folder.rmdir()  # empty: checked above
+        os.replace(tmp, folder)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            shutil.rmtree(tmp)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _field_map(found: Inferred) -> dict:
+    if found.messages:
+        return {"messages": found.messages, "id": found.id}
+    key = "target" if found.task in ("extraction", "format") else "label"
+    return {"text": found.text, key: found.answer, "id": found.id}
+
+
+def _q(value: str) -> str:
+    """A YAML scalar for any string: JSON's double-quoted form is YAML's too."""
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _wrapped(items: list[str], indent: str, width: int = 92) -> str:
+    """A YAML flow list over as many lines as it needs."""
+    lines, line = [], "["
+    for i, item in enumerate(items):
+        piece = _q(item) + ("]" if i == len(items) - 1 else ", ")
+        if len(line) + len(piece) > width and line.strip() != "[":
+            lines.append(line.rstrip())
+            line = indent + "  "
+        line += piece
+    lines.append(line)
+    return "\n".join(lines)
+
+
+def max_length_for(found: Inferred, system: str, base: str, root: Path) -> tuple[int, str]:
+    """data.max_length for the longest examples, and how it was found: counted with the
+    base's tokenizer and chat template where the base is on this machine, else estimated at
+    CHARS_PER_TOKEN. Either way + 32 tokens of room, rounded up to 32, within 64-4096."""
+    names = found.labels or [f["name"] for f in found.fields or []]
+    system = system.replace("{labels}", ", ".join(names)).replace("{fields}", ", ".join(names))
+    counted = _counted(found, system, base, root)
+    if counted is not None:
+        tokens = counted
+        how = (f"the longest prompt plus the longest answer: {counted} tokens with {base}'s "
+               "tokenizer")  # fmt: skip
+    else:
+        tokens = round((found.longest_chars + len(system)) / CHARS_PER_TOKEN) + 32
+        how = (f"estimated: the longest input and answer are {found.longest_chars} characters "
+               "(the base is not on this machine to count tokens)")  # fmt: skip
+    return max(64, min(4096, 32 * math.ceil((tokens + 32) / 32))), how
+
+
+def _counted(found: Inferred, system: str, base: str, root: Path) -> int | None:
+    """The longest prompt (system and user turn as the base's chat template renders them,
+    up to the answer) plus the longest answer, in tokens."""
+    try:
+        tok = load_tokenizer_of(resolve_base(base, root=root, weights=False).path)
+    except (UsageError, OSError, ValueError):
+        return None
+
+    def prompt(text: str) -> str:
+        turns = [{"role": "system", "content": system}, {"role": "user", "content": text}]
+        try:
+            return tok.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
+        except Exception:  # no template, or one that refuses a system turn: the text alone
+            return f"{system}\n{text}\n"
+
+    inputs = max(len(tok(prompt(t))["input_ids"]) for t in found.longest_inputs)
+    answers = max(len(tok(a, add_special_tokens=False)["input_ids"]) for a in found.longest_answers)
+    return inputs + answers + 2  # + the end of turn
+
+
+def pilot_yaml(
+    name: str,
+    found: Inferred,
+    names: dict[str, str],
+    base: str,
+    source: str | None = None,
+    permission: str | None = None,
+    root: Path = Path("."),
+) -> str:
+    """pilot.yaml for what the data holds, each inference commented beside its key."""
+    kind = found.task
+    system = found.system or _SYSTEM[kind]
+    if kind == "format" and found.regex and not found.system:  # ask for the convention
+        system = f"Answer the request. End with a line '{found.final_line}<number>'."
+    metric, guard = _SUCCESS[kind]
+    if kind == "format" and found.regex:  # the format is the gain; the answers must hold
+        metric, guard = "format_valid_rate", "{metric: answer_match, max_drop: 0.05}"
+    does = _DOES[kind].format(
+        n=len(found.labels or []), fields=", ".join(f["name"] for f in found.fields or [])
+    )
+    out = [
+        f"# {name}: scaffolded by `lorapilot init --from` from your data. Read every line",
+        f"# marked `inferred`, then: lorapilot check {name} && lorapilot run {name}",
+        f"name: {name}",
+        "# The behaviour to improve, stated before any training: write what you expect.",
+        "hypothesis: >-",
+        *textwrap.wrap(
+            f"A LoRA adapter on the base model {does} clearly better than the base model "
+            "prompted zero-shot" + (", without any label getting worse." if found.labels else "."),
+            width=90,
+            initial_indent="  ",
+            subsequent_indent="  ",
+        ),
+        "task:",
+        f"  kind: {kind}   # inferred: {_reason(found, 'task')}",
+    ]
+    if found.labels:
+        (most, n_most), *_, (least, n_least) = found.label_counts.items()
+        spread = (
+            f"{n_most} examples each"
+            if n_most == n_least
+            else f"the most examples: {most} ({n_most}), the fewest: {least} ({n_least})"
+        )
+        out.append(f"  # inferred: {len(found.labels)} labels; {spread}")  # fmt: skip
+        out.append(f"  labels: {_wrapped(found.labels, '  ')}")
+    if found.fields:
+        out.append("  # inferred from the targets: every key, its type, required when every "
+                   "target fills it")  # fmt: skip
+        out.append("  fields:")
+        block = yaml.safe_dump(
+            found.fields, sort_keys=False, default_flow_style=None, allow_unicode=True, width=88
+        )  # a field of scalars on one line, a nested one in blocks
+        out += ["    " + line for line in block.splitlines()]
+    if kind == "format" and found.regex:
+        out.append(f"  # inferred: {_reason(found, 'regex')}; the group `answer` is compared "
+                   "(answer_match)")  # fmt: skip
+        out.append(f"  regex: {_q(found.regex)}")
+    elif kind == "format":
+        out.append("  # EDIT: the format every answer must follow; as written any non-empty "
+                   "answer is valid.")  # fmt: skip
+        out.append("  # A named group `answer` marks the part compared (answer_match).")
+        out.append("  regex: '(?s).+'")
+    why = "the data's own system turn" if found.system else "a default: say what the task is"
+    out.append(f"  system: {_q(system)}   # {why}")
+    out.append('  template: "{text}"   # the user turn; {text} is the input')
+    out += [
+        "model:",
+        f"  base: {base}   # `lorapilot model fetch` installs the default; or a local HF folder",
+        "  # chat_template: plain   # for a base without a chat template",
+        "data:",
+        f"  source: {_q(source)}"
+        if source
+        else "  # source: where the data comes from (a URL, a system, a date): `data` needs it",
+        f"  permission: {_q(permission)}"
+        if permission
+        else "  # permission: the licence or internal approval to use it: `data` needs it",
+    ]
+    if "file" in names:
+        out.append(f"  file: data/{names['file']}   # a copy of your file, split by lorapilot")
+    else:
+        files = ", ".join(f"{s}: data/{n}" for s, n in names.items())
+        out.append(f"  files: {{{files}}}")
+    fields = ", ".join(f"{k}: {_q(v) if v else 'null'}" for k, v in _field_map(found).items())
+    out.append(f"  fields: {{{fields}}}   # inferred: {_fields_reason(found)}")
+    if found.other_text_columns:
+        cols = ", ".join(found.other_text_columns[:4])
+        out.append(f"  # other text columns: {cols}; to read several as the input, use")
+        out.append('  # text_template: "Subject: {subject}\\n\\n{body}" in place of text')
+    if "val" not in names:
+        frac = 0.2 if found.n_rows < 1000 else 0.1
+        test = f", test: {frac}" if "file" in names else ""  # else: the test file, or none
+        out.append(
+            f"  split: {{seed: 0, val: {frac}{test}}}"
+            + ("   # stratified by label" if found.labels else "")
+        )
+    max_length, how = max_length_for(found, system, base, root)
+    out.append(f"  max_length: {max_length}   # {how}; `lorapilot data` names any input it cuts")
+    generate = kind in ("extraction", "format")
+    out += [
+        "adapter: {method: lora, r: 16, alpha: 32, dropout: 0.0, target_modules: all-linear}",
+        "train: {seed: 0, epochs: "
+        + ("3" if found.n_rows < 2000 else "1")
+        + ", lr: 0.0005, micro_batch: 8, precision: auto}",
+        *(["eval: {mode: generate, batch_size: 16}"] if generate else []),
+        "# GO when the adapter gains at least this much on the validation split...",
+        f"success: {{metric: {metric}, min_gain: 0.10}}",
+        "# ...and no guard fails.",
+        "guards:",
+        f"  - {guard}",
+        "limits: {memory_gb: 8, time_hours: 1, usd_per_hour: 0, rental_days: 3}",
+    ]
+    if found.warnings:
+        out.append("# Warnings when this was written:")
+        out += [f"#   - {w}" for w in found.warnings]
+    return "\n".join(out) + "\n"
+
+
+def _fields_reason(found: Inferred) -> str:
+    said = [r for r in found.reasons if r.startswith(("input: ", "chat rows: "))]
+    return said[0] if said else ""
+
+
+def _reason(found: Inferred, key: str) -> str:
+    """The reason given for `key` ("task: format (...)" -> "format (...)")."""
+    return next((r.split(": ", 1)[1] for r in found.reasons if r.startswith(key + ": ")), "")

@@ -1,0 +1,135 @@
+"""data.infer: the input, the answer and the task a data file's rows suggest, each with its
+reason, for `lorapilot init --from`."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from lorapilot.data.infer import fields_of, final_line_regex, infer, value_kind
+
+
+def test_columns_by_name_make_a_classification_with_its_labels_and_ids():
+    kinds = ["praise", "complaint", "question"]
+    rows = [{"id": f"r{i}", "text": f"message {i}", "label": kinds[i % 3]} for i in range(30)]
+    got = infer(rows)
+    assert (got.task, got.text, got.answer, got.id) == ("classification", "text", "label", "id")
+    assert got.labels == ["complaint", "praise", "question"]
+    assert got.label_counts == {"complaint": 10, "praise": 10, "question": 10}
+    assert "input: column 'text' (its name), answer: column 'label' (its name)" in got.reasons
+    assert any(r.startswith("task: classification (column 'label'") for r in got.reasons)
+    assert got.warnings == [] and got.n_rows == 30
+
+
+def test_columns_named_otherwise_are_found_by_their_values():
+    """The longest text is the input; a column of few repeated values the answer; an id-like
+    name with a repeated value is no id."""
+    rows = [{"uid": "x", "what": f"a long customer message number {i}", "kind": "ab"[i % 2],
+             "note": f"n{i}"} for i in range(20)]  # fmt: skip
+    got = infer(rows)
+    assert (got.text, got.answer, got.id) == ("what", "kind", None)
+    assert "input: column 'what' (the longest text), answer: column 'kind' (its values)" in (
+        got.reasons
+    )
+    assert got.other_text_columns == ["note"]  # offered for a text_template
+
+
+def test_lists_make_a_multi_label_task_from_jsonl_and_csv_cells():
+    lists = [["joy"], ["anger", "joy"], ["fear"], ["joy", "fear"]] * 3
+    as_lists = [{"text": f"t{i}", "emotions": e} for i, e in enumerate(lists)]
+    as_cells = [{"text": f"t{i}", "emotions": json.dumps(e)} for i, e in enumerate(lists)]
+    for rows in (as_lists, as_cells):
+        got = infer(rows)
+        assert got.task == "multi_label_classification" and got.answer == "emotions"
+        assert got.labels == ["anger", "fear", "joy"]
+        assert got.label_counts == {"joy": 9, "fear": 6, "anger": 3}
+
+
+def test_objects_make_an_extraction_with_typed_nested_fields():
+    targets = [
+        {"vendor": "Acme", "date": "2024-01-02", "total": 12.5, "n": 1, "paid": True,
+         "po": None, "items": [{"sku": "a", "qty": 2}], "meta": {"page": 1}},
+        {"vendor": "Birch", "date": "2024-03-04", "total": 7, "n": 2, "paid": False,
+         "items": [{"sku": "b"}], "meta": {"page": 2, "lang": "en"}},
+    ]  # fmt: skip
+    rows = [{"text": f"invoice {i}", "target": t} for i, t in enumerate(targets)]
+    got = infer(rows)
+    assert got.task == "extraction" and got.answer == "target"
+    assert got.fields == fields_of(targets) == [
+        {"name": "vendor", "type": "string", "required": True},
+        {"name": "date", "type": "date", "required": True},
+        {"name": "total", "type": "number", "required": True},
+        {"name": "n", "type": "integer", "required": True},
+        {"name": "paid", "type": "boolean", "required": True},
+        {"name": "po", "type": "string", "required": False},
+        {"name": "items", "type": "list", "required": True, "items": {"type": "object", "fields": [
+            {"name": "sku", "type": "string", "required": True},
+            {"name": "qty", "type": "integer", "required": False}]}},
+        {"name": "meta", "type": "object", "required": True, "fields": [
+            {"name": "page", "type": "integer", "required": True},
+            {"name": "lang", "type": "string", "required": False}]},
+    ]  # fmt: skip
+
+
+def test_free_text_answers_make_a_format_task_and_a_shared_last_line_its_regex():
+    worked = [f"{a} + {a} = {2 * a}\n#### {2 * a}" for a in range(40)]
+    got = infer([{"question": f"q{i}", "answer": w} for i, w in enumerate(worked)])
+    assert got.task == "format" and got.final_line == "#### "
+    rx = re.compile(got.regex)
+    assert all(rx.fullmatch(w).group("answer") == w.rsplit(" ", 1)[1] for w in worked)
+    assert "regex: 40 of 40 answers end with a line '#### ' and a number" in got.reasons
+    # no shared convention (or under 95% of the answers): no regex is guessed
+    loose = worked[:30] + [f"free answer {i}" for i in range(10)]
+    got = infer([{"question": f"q{i}", "answer": w} for i, w in enumerate(loose)])
+    assert got.task == "format" and got.regex is None
+    assert final_line_regex(["The answer (final) is 4.", "The answer (final) is 5"])[1] == (
+        "The answer (final) is "
+    )
+
+
+def test_chat_rows_make_a_pilot_of_their_assistant_turns_and_system_turn():
+    def chat(system, user, reply):
+        turns = [{"role": "system", "content": system}] if system else []
+        return {"messages": turns + [{"role": "user", "content": user},
+                                     {"role": "assistant", "content": reply}]}  # fmt: skip
+
+    rows = [chat("Name the intent.", f"query {i}", "ab"[i % 2]) for i in range(10)]
+    rows += [chat("Other system.", "query x", "a"), chat(None, "query y", "b")]
+    got = infer(rows)
+    assert (got.messages, got.text, got.task) == ("messages", None, "classification")
+    assert got.labels == ["a", "b"] and got.system == "Name the intent."
+    assert "task.system: the data's own system turn (10 of 12 conversations)" in got.reasons
+    assert any("2 different system turns" in w for w in got.warnings)
+    assert value_kind(json.dumps(rows[0]["messages"])) == "messages"  # JSON text in a CSV cell
+
+
+def test_what_the_rows_cannot_say_is_warned_or_refused_with_the_fix():
+    numbers = infer([{"text": f"t{i}", "label": i % 3} for i in range(12)])
+    assert numbers.labels == ["0", "1", "2"]
+    assert any("the labels are numbers" in w for w in numbers.warnings)
+    rare = infer([{"text": f"t{i}", "label": "a" if i else "b"} for i in range(12)])
+    assert any("1 label(s) have fewer than 3 examples (b)" in w for w in rare.warnings)
+    gaps = infer([{"text": f"t{i}", "label": ("a", "b", None)[i % 3]} for i in range(12)])
+    assert any("4 of 12 rows have no answer" in w for w in gaps.warnings)
+
+    with pytest.raises(ValueError, match="holds no rows"):
+        infer([])
+    with pytest.raises(ValueError, match=r"--text 'body': no such column \(columns: text"):
+        infer([{"text": "a", "label": "b"}], text="body")
+    with pytest.raises(ValueError, match="no column of text to read as the input"):
+        infer([{"a": 1, "b": 2}, {"a": 2, "b": 3}])
+    with pytest.raises(ValueError, match="no column besides 'text' to read as the answer"):
+        infer([{"text": "a"}, {"text": "b"}])
+    with pytest.raises(ValueError, match="1 distinct label"):
+        infer([{"text": f"t{i}", "label": "a"} for i in range(5)], task="classification")
+
+
+def test_what_the_user_names_overrides_the_guess():
+    rows = [{"id": str(i), "title": f"title {i}", "body": f"a much longer body {i} " * 3,
+             "label": "ab"[i % 2], "topic": "xyz"[i % 3]} for i in range(12)]  # fmt: skip
+    got = infer(rows, text="title", answer="topic")
+    assert (got.text, got.answer, got.labels) == ("title", "topic", ["x", "y", "z"])
+    assert infer(rows, task="format").task == "format"
+    assert "task: format (as given by --task)" in infer(rows, task="format").reasons

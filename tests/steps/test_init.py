@@ -1,0 +1,124 @@
+"""`lorapilot init NAME --from FILE`: a pilot scaffolded from the user's own data file, as a
+user runs it (--json), then checked and loaded by the verbs that follow."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import yaml
+from conftest import EXAMPLES, run_cli, run_json
+
+
+def _csv(path: Path, rows: list[dict]) -> Path:
+    with path.open("w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    return path
+
+
+def _tickets(n: int = 60) -> list[dict]:
+    said = {"billing": "I was charged twice for order {i}, please refund it",
+            "delivery": "parcel {i} has not arrived and tracking is stuck",
+            "account": "I cannot log in to account {i} since the update"}  # fmt: skip
+    return [{"ticket_id": f"t{i}", "subject": f"case {i}",
+             "body": said[k].format(i=i), "queue": k}
+            for i, k in zip(range(n), list(said) * n, strict=False)]  # fmt: skip
+
+
+def test_a_csv_becomes_a_pilot_that_checks_and_loads(tmp_path, tiny_model_dir):
+    src = _csv(tmp_path / "tickets.csv", _tickets())
+    out = run_json("init", "triage", "--dir", str(tmp_path), "--from", str(src),
+                   "--base", str(tiny_model_dir), "--source", "our helpdesk export, 2026-11",
+                   "--permission", "internal approval DP-12")  # fmt: skip
+    pilot = tmp_path / "triage"
+    assert out["task"] == "classification" and out["n_examples"] == 60
+    assert out["fields"] == {"text": "body", "label": "queue", "id": "ticket_id"}
+    assert out["labels"] == ["account", "billing", "delivery"]
+    assert out["copied"] == {"file": "data/tickets.csv"} and out["to_state"] == []
+    assert (pilot / "data" / "tickets.csv").read_bytes() == src.read_bytes()  # untouched
+    assert sorted(p.name for p in pilot.iterdir()) == ["data", "pilot.yaml"]
+    text = (pilot / "pilot.yaml").read_text()
+    assert "# inferred: classification (column 'queue'" in text
+    assert "# other text columns: subject" in text
+    spec = yaml.safe_load(text)
+    assert spec["data"]["source"] == "our helpdesk export, 2026-11"
+    assert spec["data"]["split"] == {"seed": 0, "val": 0.2, "test": 0.2}
+    assert "tokens with" in text and spec["data"]["max_length"] >= 64  # counted, not guessed
+
+    assert run_json("check", str(pilot))["ok"]
+    data = run_json("data", str(pilot))
+    assert data["truncation"]["n_truncated"] == 0  # the max_length written fits every example
+    assert sum(data["splits"].values()) == 60 and set(data["per_category"]) == set(out["labels"])
+
+
+def test_chat_files_by_split_and_the_view(tmp_path, tiny_model_dir):
+    """Chat JSONL in three files named by split: fields.messages, the data's system turn as
+    task.system, data.files; without --source/--permission the pilot says to state them and
+    `check` refuses until they are (as `data` would)."""
+    root = tmp_path / "src"
+    root.mkdir()
+    for name in ("train", "val", "test"):
+        (root / f"{name}.jsonl").write_text(
+            (EXAMPLES / "banking-chat" / "data" / f"{name}.jsonl").read_text()
+        )
+    args = ["--from", str(root / "train.jsonl"), "--from", f"val={root / 'val.jsonl'}",
+            "--from", str(root / "test.jsonl"), "--base", str(tiny_model_dir)]  # fmt: skip
+    out = run_json("init", "bank", "--dir", str(tmp_path), *args)
+    assert out["fields"] == {"messages": "messages"} and len(out["labels"]) == 77
+    assert out["copied"] == {s: f"data/{s}.jsonl" for s in ("train", "val", "test")}
+    assert out["to_state"] == ["data.source", "data.permission"]
+    spec = yaml.safe_load((tmp_path / "bank" / "pilot.yaml").read_text())
+    assert spec["task"]["system"].startswith("You are a support assistant for a bank.")
+    assert "split" not in spec["data"]  # val and test are the user's files
+    refused = run_json("check", str(tmp_path / "bank"), expect=2)
+    assert "data.source, data.permission must be stated" in refused["error"]
+
+    human = run_cli("init", "bank2", "--dir", str(tmp_path), *args)
+    assert human.returncode == 0, human.stderr
+    assert "inferred chat rows: column 'messages'" in human.stdout
+    assert "state data.source and data.permission in it" in human.stdout
+
+
+def test_a_gsm8k_file_gets_its_answer_convention_as_the_format(tmp_path, tiny_model_dir):
+    out = run_json("init", "math", "--dir", str(tmp_path), "--base", str(tiny_model_dir),
+                   "--from", str(EXAMPLES / "gsm8k-format" / "data" / "gsm8k.jsonl"))  # fmt: skip
+    assert out["task"] == "format" and out["fields"] == {
+        "text": "question", "target": "answer", "id": "id"
+    }  # fmt: skip
+    spec = yaml.safe_load((tmp_path / "math" / "pilot.yaml").read_text())
+    assert spec["task"]["regex"].startswith("(?s)(?:.*\\n)?#### (?P<answer>")
+    assert spec["task"]["system"] == "Answer the request. End with a line '#### <number>'."
+    assert spec["success"]["metric"] == "format_valid_rate"
+
+
+def test_bad_sources_are_refused_and_nothing_is_written(tmp_path):
+    good = _csv(tmp_path / "rows.csv", _tickets(12))
+    (tmp_path / "notes.txt").write_text("hello")
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "keep.txt").write_text("mine")
+    cases = [
+        (["--from", str(tmp_path / "missing.csv")], "no such file"),
+        (["--from", str(tmp_path / "notes.txt")], "cannot tell the format from the extension"),
+        (["--from", str(good), "--from", str(good)], "cannot tell which split this file is"),
+        (["--from", f"val={good}", "--from", f"test={good}"], "none of them the train split"),
+        (["--from", str(good), "--text", "nope"], "--text 'nope': no such column"),
+        (["--text", "body"], "--text: for a pilot made from your data; give --from too"),
+    ]
+    for args, said in cases:
+        out = run_json("init", "p", "--dir", str(tmp_path), *args, expect=2)
+        assert said in out["error"], (args, out["error"])
+        assert not (tmp_path / "p").exists()
+    out = run_json("init", "taken", "--dir", str(tmp_path), "--from", str(good), expect=2)
+    assert "exists and is not empty" in out["error"]
+    assert (tmp_path / "taken" / "keep.txt").read_text() == "mine"
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temp left
+
+
+def test_the_demo_scaffold_is_unchanged_without_from(tmp_path):
+    out = run_json("init", "demo", "--dir", str(tmp_path))
+    assert out["task"] == "classification" and "inferred" not in out
+    rows = (tmp_path / "demo" / "data" / "examples.jsonl").read_text().splitlines()
+    assert len(rows) == out["n_examples"] and json.loads(rows[0])["label"]
