@@ -133,3 +133,13 @@ def test_what_the_user_names_overrides_the_guess():
     assert (got.text, got.answer, got.labels) == ("title", "topic", ["x", "y", "z"])
     assert infer(rows, task="format").task == "format"
     assert "task: format (as given by --task)" in infer(rows, task="format").reasons
+
+
+def test_values_of_several_types_are_named_by_their_path():
+    """NLU++'s slots: `date.value` is a string in one target and an object in another."""
+    targets = [{"date": {"text": "May", "value": "may"}, "n": [1]},
+               {"date": {"text": "today", "value": {"day": 1}}, "n": ["x"]}]  # fmt: skip
+    got = infer([{"text": f"t{i}", "slots": t} for i, t in enumerate(targets)])
+    assert got.task == "extraction" and got.answer == "slots"
+    (said,) = got.warnings
+    assert said.startswith("target values of several types at date.value, n[]: typed string")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pyarrow as pa
@@ -254,9 +255,41 @@ def test_data_category_from_a_column_or_a_target_path(tmp_path):
         load_records(write(tmp_path, content), slots, spec(category="target.slots"))
 
 
-def test_json_array_file_gets_a_hint(tmp_path):
-    with pytest.raises(UsageError, match="JSON Lines"):
-        load_records(write(tmp_path, b"[\n" + GOOD_CLF + b"]\n", "data.json"), CLF, spec())
+def test_a_json_array_file_is_read_record_by_record_with_their_lines(tmp_path):
+    """A .json file holding one array of records (Alpaca's data.json, NLU++'s folds): each
+    record named by the line it starts on, a record that is not an object set aside like a
+    bad line; invalid JSON fails the whole file (an array has no next line to resume at)."""
+    body = (b'\xef\xbb\xbf  [\n  {"id": "a", "text": "printer is on fire", "label": "bug"},\n'
+            b'  {"id": "b",\n   "text": "refund please",\n   "label": "billing"},\n  7,\n'
+            b'  {"id": "c", "text": "hello", "label": "other"}\n]\n')  # fmt: skip
+    path = write(tmp_path, body, "data.json")
+    records, skipped = load_records(path, CLF, spec("skip", file="data.json"))
+    assert [(r.id, r.label, r.source) for r in records] == [
+        ("a", "bug", f"{path}:2"), ("b", "billing", f"{path}:3"), ("c", "other", f"{path}:7")
+    ]  # fmt: skip
+    assert [(s.line, s.problem) for s in skipped] == [
+        (6, "record is not a JSON object (got number)")
+    ]
+    with pytest.raises(UsageError, match=rf"^{path}:6: record is not a JSON object"):
+        load_records(path, CLF, spec(file="data.json"))
+    rec = b'{"text": "a", "label": "bug"}'
+    broken = [
+        (b"[\n " + rec + b'\n {"text": "b"}\n]', ":3: invalid JSON in a JSON array file: "
+         "expected ',' or ']' after a record"),
+        (b"[\n " + rec + b',\n {"text" "b"}\n]', ":3: invalid JSON in a JSON array"),
+        (b"[\n " + rec + b'\n]\n\n{"x": 1}', ":5: text after the JSON array's end"),
+        (b"[\n " + rec, ":2: invalid JSON in a JSON array file: expected"),
+    ]  # fmt: skip
+    for content, said in broken:
+        path = write(tmp_path, content, "data.json")
+        with pytest.raises(UsageError, match=re.escape(said)):
+            load_records(path, CLF, spec("skip", file="data.json"))
+    with pytest.raises(UsageError, match="no records"):
+        load_records(write(tmp_path, b"[ ]", "data.json"), CLF, spec(file="data.json"))
+    # a .jsonl file is JSON Lines whatever its first line holds
+    lines = write(tmp_path, b"[1, 2]\n" + GOOD_CLF, "data.jsonl")
+    records, skipped = load_records(lines, CLF, spec("skip"))
+    assert len(records) == 1 and skipped[0].line == 1
 
 
 # --------------------------------------------------------------------------- CSV

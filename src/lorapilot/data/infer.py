@@ -24,10 +24,12 @@ INPUT_NAMES = (
 )  # fmt: skip
 """Column names that usually hold the input, in the order they are preferred."""
 LABEL_NAMES = (
-    "label", "labels", "category", "categories", "class", "intent", "emotion", "emotions",
-    "topic", "topics", "tags", "tag", "sentiment", "y",
+    "label", "labels", "category", "categories", "class", "intent", "intents", "emotion",
+    "emotions", "topic", "topics", "tags", "tag", "sentiment", "y",
 )  # fmt: skip
-TARGET_NAMES = ("target", "output", "answer", "response", "completion", "fields", "json")
+TARGET_NAMES = (
+    "target", "output", "answer", "response", "completion", "fields", "json", "slots", "entities",
+)  # fmt: skip
 ID_NAMES = ("id", "idx", "uid", "guid", "example_id", "doc_id", "_id")
 _DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 _ROLES = {"system", "developer", "user", "assistant"}
@@ -299,7 +301,15 @@ def _decide_task(
         objects = [a for a in answers if isinstance(a, dict)]
         if not objects:
             raise ValueError(f"{where}: no answer is a JSON object, so there is nothing to extract")
-        out.fields = fields_of(objects)
+        mixed: list[str] = []
+        out.fields = fields_of(objects, mixed)
+        if mixed:
+            out.warnings.append(
+                f"target values of several types at {', '.join(mixed[:5])}"
+                + (f" and {len(mixed) - 5} more" if len(mixed) > 5 else "")
+                + ": typed string there, so `lorapilot data` refuses the rows that hold "
+                "another type; give each the type it should have (or an object's fields)"
+            )
     elif task == "format":
         texts = [a for a in answers if isinstance(a, str)]
         found = final_line_regex(texts)
@@ -376,21 +386,21 @@ def _answer_text(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
 
-def fields_of(objects: list[dict]) -> list[dict]:
+def fields_of(objects: list[dict], mixed: list[str] | None = None, at: str = "") -> list[dict]:
     """Extraction fields from target objects: every key in first-seen order, its type from
     its values, required when every object has a non-null value for it; an object value
-    nests its own fields."""
+    nests its own fields. The paths whose values mix types are added to `mixed`."""
     keys = list(dict.fromkeys(k for o in objects for k in o))
     out = []
     for k in keys:
         values = [o.get(k) for o in objects]
-        kind = _type_of([v for v in values if v is not None])
+        kind = _type_of([v for v in values if v is not None], mixed, f"{at}{k}")
         required = all(v is not None for v in values)
         out.append({"name": k, "type": kind.pop("type"), "required": required, **kind})
     return out
 
 
-def _type_of(values: list[Any]) -> dict:
+def _type_of(values: list[Any], mixed: list[str] | None = None, at: str = "") -> dict:
     if not values:
         return {"type": "string"}
     if all(isinstance(v, bool) for v in values):
@@ -404,13 +414,15 @@ def _type_of(values: list[Any]) -> dict:
             return {"type": "date"}
         return {"type": "string"}
     if all(isinstance(v, dict) for v in values):
-        return {"type": "object", "fields": fields_of(values)}
+        return {"type": "object", "fields": fields_of(values, mixed, f"{at}.")}
     if all(isinstance(v, list) for v in values):
         items = [x for v in values for x in v]
-        inner = _type_of(items) if items else {}
+        inner = _type_of(items, mixed, f"{at}[]") if items else {}
         return (
             {"type": "list", "items": inner}
             if inner.get("type") not in (None, "list")
             else {"type": "list"}
         )
+    if mixed is not None:
+        mixed.append(at)
     return {"type": "string"}  # mixed: `data` names the rows that do not fit

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
@@ -136,7 +137,8 @@ def file_rows(
     """(line or row number, the row as a dict, or why it is unreadable) of a JSONL, CSV or
     Parquet file."""
     if fmt == "jsonl":
-        return _jsonl_rows(path)
+        array = path.suffix.lower() == ".json" and _holds_an_array(path)
+        return _json_array_rows(path, shown) if array else _jsonl_rows(path)
     if fmt == "csv":
         return _csv_rows(path, shown, columns)
     return _parquet_rows(path, shown, columns)
@@ -194,15 +196,74 @@ def _jsonl_rows(path: Path) -> Iterator[tuple[int, dict | BadRow]]:
                 yield lineno, BadRow("JSON nested too deeply")
                 continue
             except ValueError as e:
-                hint = ""
-                if lineno == 1 and text.startswith("["):
-                    hint = "; expected JSON Lines: one JSON object per line, not a JSON array"
-                yield lineno, BadRow(f"invalid JSON: {json_message(e)}{hint}")
+                yield lineno, BadRow(f"invalid JSON: {json_message(e)}")
                 continue
             if not isinstance(obj, dict):
                 yield lineno, BadRow(f"record is not a JSON object (got {json_type(obj)})")
                 continue
             yield lineno, obj
+
+
+def _holds_an_array(path: Path) -> bool:
+    """A `.json` file written as one JSON array of records (Alpaca's data.json, NLU++'s
+    folds) rather than JSON Lines: its first character, past a BOM and blanks, is `[`."""
+    with path.open("rb") as f:
+        head = f.read(4096).removeprefix(_BOM).lstrip()
+    return head[:1] == b"["
+
+
+def _json_array_rows(path: Path, shown: str) -> Iterator[tuple[int, dict | BadRow]]:
+    """The records of a JSON array, each with the line it starts on. The file is parsed
+    whole (an array has no line to resume from): invalid JSON fails it, naming the line."""
+    raw = path.read_bytes().removeprefix(_BOM)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise UsageError(f"{shown}:{line}: invalid UTF-8 in a JSON array file") from None
+    decoder = json.JSONDecoder(parse_constant=no_constant)
+    ws = re.compile(r"[ \t\r\n]*")
+    pos, line, seen = ws.match(text, 0).end() + 1, 1, 0  # past the `[`
+
+    def where(at: int) -> int:
+        nonlocal line, seen
+        line += text.count("\n", seen, at)
+        seen = at
+        return line
+
+    pos = ws.match(text, pos).end()
+    if text.startswith("]", pos):
+        return
+    while True:
+        try:
+            obj, end = decoder.raw_decode(text, pos)
+        except RecursionError:
+            raise UsageError(f"{shown}:{where(pos)}: JSON nested too deeply") from None
+        except ValueError as e:
+            at = getattr(e, "pos", pos)
+            raise UsageError(
+                f"{shown}:{where(at)}: invalid JSON in a JSON array file: {json_message(e)}"
+            ) from None
+        start = where(pos)
+        yield (
+            start,
+            obj
+            if isinstance(obj, dict)
+            else BadRow(f"record is not a JSON object (got {json_type(obj)})"),
+        )
+        pos = ws.match(text, end).end()
+        if text.startswith("]", pos):
+            after = ws.match(text, pos + 1).end()
+            if after < len(text):
+                raise UsageError(f"{shown}:{where(after)}: text after the JSON array's end")
+            return
+        if not text.startswith(",", pos):
+            got = f"{text[pos]!r}" if pos < len(text) else "the end of the file"
+            raise UsageError(
+                f"{shown}:{where(pos)}: invalid JSON in a JSON array file: expected ',' or "
+                f"']' after a record, got {got}"
+            )
+        pos = ws.match(text, pos + 1).end()
 
 
 def header_of(path: Path, fmt: str) -> list[str] | None:

@@ -257,7 +257,9 @@ class DataSpec(_Strict):
     )
     format: Literal["auto", "jsonl", "csv", "parquet", "datasets"] = Field(
         "auto",
-        description="auto: by extension; a save_to_disk folder is recognised by its metadata.",
+        description="auto: by extension (.jsonl/.ndjson/.json: JSON Lines, or a .json file "
+        "holding one JSON array of records; .csv; .parquet); a save_to_disk folder is recognised "
+        "by its metadata.",
     )
     fields: FieldMap = Field(
         default_factory=FieldMap, description="Which columns of the data hold the input and target."
