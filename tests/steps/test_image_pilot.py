@@ -151,3 +151,18 @@ def test_images_the_model_sees_otherwise_are_counted_and_named(tmp_path):
     assert px["scaled_16_bit"]["n"] == 0
     assert any("composited onto white" in w and "cat-00.png" in w for w in d["warnings"])
     assert any("EXIF orientation" in w and "cat-01.png" in w for w in d["warnings"])
+
+
+def test_copies_of_an_image_stay_in_one_split_under_together(tmp_path):
+    """data.leakage: together on an image folder that lorapilot splits: the copies (one stored
+    gray, one as BMP) are found before the split and placed with their original."""
+    pilot = image_pilot(tmp_path / "p")
+    for i in range(4):  # cat-00 is noise(0)
+        noise(0).convert("L").save(pilot / f"data/images/cat/gray{i}.png")
+    Image.open(pilot / "data/images/cat/cat-00.png").save(pilot / "data/images/cat/same.bmp")
+    failed = run_json("data", str(pilot), expect=1)
+    assert failed["duplicates"]["n_cross_split"] > 0
+    out = run_json("data", str(pilot), "--set", "data.leakage=together")
+    assert out["duplicates"]["n_cross_split"] == 0 and out["n_examples"] == 24 + 5
+    counts = out["duplicates"]["counts"]
+    assert counts["exact"] + counts["near"] >= 5, counts  # six copies of one image

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -109,9 +110,57 @@ def source_hashes(pilot: Pilot, datasets_only: bool = False) -> dict[str, str]:
     return out
 
 
-def _split(pilot: Pilot, records: list[Record]) -> dict[str, list[Record]]:
+PairsOf = Callable[[list[Record]], DupReport]
+"""The duplicate pairs among records (text or images), for `data.leakage: together`."""
+
+
+def text_pairs(pilot: Pilot) -> PairsOf:
+    data = pilot.spec.data
+    return lambda records: find_duplicates(
+        [DupItem(r.id, "all", r.text) for r in records],
+        threshold=data.near_dup_threshold,
+        seed=data.split.seed,
+    )
+
+
+def _kept_together(pilot: Pilot, pairs_of: PairsOf) -> Callable:
+    """`split(records, seed, val, test)` that keeps each set of duplicates (pairs joined
+    transitively), and each data.split.group where one is set, whole in one split."""
+    group_column = pilot.spec.data.split.group
+
+    def split(records: list[Record], seed: int, val: float, test: float) -> dict:
+        parent = {r.id: r.id for r in records}
+
+        def root(x: str) -> str:
+            while parent[x] != x:
+                parent[x] = parent[parent[x]]
+                x = parent[x]
+            return x
+
+        def join(a: str, b: str) -> None:
+            ra, rb = root(a), root(b)
+            if ra != rb:
+                parent[max(ra, rb)] = min(ra, rb)
+
+        found = pairs_of(records)
+        for p in found.exact + found.near:
+            join(p.a_id, p.b_id)
+        if group_column:
+            first: dict[str, str] = {}
+            for r in records:
+                join(r.id, first.setdefault(str(r.group), r.id))
+        return split_groups(records, seed, val, test, key=lambda r: root(r.id))
+
+    return split
+
+
+def _split(
+    pilot: Pilot, records: list[Record], pairs_of: PairsOf | None = None
+) -> dict[str, list[Record]]:
     data = pilot.spec.data
     split = split_groups if data.split.group else split_records
+    if data.leakage == "together" and pairs_of is not None:
+        split = _kept_together(pilot, pairs_of)
     if data.split.group and any(r.group is None for r in records):
         raise UsageError(
             f"data.split.group: {data.split.group!r} is a column, and an image folder has "
@@ -197,10 +246,10 @@ def data_version(pilot: Pilot, splits: dict[str, list[Record]], tmpl_hash: str) 
 
 
 def _split_and_sample(
-    pilot: Pilot, records: list[Record], skipped: list[Skipped]
+    pilot: Pilot, records: list[Record], skipped: list[Skipped], pairs_of: PairsOf | None = None
 ) -> dict[str, list[Record]]:
     data = pilot.spec.data
-    splits = _split(pilot, records)
+    splits = _split(pilot, records, pairs_of)
     if data.sample is not None:
         for name, size in data.sample.model_dump().items():
             if size is not None and splits.get(name):
@@ -238,14 +287,18 @@ def prepare_image_data(
 
     data = pilot.spec.data
     records, skipped = load_all(pilot)
-    splits = _split_and_sample(pilot, records, skipped)
-    items = [
-        ImageItem(r.id, s, r.image.pixel_hash, r.image.phash, r.image.thumb)
-        for s, recs in splits.items()
-        for r in recs
-        if r.image is not None
-    ]
-    dups = find_image_duplicates(items, max_bits=data.near_dup_bits)
+
+    def pairs_of(split: dict[str, list[Record]]) -> DupReport:
+        items = [
+            ImageItem(r.id, s, r.image.pixel_hash, r.image.phash, r.image.thumb)
+            for s, recs in split.items()
+            for r in recs
+            if r.image is not None
+        ]
+        return find_image_duplicates(items, max_bits=data.near_dup_bits)
+
+    splits = _split_and_sample(pilot, records, skipped, lambda recs: pairs_of({"all": recs}))
+    dups = pairs_of(splits)
     prepared = PreparedData(
         splits=splits,
         skipped=skipped,
@@ -299,7 +352,7 @@ def prepare_data(pilot: Pilot, tokenizer: Any, *, enforce_leakage: bool = True) 
     records, dropped = clean_records(records, data.cleaning, data.max_chars)
     if spec.task.multi_label:
         records = multi_label_strata(records, list(spec.task.labels or []))
-    splits = _split_and_sample(pilot, records, skipped)
+    splits = _split_and_sample(pilot, records, skipped, text_pairs(pilot))
     items = [DupItem(r.id, s, r.text) for s, recs in splits.items() for r in recs]
     dups = find_duplicates(items, threshold=data.near_dup_threshold, seed=data.split.seed)
     leak_dropped = _drop_leaks_from_train(pilot, splits, dups)
@@ -391,12 +444,13 @@ def describe_leaks(leaks: list[dict], limit: int = 10) -> str:
 def check_leakage(pilot: Pilot, prepared: PreparedData) -> None:
     """Exit 1 on a leak the policy did not remove: under `fail` any cross-split pair; under
     `drop_from_train` a pair of two held-out rows (val ~ test), which dropping train rows
-    cannot fix. `warn` keeps them (the data report lists them as a warning)."""
+    cannot fix; under `together` a pair across files the user split (lorapilot's own split
+    leaves none). `warn` keeps them (the data report lists them as a warning)."""
     leaks = remaining_leaks(pilot, prepared)
     policy = pilot.spec.data.leakage
     if not leaks or policy == "warn":
         return
-    if policy == "fail":
+    if policy in ("fail", "together"):
         held_out = [p for p in leaks if "train" not in (p["a_split"], p["b_split"])]
         if len(held_out) == len(leaks):  # val ~ test only: dropping train rows fixes none
             fix = (
@@ -411,6 +465,12 @@ def check_leakage(pilot: Pilot, prepared: PreparedData) -> None:
             )
         else:
             fix = "Fix the data, or set data.leakage: drop_from_train (or warn)"
+        if policy == "together":  # lorapilot's own split left none: these are the user's
+            fix = ("data.leakage: together keeps duplicates in one split only where lorapilot "
+                   f"splits, not across the files you gave. {fix}")  # fmt: skip
+        elif not pilot.spec.data.files:
+            fix = ("Set data.leakage: together to keep each set of duplicates in one split "
+                   f"when lorapilot splits the file. Or: {fix[0].lower()}{fix[1:]}")  # fmt: skip
         raise CheckFailed(
             f"{len(leaks)} duplicate pair(s) across splits (leaks): {describe_leaks(leaks)}. "
             f"{fix}.",

@@ -14,7 +14,7 @@ import dataclasses
 import math
 import random
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from lorapilot.data.rows import Record
 
@@ -95,10 +95,15 @@ def multi_label_strata(records: list[Record], labels: list[str]) -> list[Record]
 
 
 def split_groups(
-    records: Iterable[Record], seed: int, val: float, test: float
+    records: Iterable[Record],
+    seed: int,
+    val: float,
+    test: float,
+    key: Callable[[Record], str | None] = lambda r: r.group,
 ) -> dict[str, list[Record]]:
-    """Records -> {"train", "val", "test"} with every group (`Record.group`) whole in one
-    split, as close to the per-category sizes of `split_records` as whole groups allow.
+    """Records -> {"train", "val", "test"} with every group (`Record.group`, or `key`: a set
+    of duplicates) whole in one split, as close to the per-category sizes of `split_records`
+    as whole groups allow.
 
     Each category's target sizes are `split_sizes`'; groups are placed largest first (ties
     in a seeded order) where they bring the per-category counts closest to the targets
@@ -110,9 +115,10 @@ def split_groups(
     by_group: dict[str, list[Record]] = defaultdict(list)
     per_category: dict[str, int] = defaultdict(int)
     for record in records:
-        if record.group is None:
+        group = key(record)
+        if group is None:
             raise ValueError(f"record {record.id!r} has no group")
-        by_group[record.group].append(record)
+        by_group[group].append(record)
         per_category[record.category] += 1
     target: dict[str, dict[str, int]] = {name: {} for name in SPLITS}
     for category, n in per_category.items():

@@ -297,8 +297,13 @@ class DataSpec(_Strict):
     on_truncated_target: Literal["fail", "exclude"] = Field(
         "exclude", description="A target that would be cut is never cut silently."
     )
-    leakage: Literal["fail", "drop_from_train", "warn"] = Field(
-        "fail", description="Policy for duplicates between train and val/test."
+    leakage: Literal["fail", "drop_from_train", "together", "warn"] = Field(
+        "fail",
+        description="Policy for duplicates between train and val/test. fail: `data` exits 1 "
+        "naming the pairs; drop_from_train: the train row of each pair is left out, counted; "
+        "together: where lorapilot splits (one file, or val out of a train file), each set of "
+        "exact and near duplicates is found first and kept whole in one split, so none leaks "
+        "(pairs across files you split yourself still fail); warn: kept, listed as a warning.",
     )
     near_dup_threshold: float = Field(0.8, gt=0, le=1, description="Jaccard threshold.")
     near_dup_bits: int = Field(
