@@ -46,6 +46,7 @@ def test_a_csv_becomes_a_pilot_that_checks_and_loads(tmp_path, tiny_model_dir):
     spec = yaml.safe_load(text)
     assert spec["data"]["source"] == "our helpdesk export, 2026-11"
     assert spec["data"]["split"] == {"seed": 0, "val": 0.2, "test": 0.2}
+    assert spec["data"]["leakage"] == "together"  # lorapilot splits: copies kept in one split
     assert "tokens with" in text and spec["data"]["max_length"] >= 64  # counted, not guessed
 
     assert run_json("check", str(pilot))["ok"]
@@ -72,7 +73,7 @@ def test_chat_files_by_split_and_the_view(tmp_path, tiny_model_dir):
     assert out["to_state"] == ["data.source", "data.permission"]
     spec = yaml.safe_load((tmp_path / "bank" / "pilot.yaml").read_text())
     assert spec["task"]["system"].startswith("You are a support assistant for a bank.")
-    assert "split" not in spec["data"]  # val and test are the user's files
+    assert "split" not in spec["data"] and "leakage" not in spec["data"]  # the user's splits
     refused = run_json("check", str(tmp_path / "bank"), expect=2)
     assert "data.source, data.permission must be stated" in refused["error"]
 

@@ -59,6 +59,8 @@ class Inferred:
     longest_inputs: list[str] = field(default_factory=list)
     longest_answers: list[str] = field(default_factory=list)
     """The longest inputs and answers by characters: tokenized where a tokenizer is."""
+    no_answer: int = 0
+    """Rows without an answer (`data` refuses them unless data.on_error is skip)."""
     other_text_columns: list[str] = field(default_factory=list)
     reasons: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
@@ -284,6 +286,7 @@ def _decide_task(
         out.reasons.append(f"task: {task} (as given by --task)")
     out.task = task
     missing = len(answers) - filled
+    out.no_answer = missing
     if missing:
         out.warnings.append(
             f"{where}: {missing} of {len(answers)} rows have no answer; `lorapilot data` "

@@ -355,6 +355,11 @@ def pilot_yaml(
             f"  split: {{seed: 0, val: {frac}{test}}}"
             + ("   # stratified by label" if found.labels else "")
         )
+        out.append("  leakage: together   # copies of a text are kept in one split, never "
+                   "across (where lorapilot splits)")  # fmt: skip
+    if found.no_answer:
+        out.append(f"  # on_error: skip   # {found.no_answer} rows have no answer: set aside, "
+                   "counted and named by `data` (without it, `data` refuses them)")  # fmt: skip
     max_length, how = max_length_for(found, system, base, root)
     out.append(f"  max_length: {max_length}   # {how}; `lorapilot data` names any input it cuts")
     generate = kind in ("extraction", "format")
