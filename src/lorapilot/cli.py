@@ -931,9 +931,10 @@ def init(
         list[str] | None,
         typer.Option(
             "--from",
-            help="Your data file (JSONL, CSV, Parquet; chat rows too): copied into the pilot, "
-            "its input and answer columns, task, labels or fields inferred and commented in "
-            "pilot.yaml. Several files: train=PATH val=PATH test=PATH (or named so).",
+            help="Your data file (JSONL, JSON array, CSV, Parquet; chat rows too), or a folder "
+            "of images in one folder per label: copied into the pilot, its input and answer "
+            "columns, task, labels or fields inferred and commented in pilot.yaml. Several "
+            "files: train=PATH val=PATH test=PATH (or named so).",
         ),
     ] = None,
     text: Annotated[
@@ -944,8 +945,13 @@ def init(
         typer.Option("--answer", help="With --from: the label or target column (else inferred)."),
     ] = None,
     base: Annotated[
-        str, typer.Option("--base", help="With --from: model.base (a default name or a folder).")
-    ] = "smollm2-135m-instruct",
+        str | None,
+        typer.Option(
+            "--base",
+            help="With --from: model.base, a default name or a folder (default: "
+            "smollm2-135m-instruct; for images efficientnet-lite0).",
+        ),
+    ] = None,
     source: Annotated[
         str | None,
         typer.Option("--source", help="With --from: data.source, where the data comes from."),
@@ -968,7 +974,7 @@ def init(
         )
         return Shown(result, views.init)
     given = [f for f, v in (("--text", text), ("--answer", answer), ("--source", source),
-                            ("--permission", permission)) if v]  # fmt: skip
+                            ("--permission", permission), ("--base", base)) if v]  # fmt: skip
     if given:
         raise UsageError(f"{', '.join(given)}: for a pilot made from your data; give --from too")
     from lorapilot.spec.scaffold import init_pilot

@@ -123,3 +123,50 @@ def test_the_demo_scaffold_is_unchanged_without_from(tmp_path):
     assert out["task"] == "classification" and "inferred" not in out
     rows = (tmp_path / "demo" / "data" / "examples.jsonl").read_text().splitlines()
     assert len(rows) == out["n_examples"] and json.loads(rows[0])["label"]
+
+
+def test_a_folder_of_images_becomes_an_image_pilot(tmp_path):
+    """One folder per label (hidden files left behind), or train/val/test folders of those."""
+    from image_helpers import LABELS, noise
+
+    src = tmp_path / "photos"
+    for k, label in enumerate(LABELS):
+        for i in range(6):
+            (src / label).mkdir(parents=True, exist_ok=True)
+            noise(100 * k + i, size=(300, 240)).save(src / label / f"{i}.png")
+    (src / ".DS_Store").write_text("x")
+    out = run_json("init", "pics", "--dir", str(tmp_path), "--from", str(src),
+                   "--source", "our photos", "--permission", "ours")  # fmt: skip
+    pilot = tmp_path / "pics"
+    assert out["task"] == "image_classification" and out["labels"] == LABELS
+    assert out["n_examples"] == 18 and out["label_counts"] == dict.fromkeys(LABELS, 6)
+    assert sorted(p.name for p in (pilot / "data" / "images").iterdir()) == LABELS
+    spec = yaml.safe_load((pilot / "pilot.yaml").read_text())
+    assert spec["model"]["base"] == "efficientnet-lite0"
+    assert spec["task"]["image"]["size"] == 224  # the images are larger: the base's own
+    assert spec["data"]["file"] == "data/images" and spec["data"]["leakage"] == "together"
+    assert (
+        "inferred from 18 sampled: 300x240 to 300x240 px, RGB" in (pilot / "pilot.yaml").read_text()
+    )
+    data = run_json("data", str(pilot))
+    assert data["n_examples"] == 18 and set(data["per_category"]) == set(LABELS)
+
+    split = tmp_path / "split"
+    for part, n in (("train", 4), ("test", 2)):
+        for k, label in enumerate(LABELS):
+            (split / part / label).mkdir(parents=True)
+            for i in range(n):
+                noise(1000 * k + 10 * i + n).save(split / part / label / f"{i}.png")
+    (split / "train" / "stray.txt").write_text("notes")
+    out = run_json("init", "pics2", "--dir", str(tmp_path), "--from", str(split))
+    spec = yaml.safe_load((tmp_path / "pics2" / "pilot.yaml").read_text())
+    assert spec["data"]["files"] == {"train": "data/images/train", "test": "data/images/test"}
+    assert spec["data"]["split"] == {"seed": 0, "val": 0.15}
+    assert spec["task"]["image"]["size"] == 112  # 24x20 noise: small images, upscaled
+    assert out["n_examples"] == 18 and any("1 file(s) at the top" in w for w in out["warnings"])
+
+    (tmp_path / "one" / "cat").mkdir(parents=True)
+    noise(1).save(tmp_path / "one" / "cat" / "a.png")
+    bad = run_json("init", "p3", "--dir", str(tmp_path), "--from", str(tmp_path / "one"), expect=2)
+    assert "1 folder(s) of images; an image pilot reads one folder per label" in bad["error"]
+    assert not (tmp_path / "p3").exists()

@@ -8,7 +8,7 @@ import torch
 from lorapilot.data.format import IGNORE_INDEX, Encoded
 from lorapilot.evaluate.predict import generate
 from lorapilot.train.batches import collate
-from lorapilot.train.loss import greedy_reproduces
+from lorapilot.train.loss import MEMORISED_P, greedy_reproduces
 
 
 def _example(prompt: list[int], answer: list[int]) -> Encoded:
@@ -35,3 +35,22 @@ def test_greedy_reproduces_is_what_greedy_decoding_writes(tiny_model_dir):
         False,
         False,
     ]
+
+
+def test_a_margin_is_asked_before_an_example_counts_as_memorised(tiny_model_dir):
+    """A random model's greedy tokens win by a hair (probability far below 0.9): greedy
+    decoding writes them, yet the evaluation's rounding could flip them, so with min_p they
+    do not count; a target made the only likely token does."""
+    from lorapilot.base.models import load_model, resolve_base
+
+    model, tok = load_model(resolve_base(str(tiny_model_dir)))
+    model.eval()
+    prompt = list(range(100, 108))
+    (written,) = generate(model, [prompt], max_new_tokens=3, stop_ids=[], pad_id=tok.pad_token_id)
+    batch = collate([_example(prompt, written)], tok.pad_token_id)
+    assert greedy_reproduces(model, batch).tolist() == [True]
+    assert greedy_reproduces(model, batch, min_p=MEMORISED_P).tolist() == [False]
+    with torch.no_grad():  # the head now puts nearly all mass on the written tokens
+        head = model.get_output_embeddings()
+        head.weight[list(written)] *= 1000.0
+    assert greedy_reproduces(model, batch, min_p=MEMORISED_P).tolist() == [True]

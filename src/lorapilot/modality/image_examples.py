@@ -105,8 +105,11 @@ class ImageExamples:
         return self.loss_sum, ("unshared", "images have no prompt prefix to share")
 
     @torch.no_grad()
-    def reproduces(self, model, batch: Batch) -> torch.Tensor:
-        return model(batch["pixel_values"]).argmax(-1) == batch["labels"]
+    def reproduces(self, model, batch: Batch, min_p: float = 0.0) -> torch.Tensor:
+        logits = model(batch["pixel_values"])
+        hit = logits.argmax(-1) == batch["labels"]
+        p = logits.float().softmax(-1).gather(-1, batch["labels"][:, None]).squeeze(-1)
+        return hit & (p >= min_p)
 
     def data_hash(self) -> str:
         h = hashlib.sha256()

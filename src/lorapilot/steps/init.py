@@ -17,6 +17,8 @@ import re
 import shutil
 import tempfile
 import textwrap
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
@@ -26,8 +28,10 @@ from lorapilot.data.infer import Inferred, infer
 from lorapilot.data.load import FORMATS, file_rows
 from lorapilot.data.rows import BadRow
 from lorapilot.errors import UsageError
-from lorapilot.spec import _NAME_RE, load_spec_file
+from lorapilot.spec import _NAME_RE, IMAGE_EXTENSIONS, load_spec_file
 
+TEXT_BASE = "smollm2-135m-instruct"
+IMAGE_BASE = "efficientnet-lite0"
 MAX_ROWS = 200_000
 """Rows read per file to infer from (the whole file is copied; `data` reads it all)."""
 CHARS_PER_TOKEN = 3
@@ -63,18 +67,28 @@ def run_init_from(
     text: str | None = None,
     answer: str | None = None,
     task: str | None = None,
-    base: str = "smollm2-135m-instruct",
+    base: str | None = None,
     source: str | None = None,
     permission: str | None = None,
 ) -> dict:
+    """A pilot folder from the user's data: one file, several files by split, or a folder
+    of images in one folder per label (or train/val/test folders of those)."""
     if not _NAME_RE.match(name):
         raise UsageError(f"init {name!r}: a pilot name is 1-64 of letters, digits, '.', '_', '-'")
-    if task == "image_classification":
-        raise UsageError("--from reads a text data file; for images, run init --task "
-                         "image_classification and point data.file at your folder")  # fmt: skip
+    if task == "image_classification" and not (len(sources) == 1 and Path(sources[0]).is_dir()):
+        raise UsageError("--task image_classification: --from takes the folder of images, one "
+                         "folder per label")  # fmt: skip
     folder = Path(parent) / name
     if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
         raise UsageError(f"{folder}: exists and is not empty")
+    if len(sources or []) == 1 and Path(sources[0]).is_dir():
+        if text or answer:
+            raise UsageError("--text and --answer name columns of a data file, not of a folder")
+        image = _image_folder(Path(sources[0]))
+        yaml_text = image_yaml(name, image, base or IMAGE_BASE, source, permission)
+        _build(folder, {}, {}, yaml_text, image.path)
+        return image.result(folder, source, permission)
+    base = base or TEXT_BASE
     files = _splits_of(sources)
     rows, unreadable = [], []
     for path in files.values():  # every split: a label only test holds is still a label
@@ -172,7 +186,13 @@ def _copied_names(files: dict[str, Path]) -> dict[str, str]:
     return names
 
 
-def _build(folder: Path, files: dict[str, Path], names: dict[str, str], yaml_text: str) -> None:
+def _build(
+    folder: Path,
+    files: dict[str, Path],
+    names: dict[str, str],
+    yaml_text: str,
+    images: Path | None = None,
+) -> None:
     """Everything in a temp folder beside the pilot, validated, then renamed into place."""
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
@@ -180,6 +200,8 @@ def _build(folder: Path, files: dict[str, Path], names: dict[str, str], yaml_tex
         (tmp / "data").mkdir()
         for split, path in files.items():
             shutil.copyfile(path, tmp / "data" / names[split])
+        if images is not None:  # hidden files and folders stay behind, as `data` skips them
+            shutil.copytree(images, tmp / "data" / "images", ignore=_hidden)
         (tmp / "pilot.yaml").write_text(yaml_text, encoding="utf-8")
         load_spec_file(tmp / "pilot.yaml")  # what we scaffold must validate
         os.chmod(tmp, 0o777 & ~_umask())
@@ -189,6 +211,10 @@ def _build(folder: Path, files: dict[str, Path], names: dict[str, str], yaml_tex
     finally:
         with contextlib.suppress(FileNotFoundError):
             shutil.rmtree(tmp)
+
+
+def _hidden(folder: str, names: list[str]) -> list[str]:
+    return [n for n in names if n.startswith(".")]
 
 
 def _umask() -> int:
@@ -390,3 +416,198 @@ def _fields_reason(found: Inferred) -> str:
 def _reason(found: Inferred, key: str) -> str:
     """The reason given for `key` ("task: format (...)" -> "format (...)")."""
     return next((r.split(": ", 1)[1] for r in found.reasons if r.startswith(key + ": ")), "")
+
+
+# --------------------------------------------------------------------------- image folders
+
+
+@dataclass
+class ImageFolder:
+    """A folder of images, one folder per label (`<label>/...`), or split folders of those
+    (`train/<label>/...`, `val/...`, `test/...`)."""
+
+    path: Path
+    counts: dict[str, int]
+    splits: list[str] = field(default_factory=list)
+    """The split folders, in order; empty: lorapilot splits the images."""
+    warnings: list[str] = field(default_factory=list)
+    seen: str = ""
+    """Sizes and modes of a sample of the images, as pilot.yaml says them."""
+    shortest: int = 0
+    """The smallest shorter side in that sample (0: none read)."""
+
+    @property
+    def size(self) -> int:
+        """task.image.size: 224 (the default base's) unless the images are smaller: then
+        their shorter side rounded up to 32, at least 112 (a tiny image upscaled 4x)."""
+        if not self.shortest or self.shortest >= 224:
+            return 224
+        return max(112, 32 * math.ceil(self.shortest / 32))
+
+    @property
+    def labels(self) -> list[str]:
+        return sorted(self.counts)
+
+    def result(self, folder: Path, source: str | None, permission: str | None) -> dict:
+        return {
+            "pilot": str(folder),
+            "spec": str(folder / "pilot.yaml"),
+            "task": "image_classification",
+            "n_examples": sum(self.counts.values()),
+            "from": {"folder": str(self.path)},
+            "copied": {"folder": "data/images"},
+            "fields": {},
+            "labels": self.labels,
+            "label_counts": dict(sorted(self.counts.items(), key=lambda kv: (-kv[1], kv[0]))),
+            "extraction_fields": None,
+            "inferred": [
+                f"task: image_classification (a folder per label: {len(self.counts)} labels)",
+                *([f"splits: the folders {', '.join(self.splits)}"] if self.splits else []),
+            ],
+            "to_state": [
+                f"data.{k}" for k, v in (("source", source), ("permission", permission)) if not v
+            ],
+            "warnings": self.warnings,
+        }
+
+
+def _image_folder(path: Path) -> ImageFolder:
+    subdirs = sorted(d.name for d in path.iterdir() if d.is_dir() and not d.name.startswith("."))
+    named = {d: _SPLITS[d.lower()] for d in subdirs if d.lower() in _SPLITS}
+    if named and len(named) == len(subdirs):  # train/ val/ test/
+        if "train" not in named.values():
+            raise UsageError(f"--from {path}: split folders without a train folder")
+        counts: dict[str, int] = {}
+        warnings: list[str] = []
+        for d in sorted(named, key=lambda d: list(_SPLITS.values()).index(named[d])):
+            one = _label_folders(path / d, warnings)
+            for label, n in one.items():
+                counts[label] = counts.get(label, 0) + n
+        order = sorted(named, key=lambda d: ("train", "val", "test").index(named[d]))
+        return ImageFolder(path, counts, order, warnings, *_sample_sizes(path))
+    warnings = []
+    counts = _label_folders(path, warnings)
+    return ImageFolder(path, counts, [], warnings, *_sample_sizes(path))
+
+
+def _sample_sizes(path: Path, n: int = 64) -> tuple[str, int]:
+    """('64 sampled: 28x28 to 28x28 px, L', the smallest shorter side) for up to `n` images
+    spread over the sorted files (headers only)."""
+    from PIL import Image, UnidentifiedImageError
+
+    files = sorted(
+        f for f in path.rglob("*")
+        if f.suffix.lower() in IMAGE_EXTENSIONS and not any(p.startswith(".") for p in f.parts)
+    )[:: max(1, len(list(path.rglob("*"))) // n)][:n]  # fmt: skip
+    sizes, modes = [], Counter()
+    for f in files:
+        try:
+            with Image.open(f) as im:
+                sizes.append(im.size)
+                modes[im.mode] += 1
+        except (OSError, UnidentifiedImageError):
+            continue  # `data` names it
+    if not sizes:
+        return "", 0
+    small = min(sizes, key=lambda wh: wh[0] * wh[1])
+    large = max(sizes, key=lambda wh: wh[0] * wh[1])
+    said = (f"{len(sizes)} sampled: {small[0]}x{small[1]} to {large[0]}x{large[1]} px, "
+            f"{', '.join(modes)}")  # fmt: skip
+    return said, min(min(wh) for wh in sizes)
+
+
+def _label_folders(path: Path, warnings: list[str]) -> dict[str, int]:
+    """Images per label folder under `path`; files elsewhere and other files are warned."""
+    counts: dict[str, int] = {}
+    top, other = 0, 0
+    for dirpath, dirnames, filenames in os.walk(path):
+        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+        parts = Path(dirpath).relative_to(path).parts
+        for f in filenames:
+            if f.startswith("."):
+                continue
+            if not parts:
+                top += 1
+            elif Path(f).suffix.lower() in IMAGE_EXTENSIONS:
+                counts[parts[0]] = counts.get(parts[0], 0) + 1
+            else:
+                other += 1
+    if len(counts) < 2:
+        raise UsageError(
+            f"--from {path}: {len(counts)} folder(s) of images; an image pilot reads one "
+            "folder per label (at least 2), e.g. cat/*.jpg and dog/*.jpg"
+        )
+    if top:
+        warnings.append(f"{path}: {top} file(s) at the top, in no label folder; `lorapilot "
+                        "data` refuses them unless data.on_error is skip")  # fmt: skip
+    if other:
+        warnings.append(f"{path}: {other} file(s) without an image extension "
+                        f"({', '.join(IMAGE_EXTENSIONS)}); `lorapilot data` refuses them unless "
+                        "data.on_error is skip")  # fmt: skip
+    rare = sorted(k for k, v in counts.items() if v < 3)
+    if rare:
+        warnings.append(f"label folder(s) with fewer than 3 images: {', '.join(rare)}")
+    return counts
+
+
+def image_yaml(
+    name: str, image: ImageFolder, base: str, source: str | None, permission: str | None
+) -> str:
+    labels = image.labels
+    counts = sorted(image.counts.values())
+    out = [
+        f"# {name}: scaffolded by `lorapilot init --from` from your images. Read every line",
+        f"# marked `inferred`, then: lorapilot check {name} && lorapilot run {name}",
+        f"name: {name}",
+        "# The behaviour to improve, stated before any training: write what you expect.",
+        "hypothesis: >-",
+        *textwrap.wrap(
+            "A LoRA adapter (with a new classification head) on the base model tells the "
+            f"{len(labels)} classes apart clearly better than a linear probe on its frozen "
+            "features, and no class gets worse.",
+            width=90, initial_indent="  ", subsequent_indent="  ",
+        ),
+        "task:",
+        "  kind: image_classification   # inferred: a folder per label",
+        f"  # inferred: {len(labels)} labels (folder names), "
+        + (f"{counts[0]} images each" if counts[0] == counts[-1] else
+           f"{counts[0]} to {counts[-1]} images each"),
+        f"  labels: {_wrapped(labels, '  ')}",
+        f"  # the model's input, {image.size} px a side (smaller is faster)"
+        + (f"; inferred from {image.seen}" if image.seen else ""),
+        f"  image: {{size: {image.size}, resize: shorter_side, crop: center, mode: RGB, "
+        "augment: [hflip]}",
+        "model:",
+        f"  base: {base}   # `lorapilot model fetch --image` installs the default",
+        "data:",
+        f"  source: {_q(source)}" if source else
+        "  # source: where the images come from (a URL, a system, a date): `data` needs it",
+        f"  permission: {_q(permission)}" if permission else
+        "  # permission: the licence or internal approval to use them: `data` needs it",
+    ]  # fmt: skip
+    if image.splits:
+        files = ", ".join(
+            f"{_SPLITS[d.lower()]}: data/images/{d}" for d in image.splits
+        )  # fmt: skip
+        out.append(f"  files: {{{files}}}   # inferred: your split folders")
+        if not any(_SPLITS[d.lower()] == "val" for d in image.splits):
+            out.append("  split: {seed: 0, val: 0.15}")
+    else:
+        out.append("  file: data/images   # a copy of your folder, split by lorapilot")
+        frac = 0.2 if sum(counts) < 1000 else 0.15
+        out.append(f"  split: {{seed: 0, val: {frac}, test: {frac}}}   # stratified by label")
+        out.append("  leakage: together   # copies of an image are kept in one split")
+    if image.warnings:
+        out.append("  # on_error: skip   # set aside what is not a labelled image, counted")
+    out += [
+        "adapter: {r: 16, alpha: 32}",
+        "train: {lr: 3.0e-3, epochs: 3, micro_batch: 16}",
+        "success: {metric: macro_f1, min_gain: 0.05}",
+        "guards:",
+        "  - {metric: per_category.f1, max_drop: 0.05}",
+        "limits: {memory_gb: 8, time_hours: 1, usd_per_hour: 0, rental_days: 3}",
+    ]
+    if image.warnings:
+        out.append("# Warnings when this was written:")
+        out += [f"#   - {w}" for w in image.warnings]
+    return "\n".join(out) + "\n"

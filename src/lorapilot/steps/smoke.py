@@ -16,6 +16,7 @@ from lorapilot.records.steprun import open_run
 from lorapilot.spec import Pilot
 from lorapilot.spec.checks import MICRO_BATCH
 from lorapilot.train.loop import train
+from lorapilot.train.loss import MEMORISED_P
 
 PASS_LOSS = 0.1  # mean loss per target (token, or image) on the memorised examples after training
 STOP_LOSS = 0.01  # below this a step asks whether the model already gives every target
@@ -66,8 +67,8 @@ def run_smoke(
 
         def memorised(rec: dict) -> bool:
             """Overfit: the model gives every target (greedy decoding writes every answer
-            token); steps beyond prove nothing. A low mean loss alone can hide one wrong
-            token of a long JSON answer."""
+            token, each with a margin: MEMORISED_P); steps beyond prove nothing. A low mean
+            loss alone can hide one wrong token of a long JSON answer."""
             return rec["loss"] < STOP_LOSS and _reproduces_all(model, examples, precision)
 
         result = train(
@@ -132,7 +133,8 @@ def _reproduces_all(model, examples, precision: str, batch: int = 16) -> bool:
         with autocast(device.type, precision):
             for i in range(0, len(examples), batch):
                 rows = examples.collate(range(i, min(i + batch, len(examples))))
-                if not examples.reproduces(model, {k: v.to(device) for k, v in rows.items()}).all():
+                batch = {k: v.to(device) for k, v in rows.items()}
+                if not examples.reproduces(model, batch, MEMORISED_P).all():
                     return False
         return True
     finally:

@@ -48,9 +48,10 @@ class TrainingSet(Protocol):
         for the record."""
         ...
 
-    def reproduces(self, model: Any, batch: Batch) -> torch.Tensor:
-        """Per row: does the model, as evaluation runs it, already give the target? (The
-        smoke stops training once every example it memorises is reproduced.)"""
+    def reproduces(self, model: Any, batch: Batch, min_p: float = 0.0) -> torch.Tensor:
+        """Per row: does the model, as evaluation runs it, already give the target, with
+        probability `min_p` or more? (The smoke stops training once every example it
+        memorises is reproduced with a margin.)"""
         ...
 
     def data_hash(self) -> str: ...
@@ -86,10 +87,10 @@ class TextExamples:
 
         return loss_fn_for(cfg)
 
-    def reproduces(self, model, batch: Batch) -> torch.Tensor:
+    def reproduces(self, model, batch: Batch, min_p: float = 0.0) -> torch.Tensor:
         from lorapilot.train.loss import greedy_reproduces
 
-        return greedy_reproduces(model, batch)
+        return greedy_reproduces(model, batch, min_p)
 
     def data_hash(self) -> str:
         h = hashlib.sha256()
