@@ -54,3 +54,24 @@ def test_a_margin_is_asked_before_an_example_counts_as_memorised(tiny_model_dir)
         head = model.get_output_embeddings()
         head.weight[list(written)] *= 1000.0
     assert greedy_reproduces(model, batch, min_p=MEMORISED_P).tolist() == [True]
+
+
+def test_the_smoke_asks_every_batch_of_its_examples(tiny_model_dir):
+    """More examples than one batch of the check (16): each batch is asked, and one example
+    not reproduced anywhere among them is found."""
+    from lorapilot.base.models import load_model, resolve_base
+    from lorapilot.steps.smoke import _reproduces_all
+    from lorapilot.train.examples import TextExamples
+
+    model, tok = load_model(resolve_base(str(tiny_model_dir)))
+    model.eval()
+    prompts = [list(range(100 + i, 106 + i)) for i in range(20)]
+    written = generate(model, prompts, max_new_tokens=2, stop_ids=[], pad_id=tok.pad_token_id)
+    with torch.no_grad():  # every written token made the only likely one
+        model.get_output_embeddings().weight[sorted({t for w in written for t in w})] *= 1000.0
+    good = [_example(p, w) for p, w in zip(prompts, written, strict=True)]
+    assert _reproduces_all(model, TextExamples(good, tok.pad_token_id), "fp32")
+    last = list(written[-1])
+    last[-1] = (last[-1] + 1) % 40000
+    bad = [*good[:-1], _example(prompts[-1], last)]  # in the second batch of 16
+    assert not _reproduces_all(model, TextExamples(bad, tok.pad_token_id), "fp32")

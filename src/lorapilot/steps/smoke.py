@@ -133,8 +133,8 @@ def _reproduces_all(model, examples, precision: str, batch: int = 16) -> bool:
         with autocast(device.type, precision):
             for i in range(0, len(examples), batch):
                 rows = examples.collate(range(i, min(i + batch, len(examples))))
-                batch = {k: v.to(device) for k, v in rows.items()}
-                if not examples.reproduces(model, batch, MEMORISED_P).all():
+                on_device = {k: v.to(device) for k, v in rows.items()}
+                if not examples.reproduces(model, on_device, MEMORISED_P).all():
                     return False
         return True
     finally:
