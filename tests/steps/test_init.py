@@ -38,6 +38,9 @@ def test_a_csv_becomes_a_pilot_that_checks_and_loads(tmp_path, tiny_model_dir):
     assert out["fields"] == {"text": "body", "label": "queue", "id": "ticket_id"}
     assert out["labels"] == ["account", "billing", "delivery"]
     assert out["copied"] == {"file": "data/tickets.csv"} and out["to_state"] == []
+    (thin,) = out["warnings"]  # 20 a label at val 0.2: about 4 each, under min_support 5
+    assert thin.startswith("3 of 3 labels will have fewer than eval.min_support=5 validation")
+    assert "decision can be no better than INCONCLUSIVE" in thin
     assert (pilot / "data" / "tickets.csv").read_bytes() == src.read_bytes()  # untouched
     assert sorted(p.name for p in pilot.iterdir()) == ["data", "pilot.yaml"]
     text = (pilot / "pilot.yaml").read_text()

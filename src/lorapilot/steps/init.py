@@ -28,7 +28,7 @@ from lorapilot.data.infer import Inferred, infer
 from lorapilot.data.load import FORMATS, file_rows
 from lorapilot.data.rows import BadRow
 from lorapilot.errors import UsageError
-from lorapilot.spec import _NAME_RE, IMAGE_EXTENSIONS, load_spec_file
+from lorapilot.spec import _NAME_RE, IMAGE_EXTENSIONS, EvalSpec, load_spec_file
 
 TEXT_BASE = "smollm2-135m-instruct"
 IMAGE_BASE = "efficientnet-lite0"
@@ -105,6 +105,8 @@ def run_init_from(
             "refuses them unless data.on_error is skip"
         )
     names = _copied_names(files)
+    if found.labels and "val" not in names:
+        found.warnings += _thin_validation(found, _val_fraction(found.n_rows))
     yaml_text = pilot_yaml(name, found, names, base, source, permission, Path(parent))
     _build(folder, files, names, yaml_text)
     return {
@@ -124,6 +126,28 @@ def run_init_from(
         ],  # fmt: skip
         "warnings": found.warnings,
     }
+
+
+def _val_fraction(n_rows: int) -> float:
+    return 0.2 if n_rows < 1000 else 0.1
+
+
+def _thin_validation(found: Inferred, val: float) -> list[str]:
+    """Labels whose share of the validation split will be under eval.min_support: their
+    per-label guard cannot judge them, so the decision can be no better than INCONCLUSIVE
+    (NLU++: 15 of 48 intents at val 0.1)."""
+    floor = EvalSpec.model_fields["min_support"].default
+    thin = {k: round(n * val) for k, n in found.label_counts.items() if round(n * val) < floor}
+    if not thin:
+        return []
+    shown = ", ".join(f"{k} (~{n})" for k, n in list(thin.items())[::-1][:6])
+    return [
+        f"{len(thin)} of {len(found.labels or [])} labels will have fewer than "
+        f"eval.min_support={floor} validation examples at data.split.val {val} ({shown}"
+        f"{', ...' if len(thin) > 6 else ''}): the per-label guard cannot judge them and the "
+        "decision can be no better than INCONCLUSIVE; raise data.split.val, gather more of "
+        "them, or guard a pooled metric (macro_f1) instead"
+    ]
 
 
 def _splits_of(sources: list[str]) -> dict[str, Path]:
@@ -375,7 +399,7 @@ def pilot_yaml(
         out.append(f"  # other text columns: {cols}; to read several as the input, use")
         out.append('  # text_template: "Subject: {subject}\\n\\n{body}" in place of text')
     if "val" not in names:
-        frac = 0.2 if found.n_rows < 1000 else 0.1
+        frac = _val_fraction(found.n_rows)
         test = f", test: {frac}" if "file" in names else ""  # else: the test file, or none
         out.append(
             f"  split: {{seed: 0, val: {frac}{test}}}"
