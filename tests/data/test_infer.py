@@ -131,6 +131,8 @@ def test_what_the_user_names_overrides_the_guess():
              "label": "ab"[i % 2], "topic": "xyz"[i % 3]} for i in range(12)]  # fmt: skip
     got = infer(rows, text="title", answer="topic")
     assert (got.text, got.answer, got.labels) == ("title", "topic", ["x", "y", "z"])
+    said = "input: column 'title' (as given by --text), answer: column 'topic' (as given by "
+    assert said + "--answer)" in got.reasons
     assert infer(rows, task="format").task == "format"
     assert "task: format (as given by --task)" in infer(rows, task="format").reasons
 

@@ -15,6 +15,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from lorapilot.data.targets import json_type
+
 MAX_LABELS = 500
 """More distinct answers than this (or than half the rows) are free text, not labels."""
 INPUT_NAMES = (
@@ -73,21 +75,16 @@ def value_kind(value: Any) -> str | None:
     value = _decoded(value)
     if value is None or value == "":
         return None
-    if isinstance(value, bool):
-        return "bool"
-    if isinstance(value, int | float):
-        return "number"
-    if isinstance(value, str):
-        return "text"
-    if isinstance(value, dict):
-        return "object"
-    if isinstance(value, list):
+    kind = json_type(value)
+    if kind == "array":
         if value and all(isinstance(t, dict) and t.get("role") in _ROLES for t in value):
             return "messages"
         if all(isinstance(v, str | int) and not isinstance(v, bool) for v in value):
             return "list"
         return "json"
-    return "json"
+    return {"boolean": "bool", "string": "text", "number": "number", "object": "object"}.get(
+        kind, "json"
+    )
 
 
 def _decoded(value: Any) -> Any:
@@ -145,6 +142,7 @@ def infer(
     out.id = _id_column(rows, columns)
     if out.id:
         out.reasons.append(f"id: column {out.id!r} (a unique value in every row)")
+    given_text, given_answer = text, answer
     answer = answer or _answer_by_name(columns, exclude={text, out.id})
     text = text or _input_column(columns, exclude={answer, out.id})
     if text is None:
@@ -159,8 +157,14 @@ def infer(
             f"{', '.join(names)}); name it with --answer"
         )
     out.text, out.answer = text, answer
-    why_text = "its name" if text.lower() in INPUT_NAMES else "the longest text"
-    why_answer = "its name" if answer.lower() in (*LABEL_NAMES, *TARGET_NAMES) else "its values"
+    why_text = (
+        "as given by --text" if given_text else
+        "its name" if text.lower() in INPUT_NAMES else "the longest text"
+    )  # fmt: skip
+    why_answer = (
+        "as given by --answer" if given_answer else
+        "its name" if answer.lower() in (*LABEL_NAMES, *TARGET_NAMES) else "its values"
+    )  # fmt: skip
     out.reasons.append(
         f"input: column {text!r} ({why_text}), answer: column {answer!r} ({why_answer})"
     )
@@ -170,7 +174,7 @@ def infer(
     ]  # fmt: skip
     answers = [_decoded(r.get(answer)) for r in rows]
     inputs = [str(r.get(text) or "") for r in rows]
-    _decide_task(out, answers, columns[answer], task, f"column {answer!r}")
+    _decide_task(out, answers, task, f"column {answer!r}")
     _keep_longest(out, [(i, _answer_text(a)) for i, a in zip(inputs, answers, strict=True)])
     return out
 
@@ -186,7 +190,7 @@ def _from_messages(
 ) -> Inferred:
     out = Inferred(task="", n_rows=len(rows), messages=name)
     out.id = _id_column(rows, columns)
-    out.reasons.append(f"chat rows: column {name!r} holds a conversation in every row")
+    out.reasons.append(f"chat rows: column {name!r} holds chat turns (system, user, assistant)")
     if out.id:
         out.reasons.append(f"id: column {out.id!r} (a unique value in every row)")
     answers, systems, pairs = [], Counter(), []
@@ -210,7 +214,7 @@ def _from_messages(
                 "is the most common one and prompts every example (`lorapilot data` counts "
                 "the others)"
             )
-    _decide_task(out, answers, None, task, "the assistant turns")
+    _decide_task(out, answers, task, "the assistant turns")
     _keep_longest(out, pairs)
     return out
 
@@ -265,9 +269,7 @@ def _few(distinct: int, n: int) -> bool:
     return 2 <= distinct <= MAX_LABELS and distinct * 2 <= n
 
 
-def _decide_task(
-    out: Inferred, answers: list[Any], column: _Column | None, task: str | None, where: str
-) -> None:
+def _decide_task(out: Inferred, answers: list[Any], task: str | None, where: str) -> None:
     kinds = Counter(k for k in map(value_kind, answers) if k is not None)
     if not kinds:
         raise ValueError(f"{where}: every answer is empty")
