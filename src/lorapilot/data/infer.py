@@ -32,6 +32,9 @@ LABEL_NAMES = (
 TARGET_NAMES = (
     "target", "output", "answer", "response", "completion", "fields", "json", "slots", "entities",
 )  # fmt: skip
+SPLIT_WORDS = {"train": "train", "val": "val", "valid": "val", "validation": "val", "dev": "val",
+               "test": "test"}  # fmt: skip
+"""File and folder names that say a split (train.csv, dev.jsonl, validation/)."""
 ID_NAMES = ("id", "idx", "uid", "guid", "example_id", "doc_id", "_id")
 _DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 _ROLES = {"system", "developer", "user", "assistant"}

@@ -1,0 +1,269 @@
+"""pilot.yaml for what `lorapilot init --from` found in the user's data: every inferred key
+with its reason as a comment beside it, the rest the defaults a first pilot wants. Pure text
+rendering (the step reads the data, counts tokens and validates what is written)."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from typing import TYPE_CHECKING
+
+import yaml
+
+if TYPE_CHECKING:  # annotations only: the spec layer does not import the data layer
+    from lorapilot.data.image_folder import ImageFolder
+    from lorapilot.data.infer import Inferred
+
+_SUCCESS = {
+    "classification": ("macro_f1", "{metric: per_category.f1, max_drop: 0.05}"),
+    "multi_label_classification": ("macro_f1", "{metric: per_category.f1, max_drop: 0.05}"),
+    "extraction": ("field_f1", "{metric: json_valid_rate, min: 0.9}"),
+    "format": ("exact_match", "{metric: format_valid_rate, max_drop: 0.05}"),
+}
+_SYSTEM = {
+    "classification": "Classify the text. Answer with exactly one of: {labels}.",
+    "multi_label_classification": "Name every label that applies, separated by commas, from: "
+    "{labels}.",
+    "extraction": "Extract one JSON object with the keys {fields}. Use null when a field is "
+    "absent.",
+    "format": "Answer the request.",
+}
+_DOES = {
+    "classification": "labels each text with the right one of its {n} labels",
+    "multi_label_classification": "names every one of its {n} labels that applies to a text",
+    "extraction": "extracts the fields ({fields}) as valid JSON",
+    "format": "answers like the data's targets",
+}
+
+
+def val_fraction(n_rows: int) -> float:
+    """data.split.val (and test) for a file lorapilot splits: 0.2 of a small set, else 0.1."""
+    return 0.2 if n_rows < 1000 else 0.1
+
+
+def field_map(found: Inferred) -> dict:
+    if found.messages:
+        return {"messages": found.messages, "id": found.id}
+    key = "target" if found.task in ("extraction", "format") else "label"
+    return {"text": found.text, key: found.answer, "id": found.id}
+
+
+def _q(value: str) -> str:
+    """A YAML scalar for any string: JSON's double-quoted form is YAML's too."""
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _wrapped(items: list[str], indent: str, width: int = 92) -> str:
+    """A YAML flow list over as many lines as it needs."""
+    lines, line = [], "["
+    for i, item in enumerate(items):
+        piece = _q(item) + ("]" if i == len(items) - 1 else ", ")
+        if len(line) + len(piece) > width and line.strip() != "[":
+            lines.append(line.rstrip())
+            line = indent + "  "
+        line += piece
+    lines.append(line)
+    return "\n".join(lines)
+
+
+def system_prompt(found: Inferred) -> str:
+    """task.system: the data's own system turn, else one that says the task (and, for a
+    format task with a final-line convention, asks for it)."""
+    if found.system:
+        return found.system
+    if found.task == "format" and found.regex:
+        return f"Answer the request. End with a line '{found.final_line}<number>'."
+    return _SYSTEM[found.task]
+
+
+def text_yaml(
+    name: str,
+    found: Inferred,
+    names: dict[str, str],
+    base: str,
+    length: tuple[int, str],
+    source: str | None = None,
+    permission: str | None = None,
+) -> str:
+    """pilot.yaml for what the data holds, each inference commented beside its key;
+    `names`: split -> the copied file's name in data/; `length`: data.max_length and how
+    it was found."""
+    kind = found.task
+    system = system_prompt(found)
+    metric, guard = _SUCCESS[kind]
+    if kind == "format" and found.regex:  # the format is the gain; the answers must hold
+        metric, guard = "format_valid_rate", "{metric: answer_match, max_drop: 0.05}"
+    does = _DOES[kind].format(
+        n=len(found.labels or []), fields=", ".join(f["name"] for f in found.fields or [])
+    )
+    out = [
+        f"# {name}: scaffolded by `lorapilot init --from` from your data. Read every line",
+        f"# marked `inferred`, then: lorapilot check {name} && lorapilot run {name}",
+        f"name: {name}",
+        "# The behaviour to improve, stated before any training: write what you expect.",
+        "hypothesis: >-",
+        *textwrap.wrap(
+            f"A LoRA adapter on the base model {does} clearly better than the base model "
+            "prompted zero-shot" + (", without any label getting worse." if found.labels else "."),
+            width=90,
+            initial_indent="  ",
+            subsequent_indent="  ",
+        ),
+        "task:",
+        f"  kind: {kind}   # inferred: {_reason(found, 'task')}",
+    ]
+    if found.labels:
+        (most, n_most), *_, (least, n_least) = found.label_counts.items()
+        spread = (
+            f"{n_most} examples each"
+            if n_most == n_least
+            else f"the most examples: {most} ({n_most}), the fewest: {least} ({n_least})"
+        )
+        out.append(f"  # inferred: {len(found.labels)} labels; {spread}")  # fmt: skip
+        out.append(f"  labels: {_wrapped(found.labels, '  ')}")
+    if found.fields:
+        out.append("  # inferred from the targets: every key, its type, required when every "
+                   "target fills it")  # fmt: skip
+        out.append("  fields:")
+        block = yaml.safe_dump(
+            found.fields, sort_keys=False, default_flow_style=None, allow_unicode=True, width=88
+        )  # a field of scalars on one line, a nested one in blocks
+        out += ["    " + line for line in block.splitlines()]
+    if kind == "format" and found.regex:
+        out.append(f"  # inferred: {_reason(found, 'regex')}; the group `answer` is compared "
+                   "(answer_match)")  # fmt: skip
+        out.append(f"  regex: {_q(found.regex)}")
+    elif kind == "format":
+        out.append("  # EDIT: the format every answer must follow; as written any non-empty "
+                   "answer is valid.")  # fmt: skip
+        out.append("  # A named group `answer` marks the part compared (answer_match).")
+        out.append("  regex: '(?s).+'")
+    why = "the data's own system turn" if found.system else "a default: say what the task is"
+    out.append(f"  system: {_q(system)}   # {why}")
+    out.append('  template: "{text}"   # the user turn; {text} is the input')
+    out += [
+        "model:",
+        f"  base: {base}   # `lorapilot model fetch` installs the default; or a local HF folder",
+        "  # chat_template: plain   # for a base without a chat template",
+        "data:",
+        f"  source: {_q(source)}"
+        if source
+        else "  # source: where the data comes from (a URL, a system, a date): `data` needs it",
+        f"  permission: {_q(permission)}"
+        if permission
+        else "  # permission: the licence or internal approval to use it: `data` needs it",
+    ]
+    if "file" in names:
+        out.append(f"  file: data/{names['file']}   # a copy of your file, split by lorapilot")
+    else:
+        files = ", ".join(f"{s}: data/{n}" for s, n in names.items())
+        out.append(f"  files: {{{files}}}")
+    fields = ", ".join(f"{k}: {_q(v) if v else 'null'}" for k, v in field_map(found).items())
+    out.append(f"  fields: {{{fields}}}   # inferred: {_fields_reason(found)}")
+    if found.other_text_columns:
+        cols = ", ".join(found.other_text_columns[:4])
+        out.append(f"  # other text columns: {cols}; to read several as the input, use")
+        out.append('  # text_template: "Subject: {subject}\\n\\n{body}" in place of text')
+    if "val" not in names:
+        frac = val_fraction(found.n_rows)
+        test = f", test: {frac}" if "file" in names else ""  # else: the test file, or none
+        out.append(
+            f"  split: {{seed: 0, val: {frac}{test}}}"
+            + ("   # stratified by label" if found.labels else "")
+        )
+        out.append("  leakage: together   # copies of a text are kept in one split, never "
+                   "across (where lorapilot splits)")  # fmt: skip
+    if found.no_answer:
+        out.append(f"  # on_error: skip   # {found.no_answer} rows have no answer: set aside, "
+                   "counted and named by `data` (without it, `data` refuses them)")  # fmt: skip
+    max_length, how = length
+    out.append(f"  max_length: {max_length}   # {how}; `lorapilot data` names any input it cuts")
+    generate = kind in ("extraction", "format")
+    out += [
+        "adapter: {method: lora, r: 16, alpha: 32, dropout: 0.0, target_modules: all-linear}",
+        "train: {seed: 0, epochs: "
+        + ("3" if found.n_rows < 2000 else "1")
+        + ", lr: 0.0005, micro_batch: 8, precision: auto}",
+        *(["eval: {mode: generate, batch_size: 16}"] if generate else []),
+        "# GO when the adapter gains at least this much on the validation split...",
+        f"success: {{metric: {metric}, min_gain: 0.10}}",
+        "# ...and no guard fails.",
+        "guards:",
+        f"  - {guard}",
+        "limits: {memory_gb: 8, time_hours: 1, usd_per_hour: 0, rental_days: 3}",
+    ]
+    if found.warnings:
+        out.append("# Warnings when this was written:")
+        out += [f"#   - {w}" for w in found.warnings]
+    return "\n".join(out) + "\n"
+
+
+def _fields_reason(found: Inferred) -> str:
+    said = [r for r in found.reasons if r.startswith(("input: ", "chat rows: "))]
+    return said[0] if said else ""
+
+
+def _reason(found: Inferred, key: str) -> str:
+    """The reason given for `key` ("task: format (...)" -> "format (...)")."""
+    return next((r.split(": ", 1)[1] for r in found.reasons if r.startswith(key + ": ")), "")
+
+
+def image_yaml(
+    name: str, image: ImageFolder, base: str, source: str | None, permission: str | None
+) -> str:
+    labels = image.labels
+    counts = sorted(image.counts.values())
+    out = [
+        f"# {name}: scaffolded by `lorapilot init --from` from your images. Read every line",
+        f"# marked `inferred`, then: lorapilot check {name} && lorapilot run {name}",
+        f"name: {name}",
+        "# The behaviour to improve, stated before any training: write what you expect.",
+        "hypothesis: >-",
+        *textwrap.wrap(
+            "A LoRA adapter (with a new classification head) on the base model tells the "
+            f"{len(labels)} classes apart clearly better than a linear probe on its frozen "
+            "features, and no class gets worse.",
+            width=90, initial_indent="  ", subsequent_indent="  ",
+        ),
+        "task:",
+        "  kind: image_classification   # inferred: a folder per label",
+        f"  # inferred: {len(labels)} labels (folder names), "
+        + (f"{counts[0]} images each" if counts[0] == counts[-1] else
+           f"{counts[0]} to {counts[-1]} images each"),
+        f"  labels: {_wrapped(labels, '  ')}",
+        f"  # the model's input, {image.size} px a side (smaller is faster)"
+        + (f"; inferred from {image.seen}" if image.seen else ""),
+        f"  image: {{size: {image.size}, resize: shorter_side, crop: center, mode: RGB, "
+        "augment: [hflip]}",
+        "model:",
+        f"  base: {base}   # `lorapilot model fetch --image` installs the default",
+        "data:",
+        f"  source: {_q(source)}" if source else
+        "  # source: where the images come from (a URL, a system, a date): `data` needs it",
+        f"  permission: {_q(permission)}" if permission else
+        "  # permission: the licence or internal approval to use them: `data` needs it",
+    ]  # fmt: skip
+    if image.splits:
+        files = ", ".join(f"{s}: data/images/{d}" for s, d in image.splits.items())
+        out.append(f"  files: {{{files}}}   # inferred: your split folders")
+        if "val" not in image.splits:
+            out.append("  split: {seed: 0, val: 0.15}")
+    else:
+        out.append("  file: data/images   # a copy of your folder, split by lorapilot")
+        frac = 0.2 if sum(counts) < 1000 else 0.15
+        out.append(f"  split: {{seed: 0, val: {frac}, test: {frac}}}   # stratified by label")
+        out.append("  leakage: together   # copies of an image are kept in one split")
+    if image.warnings:
+        out.append("  # on_error: skip   # set aside what is not a labelled image, counted")
+    out += [
+        "adapter: {r: 16, alpha: 32}",
+        "train: {lr: 3.0e-3, epochs: 3, micro_batch: 16}",
+        "success: {metric: macro_f1, min_gain: 0.05}",
+        "guards:",
+        "  - {metric: per_category.f1, max_drop: 0.05}",
+        "limits: {memory_gb: 8, time_hours: 1, usd_per_hour: 0, rental_days: 3}",
+    ]
+    if image.warnings:
+        out.append("# Warnings when this was written:")
+        out += [f"#   - {w}" for w in image.warnings]
+    return "\n".join(out) + "\n"
