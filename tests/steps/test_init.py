@@ -39,8 +39,9 @@ def test_a_csv_becomes_a_pilot_that_checks_and_loads(tmp_path, tiny_model_dir):
     assert out["labels"] == ["account", "billing", "delivery"]
     assert out["copied"] == {"file": "data/tickets.csv"} and out["to_state"] == []
     (thin,) = out["warnings"]  # 20 a label at val 0.2: about 4 each, under min_support 5
-    assert thin.startswith("3 of 3 labels will have fewer than eval.min_support=5 validation")
-    assert "decision can be no better than INCONCLUSIVE" in thin
+    assert thin.startswith("3 of 3 labels have fewer than eval.min_support=5 validation "
+                           "examples at data.split.val 0.2")  # fmt: skip
+    assert "a per-label guard could not judge them, so the guard is a pooled metric" in thin
     assert (pilot / "data" / "tickets.csv").read_bytes() == src.read_bytes()  # untouched
     assert sorted(p.name for p in pilot.iterdir()) == ["data", "pilot.yaml"]
     text = (pilot / "pilot.yaml").read_text()
@@ -50,6 +51,7 @@ def test_a_csv_becomes_a_pilot_that_checks_and_loads(tmp_path, tiny_model_dir):
     assert spec["data"]["source"] == "our helpdesk export, 2026-11"
     assert spec["data"]["split"] == {"seed": 0, "val": 0.2, "test": 0.2}
     assert spec["data"]["leakage"] == "together"  # lorapilot splits: copies kept in one split
+    assert spec["guards"] == [{"metric": "accuracy", "max_drop": 0.02}]  # pooled: see above
     assert "tokens with" in text and spec["data"]["max_length"] >= 64  # counted, not guessed
 
     assert run_json("check", str(pilot))["ok"]
@@ -77,6 +79,10 @@ def test_chat_files_by_split_and_the_view(tmp_path, tiny_model_dir):
     spec = yaml.safe_load((tmp_path / "bank" / "pilot.yaml").read_text())
     assert spec["task"]["system"].startswith("You are a support assistant for a bank.")
     assert "split" not in spec["data"] and "leakage" not in spec["data"]  # the user's splits
+    # 2 queries an intent in val.jsonl: no per-intent guard could judge them
+    said = "77 of 77 labels have fewer than eval.min_support=5 validation examples in the "
+    assert any(w.startswith(said + "validation file") for w in out["warnings"])
+    assert spec["guards"] == [{"metric": "accuracy", "max_drop": 0.02}]
     refused = run_json("check", str(tmp_path / "bank"), expect=2)
     assert "data.source, data.permission must be stated" in refused["error"]
 

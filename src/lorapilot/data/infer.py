@@ -64,6 +64,8 @@ class Inferred:
     longest_inputs: list[str] = field(default_factory=list)
     longest_answers: list[str] = field(default_factory=list)
     """The longest inputs and answers by characters: tokenized where a tokenizer is."""
+    thin_validation: dict[str, int] = field(default_factory=dict)
+    """Labels with fewer validation examples than eval.min_support (set by `init`)."""
     no_answer: int = 0
     """Rows without an answer (`data` refuses them unless data.on_error is skip)."""
     other_text_columns: list[str] = field(default_factory=list)

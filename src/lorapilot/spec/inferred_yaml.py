@@ -93,6 +93,15 @@ def text_yaml(
     metric, guard = _SUCCESS[kind]
     if kind == "format" and found.regex:  # the format is the gain; the answers must hold
         metric, guard = "format_valid_rate", "{metric: answer_match, max_drop: 0.05}"
+    why_guard = []
+    if found.thin_validation:  # per label, some could not be judged: a pooled guard
+        pooled = "micro_f1" if kind == "multi_label_classification" else "accuracy"
+        guard = f"{{metric: {pooled}, max_drop: 0.02}}"
+        n_thin = len(found.thin_validation)
+        why_guard = [
+            f"# per-label guards: {n_thin} labels have too few validation examples to judge "
+            "(see the warnings); a pooled guard instead"
+        ]
     does = _DOES[kind].format(
         n=len(found.labels or []), fields=", ".join(f["name"] for f in found.fields or [])
     )
@@ -188,6 +197,7 @@ def text_yaml(
         "# GO when the adapter gains at least this much on the validation split...",
         f"success: {{metric: {metric}, min_gain: 0.10}}",
         "# ...and no guard fails.",
+        *why_guard,
         "guards:",
         f"  - {guard}",
         "limits: {memory_gb: 8, time_hours: 1, usd_per_hour: 0, rental_days: 3}",

@@ -71,10 +71,11 @@ def run_init_from(
         return _image_result(image, folder, source, permission)
     base = base or TEXT_BASE
     files = _splits_of(sources)
-    rows, unreadable = [], []
-    for path in files.values():  # every split: a label only test holds is still a label
+    rows, unreadable, val_rows = [], [], []
+    for split, path in files.items():  # every split: a label only test holds is still a label
         got, bad = _read(path)
         rows += got
+        val_rows = got if split == "val" else val_rows
         unreadable += [f"{path}:{line}: {problem}" for line, problem in bad]
     try:
         found = infer(rows, text=text, answer=answer, task=task)
@@ -86,8 +87,8 @@ def run_init_from(
             "refuses them unless data.on_error is skip"
         )
     names = _copied_names(files)
-    if found.labels and "val" not in names:
-        found.warnings += _thin_validation(found, val_fraction(found.n_rows))
+    if found.labels:
+        _thin_validation(found, val_rows, val_fraction(found.n_rows))
     max_length = max_length_for(found, system_prompt(found), base, Path(parent))
     yaml_text = text_yaml(name, found, names, base, max_length, source, permission)
     _build(folder, files, names, yaml_text)
@@ -110,22 +111,34 @@ def run_init_from(
     }
 
 
-def _thin_validation(found: Inferred, val: float) -> list[str]:
-    """Labels whose share of the validation split will be under eval.min_support: their
-    per-label guard cannot judge them, so the decision can be no better than INCONCLUSIVE
-    (NLU++: 15 of 48 intents at val 0.1)."""
+def _thin_validation(found: Inferred, val_rows: list[dict], val: float) -> None:
+    """Labels with fewer validation examples than eval.min_support (counted in the given val
+    file, else expected at data.split.val): a per-label guard cannot judge them, so a pilot
+    guarded per label could end no better than INCONCLUSIVE (NLU++: 15 of 48 intents at val
+    0.1). Sets `found.thin_validation` (the YAML then guards a pooled metric) and warns."""
     floor = EvalSpec.model_fields["min_support"].default
-    thin = {k: round(n * val) for k, n in found.label_counts.items() if round(n * val) < floor}
+    if val_rows:
+        try:
+            counts = infer(val_rows, found.text, found.answer, found.task).label_counts
+        except ValueError:
+            counts = {}
+        where = "in the validation file"
+        expected = {k: counts.get(k, 0) for k in found.label_counts}
+    else:
+        where = f"at data.split.val {val}"
+        expected = {k: round(n * val) for k, n in found.label_counts.items()}
+    thin = {k: n for k, n in expected.items() if n < floor}
     if not thin:
-        return []
-    shown = ", ".join(f"{k} (~{n})" for k, n in list(thin.items())[::-1][:6])
-    return [
-        f"{len(thin)} of {len(found.labels or [])} labels will have fewer than "
-        f"eval.min_support={floor} validation examples at data.split.val {val} ({shown}"
-        f"{', ...' if len(thin) > 6 else ''}): the per-label guard cannot judge them and the "
-        "decision can be no better than INCONCLUSIVE; raise data.split.val, gather more of "
-        "them, or guard a pooled metric (macro_f1) instead"
-    ]
+        return
+    found.thin_validation = thin
+    shown = ", ".join(f"{k} ({n})" for k, n in sorted(thin.items(), key=lambda kv: kv[1])[:6])
+    found.warnings.append(
+        f"{len(thin)} of {len(found.labels or [])} labels have fewer than "
+        f"eval.min_support={floor} validation examples {where} ({shown}"
+        f"{', ...' if len(thin) > 6 else ''}): a per-label guard could not judge them, so the "
+        "guard is a pooled metric; for per-label guards raise data.split.val or gather more "
+        "of them"
+    )
 
 
 def _splits_of(sources: list[str]) -> dict[str, Path]:
