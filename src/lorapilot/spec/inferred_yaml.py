@@ -66,6 +66,14 @@ def _wrapped(items: list[str], indent: str, width: int = 92) -> str:
     return "\n".join(lines)
 
 
+def _not_worse(found: Inferred) -> str:
+    if not found.labels:
+        return "."
+    if found.thin_validation:
+        return ", without losing accuracy."
+    return ", without any label getting worse."
+
+
 def system_prompt(found: Inferred) -> str:
     """task.system: the data's own system turn, else one that says the task (and, for a
     format task with a final-line convention, asks for it)."""
@@ -113,7 +121,7 @@ def text_yaml(
         "hypothesis: >-",
         *textwrap.wrap(
             f"A LoRA adapter on the base model {does} clearly better than the base model "
-            "prompted zero-shot" + (", without any label getting worse." if found.labels else "."),
+            "prompted zero-shot" + _not_worse(found),
             width=90,
             initial_indent="  ",
             subsequent_indent="  ",

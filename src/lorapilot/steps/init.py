@@ -136,8 +136,12 @@ def _thin_validation(found: Inferred, val_rows: list[dict], val: float) -> None:
         f"{len(thin)} of {len(found.labels or [])} labels have fewer than "
         f"eval.min_support={floor} validation examples {where} ({shown}"
         f"{', ...' if len(thin) > 6 else ''}): a per-label guard could not judge them, so the "
-        "guard is a pooled metric; for per-label guards raise data.split.val or gather more "
-        "of them"
+        "guard is a pooled metric; for per-label guards "
+        + (
+            "gather more validation examples of them"
+            if val_rows
+            else "raise data.split.val or gather more of them"
+        )  # fmt: skip
     )
 
 
