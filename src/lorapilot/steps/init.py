@@ -67,7 +67,7 @@ def run_init_from(
             raise UsageError("--text and --answer name columns of a data file, not of a folder")
         image = scan_image_folder(Path(sources[0]))
         yaml_text = image_yaml(name, image, base or IMAGE_BASE, source, permission)
-        _build(folder, {}, {}, yaml_text, image.path)
+        _build(folder, {}, {}, yaml_text, image.path, image.labels)
         return _image_result(image, folder, source, permission)
     base = base or TEXT_BASE
     files = _splits_of(sources)
@@ -91,7 +91,7 @@ def run_init_from(
         _thin_validation(found, val_rows, val_fraction(found.n_rows))
     max_length = max_length_for(found, system_prompt(found), base, Path(parent))
     yaml_text = text_yaml(name, found, names, base, max_length, source, permission)
-    _build(folder, files, names, yaml_text)
+    _build(folder, files, names, yaml_text, labels=found.labels)
     return {
         "pilot": str(folder),
         "spec": str(folder / "pilot.yaml"),
@@ -211,8 +211,11 @@ def _build(
     names: dict[str, str],
     yaml_text: str,
     images: Path | None = None,
+    labels: list[str] | None = None,
 ) -> None:
-    """Everything in a temp folder beside the pilot, validated, then renamed into place."""
+    """Everything in a temp folder beside the pilot, validated (and its labels read back as
+    inferred: a label YAML would read otherwise is a lorapilot bug, not the user's), then
+    renamed into place."""
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
     try:
@@ -222,7 +225,9 @@ def _build(
         if images is not None:  # hidden files and folders stay behind, as `data` skips them
             shutil.copytree(images, tmp / "data" / "images", ignore=_hidden)
         (tmp / "pilot.yaml").write_text(yaml_text, encoding="utf-8")
-        load_spec_file(tmp / "pilot.yaml")  # what we scaffold must validate
+        spec, _ = load_spec_file(tmp / "pilot.yaml")  # what we scaffold must validate
+        if labels is not None and spec.task.labels != labels:
+            raise RuntimeError("init --from wrote labels that read back otherwise")
         os.chmod(tmp, 0o777 & ~_umask())
         if folder.exists():
             folder.rmdir()  # empty: checked above
