@@ -55,11 +55,10 @@ def scan_image_folder(path: Path) -> ImageFolder:
             raise UsageError(f"--from {path}: split folders without a train folder")
         counts: dict[str, int] = {}
         warnings: list[str] = []
-        for d in sorted(named, key=lambda d: list(SPLIT_WORDS.values()).index(named[d])):
-            one = _label_folders(path / d, warnings)
-            for label, n in one.items():
-                counts[label] = counts.get(label, 0) + n
         order = sorted(named, key=lambda d: ("train", "val", "test").index(named[d]))
+        for d in order:
+            for label, n in _label_folders(path / d, warnings).items():
+                counts[label] = counts.get(label, 0) + n
         return ImageFolder(path, counts, {named[d]: d for d in order}, warnings,
                            *_sample_sizes(path))  # fmt: skip
     warnings = []
@@ -72,10 +71,11 @@ def _sample_sizes(path: Path, n: int = 64) -> tuple[str, int]:
     spread over the sorted files (headers only)."""
     from PIL import Image, UnidentifiedImageError
 
-    files = sorted(
+    images = sorted(
         f for f in path.rglob("*")
         if f.suffix.lower() in IMAGE_EXTENSIONS and not any(p.startswith(".") for p in f.parts)
-    )[:: max(1, len(list(path.rglob("*"))) // n)][:n]  # fmt: skip
+    )  # fmt: skip
+    files = images[:: max(1, len(images) // n)][:n]  # one walk of the folder, not two
     sizes, modes = [], Counter()
     for f in files:
         try:

@@ -105,7 +105,7 @@ def load_records(
         task, data, shown, path.stem, split, row_numbers=fmt == "parquet", answers=answers
     )
     try:
-        rows = file_rows(path, fmt, shown, _Columns(data, task, shown, answers))
+        rows = file_rows(path, fmt, shown, _Columns(data, task, answers))
         return collect_rows(rows, builder, data, shown, row_numbers=fmt == "parquet")
     except OSError as e:
         raise UsageError(f"{shown}: cannot read: {e.strerror or e}") from None
@@ -120,8 +120,8 @@ class _Columns:
     empty text, not a missing value). Without one (`file_rows(..., None)`), every column is
     read as it is: `init --from` looking at a file no spec describes yet."""
 
-    def __init__(self, data: DataSpec, task: TaskSpec, shown: str, answers: bool) -> None:
-        self.data, self.task, self.shown, self.answers = data, task, shown, answers
+    def __init__(self, data: DataSpec, task: TaskSpec, answers: bool) -> None:
+        self.data, self.task, self.answers = data, task, answers
         self.text = data.fields.text
 
     def check(self, names: list[str], where: str) -> None:
