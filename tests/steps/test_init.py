@@ -160,7 +160,7 @@ def test_a_folder_of_images_becomes_an_image_pilot(tmp_path):
     data = run_json("data", str(pilot))
     assert data["n_examples"] == 18 and set(data["per_category"]) == set(LABELS)
 
-    split = tmp_path / "split"
+    split = tmp_path / ".cache" / "split"  # under a hidden folder: its images still count
     for part, n in (("train", 4), ("test", 2)):
         for k, label in enumerate(LABELS):
             (split / part / label).mkdir(parents=True)

@@ -73,7 +73,8 @@ def _sample_sizes(path: Path, n: int = 64) -> tuple[str, int]:
 
     images = sorted(
         f for f in path.rglob("*")
-        if f.suffix.lower() in IMAGE_EXTENSIONS and not any(p.startswith(".") for p in f.parts)
+        if f.suffix.lower() in IMAGE_EXTENSIONS
+        and not any(p.startswith(".") for p in f.relative_to(path).parts)
     )  # fmt: skip
     files = images[:: max(1, len(images) // n)][:n]  # one walk of the folder, not two
     sizes, modes = [], Counter()
