@@ -403,11 +403,17 @@ def data(r: dict) -> None:
     conv = r.get("messages")  # data.fields.messages: conversations, and their system turns
     if conv:
         stdout.print(
-            f"  conversations in {esc(conv['column'])!r}: the user turn is the input, the "
-            f"assistant turn the answer; {conv['with_system']} of {conv['n_examples']} carry "
-            f"a system turn ({conv['system_differs']} other than task.system, which prompts "
-            "every example)"
+            f"  conversations in {esc(conv['column'])!r}: the last user turn is the input, "
+            f"the last assistant turn the answer; {conv['with_system']} of {conv['n_examples']} "
+            f"carry a system turn ({conv['system_differs']} other than task.system, which "
+            "prompts every example)"
         )
+        if conv.get("with_earlier_turns"):
+            stdout.print(
+                f"  {conv['with_earlier_turns']} conversation(s) have earlier turns (up to "
+                f"{conv['most_earlier_turns']}), in the prompt as they were said; the loss is on "
+                "the last assistant turn only"
+            )
     sets = r.get("label_sets")  # a multi-label task: examples carrying each label
     t = Table(title="examples per split and " + ("label" if sets else "category"))
     splits = list(r["splits"])

@@ -1,6 +1,7 @@
 """data.fields.messages: chat fine-tuning data (OpenAI's and TRL's `messages` rows) read as
-the input (the user turn) and the answer (the assistant turn); a system turn counted against
-task.system, never used silently; every other shape an invalid row, named."""
+the input (the last user turn, after the conversation's earlier turns) and the answer (the
+last assistant turn); a system turn counted against task.system, never used silently; every
+other shape an invalid row, named."""
 
 from __future__ import annotations
 
@@ -46,6 +47,10 @@ def test_turns_become_input_answer_and_system_and_bad_shapes_are_named(tmp_path)
         conv("Hello", None),  # no answer to learn
         {"messages": [*conv("a", "billing")["messages"], {"role": "user", "content": "b"},
                       {"role": "assistant", "content": "technical"}]},  # two exchanges
+        {"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"},
+                      {"role": "assistant", "content": "billing"}]},  # two user turns
+        {"messages": [{"role": "assistant", "content": "Hi!"}, *conv("a", "billing",
+                                                                    system=None)["messages"]]},
         {"messages": [{"role": "user", "content": [{"type": "text", "text": "Card "},
                                                    {"type": "text", "text": "declined"}]},
                       {"role": "assistant", "content": "billing"}]},  # text parts: joined
@@ -60,17 +65,22 @@ def test_turns_become_input_answer_and_system_and_bad_shapes_are_named(tmp_path)
         {"text": "no conversation", "label": "billing"},
     ])  # fmt: skip
     records, skipped = load_records(path, CLF, data(on_error="skip"))
-    assert [(r.text, r.label, r.system) for r in records] == [
-        ("I was charged twice", "billing", SYSTEM),
-        ("The app crashes", "technical", None),
-        ("Refund?", "billing", "x"),
-        ("Card declined", "billing", None),
+    assert [(r.text, r.label, r.system, r.context) for r in records] == [
+        ("I was charged twice", "billing", SYSTEM, ()),
+        ("The app crashes", "technical", None, ()),
+        ("Refund?", "billing", "x", ()),
+        ("b", "technical", SYSTEM, (("user", "a"), ("assistant", "billing"))),
+        ("Card declined", "billing", None, ()),
     ]
     problems = [s.problem for s in skipped]
     assert problems == [
-        "field 'messages' has no assistant turn: the answer to learn",
-        "field 'messages' has the turns user, assistant, user, assistant: a pilot reads one "
-        "user turn and its assistant answer (a longer conversation is not one example)",
+        "field 'messages' ends with a user turn: no assistant turn to learn",
+        "field 'messages' has the turns user, user, assistant: a pilot reads user and "
+        "assistant turns in turn, from a user turn (an optional system turn first); turn 1 is "
+        "'user'",
+        "field 'messages' has the turns assistant, user, assistant: a pilot reads user and "
+        "assistant turns in turn, from a user turn (an optional system turn first); turn 0 is "
+        "'assistant'",
         "turn 0 of 'messages' (user): a content part of type 'image_url' is not read (text "
         "parts only)",
         "turn 0 of 'messages' (user): content must be a string or a list of text parts, got number",
@@ -141,7 +151,7 @@ def test_the_data_verb_counts_system_turns_other_than_task_system(chat_pilot, tm
     shown = run_json("inspect", str(pilot))["examples"][0]["rendered"]
     assert spec["task"]["system"].split("{")[0] in shown and "Label it." not in shown
     text = run_cli("data", str(pilot)).stdout
-    assert "conversations in 'messages': the user turn is the input" in text
+    assert "conversations in 'messages': the last user turn is the input" in text
     report = run_json("report", str(pilot))  # a limitation of whatever is decided
     said = " ".join(Path(report["markdown"]).read_text().split())
     assert f"{len(rows)} of {len(rows)} conversations in the data carry a system turn" in said

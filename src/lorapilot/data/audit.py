@@ -60,7 +60,7 @@ def truncation_report(
     per_split: dict[str, int] = {}
     per_category: dict[str, dict[str, int]] = {}
     ids: list[str] = []
-    longest = longest_prompt = 0
+    longest = longest_prompt = lost_turns = 0
     for split, encs in encoded.items():
         for rec, enc in zip(splits.get(split, []), encs, strict=True):
             longest = max(longest, enc.n_tokens + enc.n_text_tokens_cut)
@@ -71,14 +71,18 @@ def truncation_report(
             per_split[split] = per_split.get(split, 0) + 1
             cats = per_category.setdefault(split, {})
             cats[rec.category] = cats.get(rec.category, 0) + 1
-            n = enc.n_text_tokens_cut
-            ids.append(f"{rec.id} ({split}, {n} token{'' if n == 1 else 's'} cut)")
+            n, turns = enc.n_text_tokens_cut, enc.extra.get("turns_dropped", 0)
+            lost_turns += turns > 0
+            gone = f", its {turns} oldest turns let go" if turns else ""
+            ids.append(f"{rec.id} ({split}, {n} token{'' if n == 1 else 's'} cut{gone})")
     return {
         "max_length": max_length,
         "policy": policy,
         "n_truncated": sum(per_split.values()),
         "per_split": per_split,
         "per_category": per_category,
+        # conversations that lost earlier turns (oldest first) to fit, within n_truncated
+        "n_lost_turns": lost_turns,
         "examples": ids[:shown],
         "longest_tokens": longest,
         "longest_prompt_tokens": longest_prompt,
@@ -93,7 +97,7 @@ def expected_target(fmt: PromptFormatter, enc: Encoded) -> str:
         fmt.tok.convert_ids_to_tokens(enc.end_of_turn_id) if enc.end_of_turn_id is not None else ""
     )
     if fmt.loss_on == "all":
-        return fmt.prompt_text(enc.extra["text"]) + enc.answer + eot
+        return fmt.prompt_text(enc.extra["text"], enc.extra.get("context", ())) + enc.answer + eot
     return enc.answer + eot
 
 
@@ -151,7 +155,7 @@ def mask_audit(
                 mismatched.append({"id": rec.id, "decoded": dec[-200:], "expected": exp[-200:]})
             if enc.end_of_turn_id is None or enc.labels[-1] != enc.end_of_turn_id:
                 eot_missing.append(rec.id)
-            if fmt.encode_prompt(rec.text, budget) != enc.prompt_ids:
+            if fmt.encode_prompt(rec.text, budget, rec.context) != enc.prompt_ids:
                 prompt_differs.append(rec.id)
     n = sum(len(v) for v in encoded.values())
     ok = not (zero_loss or mismatched or prompt_differs or cut)

@@ -67,7 +67,8 @@ def clean_text(text: str, rules: Iterable[str], max_chars: int | None) -> str:
 def clean_records(
     records: Iterable[Record], rules: list[str], max_chars: int | None
 ) -> tuple[list[Record], list[dict]]:
-    """Clean every record's text -> (kept records, dropped [{id, source, reason}]).
+    """Clean every record's text (and a conversation's earlier turns) -> (kept records,
+    dropped [{id, source, reason}]).
 
     A text that is empty (or whitespace only) after cleaning is always dropped and listed,
     with or without `drop_empty`: an empty input cannot be trained or evaluated on, and
@@ -83,5 +84,9 @@ def clean_records(
                 {"id": record.id, "source": record.source, "reason": EMPTY_AFTER_CLEANING}
             )
             continue
-        kept.append(record if text == record.text else dataclasses.replace(record, text=text))
+        # a conversation's earlier turns are input too: cleaned by the same rules, each one
+        context = tuple((role, clean_text(said, rules, max_chars)) for role, said in record.context)
+        if text != record.text or context != record.context:
+            record = dataclasses.replace(record, text=text, context=context)
+        kept.append(record)
     return kept, dropped

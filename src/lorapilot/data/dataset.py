@@ -17,7 +17,7 @@ from lorapilot.data.clean import clean_records
 from lorapilot.data.dedup import DupItem, DupReport, find_duplicates
 from lorapilot.data.format import Encoded, PromptFormatter, answer_text, template_hash
 from lorapilot.data.load import load_records
-from lorapilot.data.rows import Record, Skipped, skipped_summary
+from lorapilot.data.rows import Record, Skipped, conversation_text, skipped_summary
 from lorapilot.data.source import file_sources
 from lorapilot.data.split import (
     SPLITS,
@@ -117,7 +117,7 @@ PairsOf = Callable[[list[Record]], DupReport]
 def text_pairs(pilot: Pilot) -> PairsOf:
     data = pilot.spec.data
     return lambda records: find_duplicates(
-        [DupItem(r.id, "all", r.text) for r in records],
+        [DupItem(r.id, "all", conversation_text(r)) for r in records],
         threshold=data.near_dup_threshold,
         seed=data.split.seed,
     )
@@ -228,7 +228,12 @@ def data_version(pilot: Pilot, splits: dict[str, list[Record]], tmpl_hash: str) 
     data = pilot.spec.data
     payload = {
         "records": {
-            s: [[r.id, r.text, r.label, r.target] for r in sorted(recs, key=lambda r: r.id)]
+            # a conversation's earlier turns are part of its input (only where there are
+            # some, so a pilot without them keeps the version it had)
+            s: [
+                [r.id, r.text, r.label, r.target, *([r.context] if r.context else [])]
+                for r in sorted(recs, key=lambda r: r.id)
+            ]
             for s, recs in splits.items()
         },
         "cleaning": data.cleaning,
@@ -353,7 +358,7 @@ def prepare_data(pilot: Pilot, tokenizer: Any, *, enforce_leakage: bool = True) 
     if spec.task.multi_label:
         records = multi_label_strata(records, list(spec.task.labels or []))
     splits = _split_and_sample(pilot, records, skipped, text_pairs(pilot))
-    items = [DupItem(r.id, s, r.text) for s, recs in splits.items() for r in recs]
+    items = [DupItem(r.id, s, conversation_text(r)) for s, recs in splits.items() for r in recs]
     dups = find_duplicates(items, threshold=data.near_dup_threshold, seed=data.split.seed)
     leak_dropped = _drop_leaks_from_train(pilot, splits, dups)
 
@@ -389,7 +394,9 @@ def prepare_data(pilot: Pilot, tokenizer: Any, *, enforce_leakage: bool = True) 
         for s in SPLITS:
             kept = []
             for r in splits.get(s, []):
-                enc = fmt.encode(r.text, answer_text(spec.task, r.label, r.target), keep_budget)
+                enc = fmt.encode(
+                    r.text, answer_text(spec.task, r.label, r.target), keep_budget, r.context
+                )
                 if enc.target_truncated:
                     target_excluded.append({"id": r.id, "split": s, "source": r.source})
                 else:
@@ -521,4 +528,6 @@ def formatter_for(pilot: Pilot, tokenizer: Any) -> PromptFormatter:
 
 
 def encode_records(fmt: PromptFormatter, task, records: list[Record], budget: int) -> list[Encoded]:
-    return [fmt.encode(r.text, answer_text(task, r.label, r.target), budget) for r in records]
+    return [
+        fmt.encode(r.text, answer_text(task, r.label, r.target), budget, r.context) for r in records
+    ]

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lorapilot.base import chat_template
+from lorapilot.data.rows import Turns
 from lorapilot.errors import UsageError
 from lorapilot.fsutil import sha256_bytes, sha256_json
 from lorapilot.spec import FieldSpec, TaskSpec, ValueSpec
@@ -84,9 +85,12 @@ def render_messages(
     text: str,
     shots: tuple[tuple[str, str], ...] = (),
     fold_system: bool = False,
+    context: Turns = (),
 ) -> list[dict[str, str]]:
     """System + user turns for one input text; `shots` (input text, answer) pairs come first
-    as earlier user and assistant turns of the same template (few-shot prompting).
+    as earlier user and assistant turns of the same template (few-shot prompting); a
+    conversation's earlier turns (`context`) come next, as they were said: the template
+    frames the last user turn only, the one the answer replies to.
     `fold_system`: the chat template takes no system turn (see `folds_system`), so the system
     text opens the first user turn, separated by a blank line."""
     msgs = []
@@ -97,6 +101,7 @@ def render_messages(
     for shot_text, shot_answer in shots:
         msgs.append({"role": "user", "content": user.replace("{text}", shot_text)})
         msgs.append({"role": "assistant", "content": shot_answer})
+    msgs.extend({"role": role, "content": said} for role, said in context)
     msgs.append({"role": "user", "content": user.replace("{text}", text)})
     if system and fold_system:
         msgs[0] = {"role": "user", "content": f"{system}{SYSTEM_FOLD}{msgs[0]['content']}"}
@@ -282,15 +287,15 @@ class PromptFormatter:
 
     # -- rendering ---------------------------------------------------------------
 
-    def prompt_text(self, text: str) -> str:
+    def prompt_text(self, text: str, context: Turns = ()) -> str:
         return self.tok.apply_chat_template(
-            render_messages(self.task, text, self.shots, self.fold_system),
+            render_messages(self.task, text, self.shots, self.fold_system, context),
             tokenize=False,
             add_generation_prompt=True,
         )
 
-    def full_text(self, text: str, answer: str) -> str:
-        msgs = render_messages(self.task, text, self.shots, self.fold_system)
+    def full_text(self, text: str, answer: str, context: Turns = ()) -> str:
+        msgs = render_messages(self.task, text, self.shots, self.fold_system, context)
         msgs.append({"role": "assistant", "content": answer})
         return self.tok.apply_chat_template(msgs, tokenize=False)
 
@@ -332,25 +337,41 @@ class PromptFormatter:
         prompt = self.prompt_text(text)
         return max(len(self.completion_ids(prompt, self.full_text(text, a), a)[0]) for a in answers)
 
-    def uncut_prompt_tokens(self, text: str) -> int:
+    def uncut_prompt_tokens(self, text: str, context: Turns = ()) -> int:
         """The prompt's tokens with the whole input text (what no cut would give)."""
-        return len(self._ids(self.prompt_text(text)))
+        return len(self._ids(self.prompt_text(text, context)))
 
     def fit_text(self, text: str, answer_budget: int) -> tuple[str, int]:
         """Cut the input text (never the template or the answer) so that the prompt plus
         `answer_budget` tokens fit in max_length. Depends only on the text, not on the example's
         answer, so the evaluation prompt equals the training prompt. Returns (text, tokens cut)."""
-        short, cut, _ = self._fit(text, answer_budget)
+        short, cut, _, _ = self._fit(text, answer_budget)
         return short, cut
 
-    def _fit(self, text: str, answer_budget: int) -> tuple[str, int, list[int]]:
-        """fit_text's (text, tokens cut) and the prompt's ids for that text, which it had to
+    def _fit(
+        self, text: str, answer_budget: int, context: Turns = ()
+    ) -> tuple[str, int, list[int], Turns]:
+        """fit_text's (text, tokens cut), the prompt's ids for that text, which it had to
         tokenize to know it fits (a prompt listing 77 labels is 600 tokens: tokenizing it once
-        per example, not twice, is a third of `data`'s time)."""
+        per example, not twice, is a third of `data`'s time), and the earlier turns kept.
+        A conversation too long loses its oldest exchanges (a user turn and its reply) first,
+        whole, and its last user turn is cut only when none is left: what was said last is
+        what the answer replies to."""
         limit = self.max_length - answer_budget
-        whole = self._ids(self.prompt_text(text))
-        if len(whole) <= limit:
-            return text, 0, whole
+        whole = prompt_ids = self._ids(self.prompt_text(text, context))
+        kept = context
+        while len(prompt_ids) > limit and kept:
+            kept = kept[2:]
+            prompt_ids = self._ids(self.prompt_text(text, kept))
+        dropped = len(whole) - len(prompt_ids)  # the earlier turns' tokens let go
+        if len(prompt_ids) <= limit:
+            return text, dropped, prompt_ids, kept
+        short, cut, prompt_ids = self._cut_text(text, prompt_ids, limit)
+        return short, dropped + cut, prompt_ids, ()
+
+    def _cut_text(self, text: str, whole: list[int], limit: int) -> tuple[str, int, list[int]]:
+        """The input text cut on `truncation_side` until its prompt (`whole` uncut) holds
+        `limit` tokens."""
         ids = self._ids(text)
         keep = len(ids) - (len(whole) - limit)
         while keep > 0:
@@ -363,19 +384,21 @@ class PromptFormatter:
             keep -= over  # re-tokenizing a decoded cut can differ by a token or two
         return "", len(ids), self._ids(self.prompt_text(""))
 
-    def encode_prompt(self, text: str, answer_budget: int) -> list[int]:
+    def encode_prompt(self, text: str, answer_budget: int, context: Turns = ()) -> list[int]:
         """Evaluation prompt ids: the training input minus the answer, token for token."""
-        return self.prompt_and_cut(text, answer_budget)[0]
+        return self.prompt_and_cut(text, answer_budget, context)[0]
 
-    def prompt_and_cut(self, text: str, answer_budget: int) -> tuple[list[int], int]:
+    def prompt_and_cut(
+        self, text: str, answer_budget: int, context: Turns = ()
+    ) -> tuple[list[int], int]:
         """(encode_prompt's ids, the input's tokens cut to fit): what a prediction row says."""
-        _, cut, prompt_ids = self._fit(text, answer_budget)
+        _, cut, prompt_ids, _ = self._fit(text, answer_budget, context)
         return prompt_ids, cut
 
-    def encode(self, text: str, answer: str, answer_budget: int) -> Encoded:
-        short, cut, prompt_ids = self._fit(text, answer_budget)
-        prompt = self.prompt_text(short)
-        full = self.full_text(short, answer)
+    def encode(self, text: str, answer: str, answer_budget: int, context: Turns = ()) -> Encoded:
+        short, cut, prompt_ids, kept = self._fit(text, answer_budget, context)
+        prompt = self.prompt_text(short, kept)
+        full = self.full_text(short, answer, kept)
         comp_ids, eot = self.completion_ids(prompt, full, answer)
         input_ids = prompt_ids + comp_ids
         if self.loss_on == "all":
@@ -391,5 +414,5 @@ class PromptFormatter:
             target_truncated=len(input_ids) > self.max_length,
             n_text_tokens_cut=cut,
             end_of_turn_id=eot,
-            extra={"text": short},
+            extra={"text": short, "context": kept, "turns_dropped": len(context) - len(kept)},
         )

@@ -16,7 +16,7 @@ from typing import Any
 from lorapilot.data.clean import clean_records
 from lorapilot.data.dedup import normalize_for_dedup
 from lorapilot.data.load import load_records
-from lorapilot.data.rows import Record, Skipped, answer_of, skipped_summary
+from lorapilot.data.rows import Record, Skipped, answer_of, conversation_text, skipped_summary
 from lorapilot.errors import UsageError
 from lorapilot.fsutil import sha256_file, sha256_tree
 from lorapilot.spec import Pilot
@@ -149,7 +149,9 @@ def overlap(inputs: list[Record], splits: dict[str, list[Record]]) -> dict[str, 
     as the duplicate check normalises it; images: the same pixels), by split."""
 
     def key(r: Record) -> str:
-        return r.image.pixel_hash if r.image is not None else normalize_for_dedup(r.text)
+        if r.image is not None:
+            return r.image.pixel_hash
+        return normalize_for_dedup(conversation_text(r))
 
     where: dict[str, str] = {}
     for split, recs in splits.items():

@@ -75,6 +75,19 @@ class Record:
     group: str | None = None  # data.split.group's value: the group's examples share a split
     empty_fields: tuple[str, ...] = ()  # data.fields.text_template's columns empty in this row
     system: str | None = None  # data.fields.messages: the row's system turn (counted, not used)
+    context: Turns = ()  # data.fields.messages: the turns before the last user turn
+
+
+Turns = tuple[tuple[str, str], ...]
+"""A conversation's earlier turns, (role, text) pairs: user, assistant, user, assistant..."""
+
+
+def conversation_text(record: Record) -> str:
+    """The whole input as one text, for what compares inputs (duplicates, similar
+    examples): the earlier turns, then the input text; the text alone without them."""
+    if not record.context:
+        return record.text
+    return "\n".join(f"{role}: {text}" for role, text in record.context) + f"\nuser: {record.text}"
 
 
 def answer_of(record: Record) -> Any:
@@ -212,9 +225,9 @@ class RecordBuilder:
 
     def build(self, row: dict, line: int) -> Record:
         empty: tuple[str, ...] = ()
-        system = None
+        system, context = None, ()
         if self.conversations:
-            row, system = self._from_messages(row)
+            row, system, context = self._from_messages(row)
         if self.template is not None:
             column = "data.fields.text_template"
             text, empty = self._from_template(row)
@@ -274,12 +287,15 @@ class RecordBuilder:
             group=group,
             empty_fields=empty,
             system=system,
+            context=context,
         )
 
-    def _from_messages(self, row: dict) -> tuple[dict, str | None]:
+    def _from_messages(self, row: dict) -> tuple[dict, str | None, Turns]:
         """A data.fields.messages row as the input and answer columns (`text_column`,
-        `answer_column`), and its system turn: an optional system (or developer) turn, one
-        user turn, then the assistant's answer (absent in inputs to predict)."""
+        `answer_column`), its system turn and its earlier turns: an optional system (or
+        developer) turn, then user and assistant turns in turn, the last assistant turn the
+        answer (absent in inputs to predict). The turns before the last user turn are the
+        input's context: the prompt holds them as they were said."""
         name = self.conversations
         conv = row.get(name, _MISSING)
         if conv is _MISSING or conv is None:
@@ -302,18 +318,22 @@ class RecordBuilder:
             turns.append((role, _turn_text(turn.get("content"), f"turn {i} of {name!r} ({role})")))
         system = turns.pop(0)[1] if turns[0][0] in ("system", "developer") else None
         roles = [r for r, _ in turns]
-        if roles not in (["user"], ["user", "assistant"]):
+        expected = ["user", "assistant"] * (len(roles) // 2 + 1)
+        wrong = [i for i, r in enumerate(roles) if r != expected[i]]
+        if not roles or wrong:
+            at = f"; turn {wrong[0] + (system is not None)} is {roles[wrong[0]]!r}" if wrong else ""
             raise BadRow(
                 f"field {name!r} has the turns {', '.join(roles) or 'system alone'}: a pilot "
-                "reads one user turn and its assistant answer (a longer conversation is not "
-                "one example)"
+                "reads user and assistant turns in turn, from a user turn (an optional system "
+                f"turn first){at}"
             )
-        if self.answers and len(turns) == 1:
-            raise BadRow(f"field {name!r} has no assistant turn: the answer to learn")
-        out = {**row, self.text_column: turns[0][1]}
-        if len(turns) == 2:
-            out[self.answer_column] = turns[1][1]
-        return out, system
+        if self.answers and roles[-1] != "assistant":
+            raise BadRow(f"field {name!r} ends with a user turn: no assistant turn to learn")
+        answer = turns.pop()[1] if roles[-1] == "assistant" else None
+        out = {**row, self.text_column: turns[-1][1]}
+        if answer is not None:
+            out[self.answer_column] = answer
+        return out, system, tuple(turns[:-1])
 
     def _from_template(self, row: dict) -> tuple[str, tuple[str, ...]]:
         """data.fields.text_template filled from the row, and the columns that were empty.

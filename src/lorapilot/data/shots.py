@@ -11,7 +11,7 @@ import re
 from collections import Counter
 
 from lorapilot.data.format import PromptFormatter, answer_text
-from lorapilot.data.rows import Record
+from lorapilot.data.rows import Record, Turns
 from lorapilot.errors import UsageError
 from lorapilot.spec import TaskSpec
 
@@ -133,23 +133,25 @@ class NearestShotsFormatter(PromptFormatter):
     def shot_ids_for(self, text: str) -> list[str]:
         return self.for_input(text).shot_ids  # type: ignore[attr-defined]
 
-    def prompt_text(self, text: str) -> str:
-        return self.for_input(text).prompt_text(text)
+    def prompt_text(self, text: str, context: Turns = ()) -> str:
+        return self.for_input(text).prompt_text(text, context)
 
-    def full_text(self, text: str, answer: str) -> str:
-        return self.for_input(text).full_text(text, answer)
+    def full_text(self, text: str, answer: str, context: Turns = ()) -> str:
+        return self.for_input(text).full_text(text, answer, context)
 
     def fit_text(self, text: str, answer_budget: int) -> tuple[str, int]:
         return self.for_input(text).fit_text(text, answer_budget)
 
-    def prompt_and_cut(self, text: str, answer_budget: int) -> tuple[list[int], int]:
-        return self.for_input(text).prompt_and_cut(text, answer_budget)
+    def prompt_and_cut(
+        self, text: str, answer_budget: int, context: Turns = ()
+    ) -> tuple[list[int], int]:
+        return self.for_input(text).prompt_and_cut(text, answer_budget, context)
 
-    def encode(self, text: str, answer: str, answer_budget: int):
-        return self.for_input(text).encode(text, answer, answer_budget)
+    def encode(self, text: str, answer: str, answer_budget: int, context: Turns = ()):
+        return self.for_input(text).encode(text, answer, answer_budget, context)
 
-    def uncut_prompt_tokens(self, text: str) -> int:
-        return self.for_input(text).uncut_prompt_tokens(text)
+    def uncut_prompt_tokens(self, text: str, context: Turns = ()) -> int:
+        return self.for_input(text).uncut_prompt_tokens(text, context)
 
 
 def _within_context(what: str, added: int, room: int, context: int, where: str = "every prompt"):

@@ -17,7 +17,7 @@ from lorapilot.data.dataset import (
     remaining_leaks,
 )
 from lorapilot.data.format import rendered_system
-from lorapilot.data.rows import Skipped, skipped_summary
+from lorapilot.data.rows import Skipped, conversation_text, skipped_summary
 from lorapilot.data.targets import grounded_in, grounded_strings
 from lorapilot.errors import UsageError
 from lorapilot.evaluate.leaves import root_spec
@@ -209,6 +209,9 @@ def messages_report(pilot: Pilot, prepared: PreparedData) -> dict[str, Any] | No
         "system_differs": len(differing),
         "system_texts": [{"text": _cut(t), "n": n} for t, n in texts.most_common(5)],
         "n_system_texts": len(texts),
+        # conversations with turns before the last user turn: the prompt holds them
+        "with_earlier_turns": sum(1 for r in records if r.context),
+        "most_earlier_turns": max((len(r.context) for r in records), default=0),
         "warnings": warnings,
     }
 
@@ -263,7 +266,7 @@ def data_report(pilot: Pilot, prepared: PreparedData, tokenizer: Any) -> dict[st
                 fmt.max_length,
                 spec.data.truncation,
                 answer_room=prepared.answer_room,
-                uncut_prompt_tokens=lambda rec: fmt.uncut_prompt_tokens(rec.text),
+                uncut_prompt_tokens=lambda rec: fmt.uncut_prompt_tokens(rec.text, rec.context),
             ),
             "max_length_setting": spec.data.max_length,
             "max_length_source": (
@@ -293,7 +296,7 @@ def gold_grounding(prepared: PreparedData, root: Any = None, shown: int = 5) -> 
         for r in records:
             for value in grounded_strings(r.target, root):
                 n_values += 1
-                if not grounded_in(value, r.text):
+                if not grounded_in(value, conversation_text(r)):
                     bad.append({"id": r.id, "split": split, "value": value[:80]})
     return {"n_values": n_values, "n_ungrounded": len(bad), "examples": bad[:shown]}
 

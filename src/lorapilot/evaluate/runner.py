@@ -16,7 +16,7 @@ from lorapilot.base.models import pad_id_of
 from lorapilot.base.precision import TORCH_DTYPE_NAMES, default_device_type, resolve
 from lorapilot.data.dataset import PreparedData
 from lorapilot.data.format import PromptFormatter, answer_text, template_hash
-from lorapilot.data.rows import Record, answer_of
+from lorapilot.data.rows import Record, answer_of, conversation_text
 from lorapilot.evaluate import predict
 from lorapilot.evaluate.metrics import (
     CONTENT_FREE,
@@ -170,7 +170,7 @@ def evaluate_records(
     budget = protocol["answer_budget"]
     model = cast_for_eval(model, protocol["precision"])
     model.eval()  # dropout off: evaluation is deterministic
-    fitted = [fmt.prompt_and_cut(r.text, budget) for r in records]
+    fitted = [fmt.prompt_and_cut(r.text, budget, r.context) for r in records]
     prompts = [ids for ids, _ in fitted]
     pad_id = pad_id_of(tokenizer)
     t0 = time.perf_counter()
@@ -394,7 +394,8 @@ def score_predictions(
         assert outputs is not None
         sub = [records[i] for i in known]
         gold, outs = [r.target for r in sub], [outputs[i] for i in known]
-        cats, texts = [r.category for r in sub], [r.text for r in sub]
+        # a value is grounded where the conversation said it, in any turn
+        cats, texts = [r.category for r in sub], [conversation_text(r) for r in sub]
         if task.kind == "extraction":
             metrics = extraction_metrics(
                 gold, outs, task, spec.eval.normalize, categories=cats, texts=texts

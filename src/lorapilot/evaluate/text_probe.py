@@ -90,7 +90,7 @@ def prompt_features(
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     decoder = base.get_decoder()
     device = next(base.parameters()).device
-    prompts = [fmt.prompt_and_cut(r.text, answer_budget) for r in records]
+    prompts = [fmt.prompt_and_cut(r.text, answer_budget, r.context) for r in records]
     order = sorted(range(len(records)), key=lambda i: len(prompts[i][0]))
     out: np.ndarray | None = None
     # an attached adapter switched off: the frozen base's features

@@ -586,7 +586,7 @@ def _cases(
     protocol = manifest["eval_protocol"]
     budget = protocol["answer_budget"]
     records = prepared.splits["val"]
-    prompts = [fmt.encode_prompt(r.text, budget) for r in records]
+    prompts = [fmt.encode_prompt(r.text, budget, r.context) for r in records]
     texts = [tok.decode(p) for p in prompts]
     mode = protocol["mode"]
     labels = label_token_ids(fmt, spec.task, budget) if mode == "score" else []
@@ -626,7 +626,9 @@ def _cases(
         "reference": ref,
         "records": records,
         "prompt_texts": texts,
-        "prompt_text_of_first": fmt.prompt_text(records[0].text) if records else "",
+        "prompt_text_of_first": (
+            fmt.prompt_text(records[0].text, records[0].context) if records else ""
+        ),
         "prompts": [
             {
                 "id": r.id,
@@ -676,6 +678,8 @@ def classifier_config(pilot, tok, cases: dict) -> tuple[dict | None, str]:
         return None, "a generated answer: the Modelfile serves it as the pilot evaluated it"
     if cases["content_free"]:
         return None, "calibrated label scoring (eval.label_scoring: calibrated) is not in it"
+    if any(r.context for r in cases["records"]):
+        return None, "conversations with earlier turns: the script takes one input text"
     fmt = formatter_for(pilot, tok)
     whole = fmt.prompt_text(INPUT_MARK)
     if whole.count(INPUT_MARK) != 1:

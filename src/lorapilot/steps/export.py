@@ -142,7 +142,8 @@ def _merge_text(
     prepared = prepare_data(pilot, tok)
     fmt = formatter_for(pilot, tok)
     prompts = [
-        fmt.encode_prompt(r.text, prepared.answer_budget) for r in prepared.splits["val"][:4]
+        fmt.encode_prompt(r.text, prepared.answer_budget, r.context)
+        for r in prepared.splits["val"][:4]
     ]
     extra: dict = {}
     quantized = pilot.spec.model.quantization is not None
@@ -235,7 +236,7 @@ def _merge_streamed(
     fmt = formatter_for(pilot, tok)
     protocol = make_protocol(spec, tok, prepared)
     records = prepared.splits["val"]
-    prompts = [fmt.encode_prompt(r.text, prepared.answer_budget) for r in records]
+    prompts = [fmt.encode_prompt(r.text, prepared.answer_budget, r.context) for r in records]
     adapted = attach_adapter(base, adapter_dir)
     adapted.eval()
     say(f"the adapter on its base ({held}): {len(records)} validation examples")

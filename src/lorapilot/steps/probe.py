@@ -538,7 +538,7 @@ def _measured(
         # The evaluation peak at its widest: one batch of the longest validation prompts
         # (the throughput above is the typical one, which the time estimates need).
         val = prepared.splits["val"]
-        widths = [len(fmt.encode_prompt(r.text, prepared.answer_budget)) for r in val]
+        widths = [len(fmt.encode_prompt(r.text, prepared.answer_budget, r.context)) for r in val]
         order = sorted(range(len(val)), key=lambda i: -widths[i])[: spec.eval.batch_size]
         # On a CPU, also the bytes its tensors held at once (the RSS increase depends on what
         # the heap kept from the training steps before it): what the model is held to.
@@ -595,7 +595,7 @@ def eval_batch_estimate(shape, spec, model, fmt, protocol, records, widths, on_c
     )
 
     budget = protocol["answer_budget"]
-    prompts = [fmt.encode_prompt(r.text, budget) for r in records]
+    prompts = [fmt.encode_prompt(r.text, budget, r.context) for r in records]
     enc = [fmt.encode("x", lab, budget) for lab in spec.task.labels or ["x"]]
     tree = tree_size([e.input_ids[e.prompt_len :] for e in enc])
     best_first = spec.eval.label_search == "best_first"
