@@ -94,6 +94,52 @@ def test_truncation_cuts_the_input_never_the_answer(tok, side):
     assert fmt.encode_prompt(text, budget) == enc.prompt_ids
 
 
+CONTEXT = (
+    ("user", "My card was declined at the shop."),
+    ("assistant", "Which card was it?"),
+    ("user", "The debit card, " + " ".join(f"detail{i}" for i in range(60))),
+    ("assistant", "Thanks, checking."),
+)
+
+
+def test_a_conversations_earlier_turns_come_before_its_last_user_turn_as_said(tok):
+    fmt = PromptFormatter(tok, TASK, max_length=512)
+    budget = fmt.answer_budget_for(TASK.labels)
+    enc = fmt.encode("Still declined.", "billing", budget, CONTEXT)
+    shown = tok.decode(enc.input_ids)
+    said = [shown.index(t) for _, t in CONTEXT] + [shown.index("Ticket:\nStill declined.")]
+    assert said == sorted(said) and shown.index("Route the ticket") < said[0]
+    assert shown.count("Ticket:") == 1  # the template frames the last user turn only
+    assert tok.decode([enc.input_ids[i] for i in enc.loss_positions]) == "billing" + (
+        tok.eos_token
+    )  # the loss is on the last answer alone, not on the earlier assistant turns
+    assert fmt.encode_prompt("Still declined.", budget, CONTEXT) == enc.prompt_ids
+    assert not enc.truncated and enc.extra["context"] == CONTEXT
+
+
+def test_a_conversation_too_long_loses_its_oldest_exchanges_whole_then_its_text(tok):
+    whole = PromptFormatter(tok, TASK, max_length=512)
+    budget = whole.answer_budget_for(TASK.labels)
+    uncut = whole.encode("Still declined.", "billing", budget, CONTEXT)
+    later = whole.encode("Still declined.", "billing", budget, CONTEXT[2:])
+    # room for the last exchange, not for both: the oldest one goes, whole
+    fmt = PromptFormatter(tok, TASK, max_length=later.n_tokens + 2)
+    enc = fmt.encode("Still declined.", "billing", budget, CONTEXT)
+    assert enc.extra["context"] == CONTEXT[2:] and enc.extra["turns_dropped"] == 2
+    assert enc.input_ids == later.input_ids and enc.truncated
+    assert enc.n_text_tokens_cut == uncut.prompt_len - later.prompt_len
+    assert fmt.encode_prompt("Still declined.", budget, CONTEXT) == enc.prompt_ids
+    # no room for any earlier turn: all go, then the last user turn is cut
+    short = PromptFormatter(tok, TASK, max_length=uncut.n_tokens - later.prompt_len + 40)
+    text = "Still declined " + " ".join(f"again{i}" for i in range(80))
+    enc = short.encode(text, "billing", budget, CONTEXT)
+    assert enc.extra["context"] == () and enc.extra["turns_dropped"] == 4
+    assert enc.extra["text"] != text and enc.n_tokens <= short.max_length
+    alone = short.encode(text, "billing", budget)
+    assert enc.input_ids == alone.input_ids
+    assert enc.n_text_tokens_cut > alone.n_text_tokens_cut
+
+
 def test_target_that_cannot_fit_is_flagged(chatml):
     fmt = PromptFormatter(chatml, TASK, max_length=20)
     enc = fmt.encode("hi", "billing", 3)

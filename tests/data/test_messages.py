@@ -188,3 +188,71 @@ def test_parquet_and_saved_hf_datasets_hold_conversations_as_lists_of_structs(tm
     datasets.Dataset.from_list(rows).save_to_disk(str(tmp_path / "ds"))
     records, _ = load_records(tmp_path / "ds", CLF, data(file="ds"), display_path="ds")
     assert [r.label for r in records] == ["billing", "technical"]
+
+
+@pytest.fixture(scope="module")
+def dialog_pilot(tmp_path_factory, tiny_model_dir):
+    """`init`'s pilot as conversations of two exchanges: each example's ticket follows the
+    one before it and its label, the earlier exchange in the prompt, the last one judged."""
+    pilot = init_tiny_pilot(tmp_path_factory.mktemp("dialog"), tiny_model_dir, max_steps=2)
+    rows = [json.loads(x) for x in (pilot / "data" / "examples.jsonl").read_text().splitlines()]
+    convs = [conv(rows[0]["text"], rows[0]["label"], system=None)]
+    for before, r in zip(rows, rows[1:], strict=False):
+        turns = conv(before["text"], before["label"], system=None)["messages"]
+        convs.append({"messages": turns + conv(r["text"], r["label"], system=None)["messages"]})
+    write_jsonl(pilot / "data" / "dialog.jsonl", convs)
+    spec = yaml.safe_load((pilot / "pilot.yaml").read_text())
+    spec["data"]["file"] = "data/dialog.jsonl"
+    spec["data"]["fields"] = {"messages": "messages", "id": None}
+    (pilot / "pilot.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    return pilot, rows
+
+
+def test_conversations_with_earlier_turns_are_prepared_trained_and_predicted(
+    dialog_pilot, tmp_path
+):
+    pilot, rows = dialog_pilot
+    out = run_json("data", str(pilot))
+    assert out["messages"]["with_earlier_turns"] == len(rows) - 1
+    assert out["messages"]["most_earlier_turns"] == 2
+    assert out["mask_audit"]["ok"] and out["mask_audit"]["eval_prompt_is_train_prefix"]
+    text = run_cli("data", str(pilot)).stdout
+    assert f"{len(rows) - 1} conversation(s) have earlier turns (up to 2)" in text
+    shown = run_json("inspect", str(pilot))["examples"]
+    one = next(e for e in shown if e["id"] != "dialog-1")  # dialog-N: line N's conversation
+    line = int(one["id"].split("-")[1])
+    before, this = rows[line - 2], rows[line - 1]
+    rendered = one["rendered"]
+    assert rendered.index(before["text"]) < rendered.index(f"\n{before['label']}<")
+    assert rendered.index(f"\n{before['label']}<") < rendered.index(this["text"])
+    assert one["decoded_target"].startswith(this["label"])  # the last answer alone
+    assert all(e["match"] for e in shown)
+    run_json("train", str(pilot))
+    ask = conv(rows[3]["text"], system=None)["messages"]
+    asks = write_jsonl(tmp_path / "asks.jsonl", [
+        {"messages": conv(rows[2]["text"], rows[2]["label"], system=None)["messages"] + ask},
+        {"messages": ask},
+    ])  # fmt: skip
+    predicted = run_json("predict", str(pilot), "--input", str(asks))
+    assert predicted["n"] == 2
+
+
+def test_the_same_last_turn_after_other_turns_is_another_input(tmp_path):
+    """Duplicates, the inputs' overlap with the splits and grounding compare whole
+    conversations: "yes" after two different questions is not one input twice."""
+    from lorapilot.data.dedup import DupItem, find_duplicates
+    from lorapilot.data.rows import conversation_text
+
+    yes = [{"role": "user", "content": "yes please"}, {"role": "assistant", "content": "billing"}]
+    path = write_jsonl(tmp_path / "d.jsonl", [
+        {"messages": [*conv("Refund my order?", "billing", system=None)["messages"], *yes]},
+        {"messages": [*conv("Reset my router?", "technical", system=None)["messages"], *yes]},
+        {"messages": [*conv("Refund my order?", "billing", system=None)["messages"], *yes]},
+    ])  # fmt: skip
+    records, _ = load_records(path, CLF, data())
+    assert {r.text for r in records} == {"yes please"}
+    assert conversation_text(records[0]) == (
+        "user: Refund my order?\nassistant: billing\nuser: yes please"
+    )
+    report = find_duplicates([DupItem(r.id, "all", conversation_text(r)) for r in records])
+    assert [(p.a_id, p.b_id) for p in report.exact] == [(records[0].id, records[2].id)]

@@ -179,3 +179,30 @@ def test_a_folder_of_images_becomes_an_image_pilot(tmp_path):
     bad = run_json("init", "p3", "--dir", str(tmp_path), "--from", str(tmp_path / "one"), expect=2)
     assert "1 folder(s) of images; an image pilot reads one folder per label" in bad["error"]
     assert not (tmp_path / "p3").exists()
+
+
+def test_conversations_of_several_turns_are_sized_whole(tmp_path, tiny_model_dir):
+    """A chat file whose answer follows earlier exchanges: max_length fits the whole
+    conversation, so `data` cuts none of it."""
+    long = " ".join(f"detail{i}" for i in range(120))
+    rows = []
+    for i in range(40):
+        k = ["billing", "delivery"][i % 2]
+        turns = [{"role": "user", "content": f"hello, case {i}"},
+                 {"role": "assistant", "content": "How can I help?"},
+                 {"role": "user", "content": f"{long if i == 7 else 'about my order'} {i}"},
+                 {"role": "assistant", "content": "Which order?"},
+                 {"role": "user", "content": f"order {i}, {k} problem"},
+                 {"role": "assistant", "content": k}]  # fmt: skip
+        rows.append({"messages": turns})
+    src = tmp_path / "dialogs.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = run_json("init", "dialogs", "--dir", str(tmp_path), "--from", str(src),
+                   "--base", str(tiny_model_dir), "--source", "s", "--permission", "p")  # fmt: skip
+    assert out["task"] == "classification" and out["labels"] == ["billing", "delivery"]
+    assert any("conversations of up to 5 turns before the answer" in r for r in out["inferred"])
+    pilot = tmp_path / "dialogs"
+    data = run_json("data", str(pilot))
+    assert data["truncation"]["n_truncated"] == 0 and data["mask_audit"]["ok"]
+    assert data["messages"]["with_earlier_turns"] == 40
+    assert data["truncation"]["longest_prompt_tokens"] > 120  # the long turn is counted

@@ -61,9 +61,11 @@ class Inferred:
     longest_chars: int = 0
     """The longest input plus the longest answer, in characters: every prompt leaves room for
     the longest answer, so max_length is sized from the two."""
-    longest_inputs: list[str] = field(default_factory=list)
+    longest_inputs: list[Prompted] = field(default_factory=list)
     longest_answers: list[str] = field(default_factory=list)
     """The longest inputs and answers by characters: tokenized where a tokenizer is."""
+    most_turns: int = 0
+    """Chat rows: the most user and assistant turns before an answer (1: single-turn)."""
     thin_validation: dict[str, int] = field(default_factory=dict)
     """Labels with fewer validation examples than eval.min_support (set by `init`)."""
     no_answer: int = 0
@@ -184,10 +186,19 @@ def infer(
     return out
 
 
-def _keep_longest(out: Inferred, pairs: list[tuple[str, str]], n: int = 32) -> None:
-    out.longest_inputs = sorted({p[0] for p in pairs}, key=len, reverse=True)[:n]
+def _keep_longest(out: Inferred, pairs: list[tuple[Prompted, str]], n: int = 32) -> None:
+    out.longest_inputs = sorted({p[0] for p in pairs}, key=prompted_chars, reverse=True)[:n]
     out.longest_answers = sorted({p[1] for p in pairs}, key=len, reverse=True)[:n]
-    out.longest_chars = len(out.longest_inputs[0]) + len(out.longest_answers[0])
+    out.longest_chars = prompted_chars(out.longest_inputs[0]) + len(out.longest_answers[0])
+
+
+Prompted = str | tuple[tuple[str, str], ...]
+"""What a prompt holds before the answer: an input text, or a conversation's (role, text)
+turns up to its last user turn."""
+
+
+def prompted_chars(x: Prompted) -> int:
+    return len(x) if isinstance(x, str) else sum(len(said) for _, said in x)
 
 
 def _from_messages(
@@ -201,13 +212,19 @@ def _from_messages(
     answers, systems, pairs = [], Counter(), []
     for r in rows:
         turns = _decoded(r.get(name))
-        turns = turns if isinstance(turns, list) else []
-        said = {t.get("role"): _content(t.get("content")) for t in turns if isinstance(t, dict)}
-        reply = _decoded(said.get("assistant"))
+        turns = [t for t in turns if isinstance(t, dict)] if isinstance(turns, list) else []
+        said = [(t.get("role"), _content(t.get("content")) or "") for t in turns]
+        if said and said[0][0] in ("system", "developer") and said[0][1]:
+            systems[said[0][1]] += 1
+        dialog = tuple((role, text) for role, text in said if role in ("user", "assistant"))
+        # the last assistant turn is the answer; the turns before it, the prompt
+        last = dialog[-1] if dialog and dialog[-1][0] == "assistant" else None
+        reply = _decoded(last[1]) if last else None
         answers.append(reply)
-        if said.get("system") or said.get("developer"):
-            systems[said.get("system") or said.get("developer")] += 1
-        pairs.append((said.get("user") or "", _answer_text(reply)))
+        asked = dialog[:-1] if last else dialog
+        pairs.append((asked if len(asked) > 1 else asked[0][1] if asked else "",
+                      _answer_text(reply)))  # fmt: skip
+        out.most_turns = max(out.most_turns, len(asked))
     if systems:
         out.system, n = systems.most_common(1)[0]
         out.reasons.append(
@@ -219,7 +236,12 @@ def _from_messages(
                 "is the most common one and prompts every example (`lorapilot data` counts "
                 "the others)"
             )
-    _decide_task(out, answers, task, "the assistant turns")
+    if out.most_turns > 1:
+        out.reasons.append(
+            f"conversations of up to {out.most_turns} turns before the answer: the last "
+            "assistant turn is the answer, the turns before it the prompt"
+        )
+    _decide_task(out, answers, task, "the last assistant turns")
     _keep_longest(out, pairs)
     return out
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from lorapilot.base.models import load_tokenizer_of, resolve_base
 from lorapilot.data.image_folder import ImageFolder, scan_image_folder
-from lorapilot.data.infer import SPLIT_WORDS, Inferred, infer
+from lorapilot.data.infer import SPLIT_WORDS, Inferred, Prompted, infer
 from lorapilot.data.load import FORMATS, file_rows
 from lorapilot.data.rows import BadRow
 from lorapilot.errors import UsageError
@@ -273,12 +273,14 @@ def _counted(found: Inferred, system: str, base: str, root: Path) -> int | None:
     except (UsageError, OSError, ValueError):
         return None
 
-    def prompt(text: str) -> str:
-        turns = [{"role": "system", "content": system}, {"role": "user", "content": text}]
+    def prompt(asked: Prompted) -> str:
+        said = [("user", asked)] if isinstance(asked, str) else list(asked)
+        turns = [{"role": "system", "content": system}]
+        turns += [{"role": role, "content": text} for role, text in said]
         try:
             return tok.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
-        except Exception:  # no template, or one that refuses a system turn: the text alone
-            return f"{system}\n{text}\n"
+        except Exception:  # no template, or one that refuses a system turn: the texts alone
+            return "\n".join([system, *(text for _, text in said)]) + "\n"
 
     inputs = max(len(tok(prompt(t))["input_ids"]) for t in found.longest_inputs)
     answers = max(len(tok(a, add_special_tokens=False)["input_ids"]) for a in found.longest_answers)
