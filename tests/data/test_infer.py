@@ -105,6 +105,36 @@ def test_chat_rows_make_a_pilot_of_their_assistant_turns_and_system_turn():
     assert value_kind(json.dumps(rows[0]["messages"])) == "messages"  # JSON text in a CSV cell
 
 
+def test_conversations_answer_with_their_last_turn_and_origins_become_split_groups():
+    def turns(*said):
+        return [{"role": "user" if i % 2 == 0 else "assistant", "content": t}
+                for i, t in enumerate(said)]  # fmt: skip
+
+    rows = [{"dialogue_id": f"d{i // 2}", "customer_id": "c1", "shard": i % 3,
+             "messages": turns("hi", "Yes?", f"a table for {i}", '{"party": "%d"}' % i)}
+            for i in range(24)]  # fmt: skip
+    got = infer(rows)
+    assert got.task == "extraction" and got.fields == [
+        {"name": "party", "type": "string", "required": True}
+    ]  # the last assistant turn, not the first
+    assert got.most_turns == 3 and got.longest_inputs[0][:2] == (
+        ("user", "hi"),
+        ("assistant", "Yes?"),
+    )
+    assert got.longest_inputs[0][2][1].startswith("a table for 1")  # the longest sized whole
+    assert "conversations of up to 3 turns before the answer" in " ".join(got.reasons)
+    # 12 dialogues of 2 rows: a group; one customer (a constant) and 3 shards are not
+    assert got.group == "dialogue_id"
+    assert "split.group: column 'dialogue_id' (12 values for 24 rows" in " ".join(got.reasons)
+    few = infer([{**r, "dialogue_id": f"d{i % 5}"} for i, r in enumerate(rows)])
+    assert few.group is None  # 5 values: a category, not origins
+    unique = infer([{**r, "dialogue_id": f"d{i}"} for i, r in enumerate(rows)])
+    assert unique.group is None and unique.id == "dialogue_id"
+    coded = [{"text": f"message {i}", "label": "abcdefghijkl"[i % 12], "label_id": i % 12,
+              "session": f"s{i // 3}"} for i in range(60)]  # fmt: skip
+    assert infer(coded).group == "session"  # the answer's code is no origin
+
+
 def test_what_the_rows_cannot_say_is_warned_or_refused_with_the_fix():
     numbers = infer([{"text": f"t{i}", "label": i % 3} for i in range(12)])
     assert numbers.labels == ["0", "1", "2"]

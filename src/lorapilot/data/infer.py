@@ -36,6 +36,9 @@ SPLIT_WORDS = {"train": "train", "val": "val", "valid": "val", "validation": "va
                "test": "test"}  # fmt: skip
 """File and folder names that say a split (train.csv, dev.jsonl, validation/)."""
 ID_NAMES = ("id", "idx", "uid", "guid", "example_id", "doc_id", "_id")
+GROUP_NAMES = ("group", "session", "conversation", "dialogue", "dialog", "thread")
+"""Names (or `*_id` ones) of a column whose repeated values mark examples of one origin."""
+MIN_GROUPS = 10  # fewer distinct values read as a category, not as origins
 _DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 _ROLES = {"system", "developer", "user", "assistant"}
 
@@ -48,6 +51,9 @@ class Inferred:
     n_rows: int
     text: str | None = None
     answer: str | None = None
+    group: str | None = None
+    """data.split.group: a `*_id` column whose values repeat (rows of one dialogue, one
+    document, one customer), so that lorapilot's split keeps each one's rows together."""
     messages: str | None = None
     id: str | None = None
     labels: list[str] | None = None
@@ -179,6 +185,7 @@ def infer(
         c.name for c in columns.values()
         if c.kind == "text" and c.name not in (text, answer, out.id) and c.distinct > 1
     ]  # fmt: skip
+    _group_column(out, rows, columns)
     answers = [_decoded(r.get(answer)) for r in rows]
     inputs = [str(r.get(text) or "") for r in rows]
     _decide_task(out, answers, task, f"column {answer!r}")
@@ -209,6 +216,7 @@ def _from_messages(
     out.reasons.append(f"chat rows: column {name!r} holds chat turns (system, user, assistant)")
     if out.id:
         out.reasons.append(f"id: column {out.id!r} (a unique value in every row)")
+    _group_column(out, rows, columns)
     answers, systems, pairs = [], Counter(), []
     for r in rows:
         turns = _decoded(r.get(name))
@@ -250,6 +258,30 @@ def _content(content: Any) -> str | None:
     if isinstance(content, list):  # OpenAI's text parts
         return "".join(p.get("text", "") for p in content if isinstance(p, dict))
     return content if isinstance(content, str) else None
+
+
+def _group_column(out: Inferred, rows: list[dict], columns: dict[str, _Column]) -> None:
+    """out.group: the first column named as an origin (`dialogue_id`, `session`, `*_id`)
+    that every row fills, whose values repeat, and that has too many values to be a
+    category: its rows, split apart, would leak one origin into the held-out splits."""
+    for c in columns.values():
+        low = c.name.lower()
+        named = low.endswith(("_id", "-id")) or low in GROUP_NAMES or low in ID_NAMES
+        if (
+            not named
+            or c.name in (out.id, out.text, out.answer)
+            or c.kind not in ("text", "number")
+        ):
+            continue
+        if low[:-3] in LABEL_NAMES:  # `label_id`, `intent_id`: the answer's code, no origin
+            continue
+        if c.filled == len(rows) and MIN_GROUPS <= c.distinct < len(rows):
+            out.group = c.name
+            out.reasons.append(
+                f"split.group: column {c.name!r} ({c.distinct} values for {len(rows)} rows: "
+                "the rows of one value are kept in one split)"
+            )
+            return
 
 
 def _id_column(rows: list[dict], columns: dict[str, _Column]) -> str | None:

@@ -184,10 +184,12 @@ def text_yaml(
     if "val" not in names:
         frac = val_fraction(found.n_rows)
         test = f", test: {frac}" if "file" in names else ""  # else: the test file, or none
-        out.append(
-            f"  split: {{seed: 0, val: {frac}{test}}}"
-            + ("   # stratified by label" if found.labels else "")
-        )
+        group = f", group: {_q(found.group)}" if found.group else ""
+        why = (
+            f"   # inferred: {_reason(found, 'split.group')}" if found.group
+            else "   # stratified by label" if found.labels else ""
+        )  # fmt: skip
+        out.append(f"  split: {{seed: 0, val: {frac}{test}{group}}}{why}")
         out.append("  leakage: together   # copies of a text are kept in one split, never "
                    "across (where lorapilot splits)")  # fmt: skip
     if found.no_answer:
