@@ -39,11 +39,14 @@ class FieldMap(_Strict):
         None,
         description="Column holding a chat conversation, as OpenAI's and TRL's fine-tuning "
         "data write it (a list of {role, content}; a JSON string in a CSV cell), in place of "
-        "`text` and `label`/`target`: its user turn is the input text, its assistant turn the "
-        "answer (the label; the labels separated by label_separator; the target as JSON). A "
-        "system turn is not used, the spec's task.system is the prompt: `data` counts the "
-        "rows whose system turn differs from it. One user turn and at most one assistant "
-        "turn per row (after an optional system turn); another shape is an invalid row.",
+        "`text` and `label`/`target`: its last user turn is the input text, its last "
+        "assistant turn the answer (the label; the labels separated by label_separator; the "
+        "target as JSON), the turns before the last user turn earlier turns the prompt holds "
+        "as said (the loss is on the answer alone). A system turn is not used, the spec's "
+        "task.system is the prompt: `data` counts the rows whose system turn differs from it. "
+        "User and assistant turns in turn from a user turn (after an optional system turn), "
+        "ending with the answer (inputs to predict: with the last user turn); another shape "
+        "is an invalid row.",
     )
     label_separator: str = Field(
         ",",
