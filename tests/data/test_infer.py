@@ -121,7 +121,7 @@ def test_conversations_answer_with_their_last_turn_and_origins_become_split_grou
         ("user", "hi"),
         ("assistant", "Yes?"),
     )
-    assert got.longest_inputs[0][2][1].startswith("a table for 1")  # the longest sized whole
+    assert re.fullmatch(r"a table for \d\d", got.longest_inputs[0][2][1])  # sized whole
     assert "conversations of up to 3 turns before the answer" in " ".join(got.reasons)
     # 12 dialogues of 2 rows: a group; one customer (a constant) and 3 shards are not
     assert got.group == "dialogue_id"
@@ -133,6 +133,28 @@ def test_conversations_answer_with_their_last_turn_and_origins_become_split_grou
     coded = [{"text": f"message {i}", "label": "abcdefghijkl"[i % 12], "label_id": i % 12,
               "session": f"s{i // 3}"} for i in range(60)]  # fmt: skip
     assert infer(coded).group == "session"  # the answer's code is no origin
+
+
+def test_a_column_of_image_paths_makes_an_image_classification():
+    rows = [{"id": f"u{i}", "path": f"img/{i}.JPG", "kind": "ab"[i % 2], "shot_by": i % 3}
+            for i in range(20)]  # fmt: skip
+    got = infer(rows)
+    assert (got.task, got.image, got.answer, got.id) == (
+        "image_classification",
+        "path",
+        "kind",
+        "id",
+    )
+    assert got.labels == ["a", "b"] and got.text is None
+    assert value_kind("photos/x.webp") == "image" and value_kind("a photo of x") == "text"
+    tagged = [{**r, "kind": ["a", "b"]} for r in rows]
+    with pytest.raises(ValueError, match="holds list values: an image pilot gives each image one"):
+        infer(tagged)
+    texts = infer([{**r, "caption": f"caption number {i}"} for i, r in enumerate(rows)],
+                  text="caption")  # fmt: skip
+    assert texts.task == "classification" and texts.text == "caption"  # --text: as told
+    with pytest.raises(ValueError, match="no column of image paths"):
+        infer([{"text": "t", "label": "a"}] * 4, task="image_classification")
 
 
 def test_what_the_rows_cannot_say_is_warned_or_refused_with_the_fix():

@@ -181,6 +181,51 @@ def test_a_folder_of_images_becomes_an_image_pilot(tmp_path):
     assert not (tmp_path / "p3").exists()
 
 
+def test_a_table_of_image_paths_becomes_an_image_pilot_with_its_images(tmp_path):
+    """A CSV of image paths (relative to its folder) and labels, one photographer's images
+    several rows: the table copied as it is, each image under the path it names, the
+    photographer a split group; a path that names no file is warned, one out of the folder
+    refused with nothing written."""
+    from image_helpers import LABELS, noise
+
+    src = tmp_path / "studio"
+    rows = []
+    for k, label in enumerate(LABELS):
+        for i in range(8):
+            rel = f"photos/{label}-{i}.jpg"
+            (src / rel).parent.mkdir(parents=True, exist_ok=True)
+            noise(100 * k + i, size=(150, 200)).save(src / rel)
+            rows.append({"file": rel, "class": label, "photographer_id": f"p{(i + k) % 12}"})
+    rows.append({"file": "photos/gone.jpg", "class": "cat", "photographer_id": "p1"})
+    table = _csv(src / "labels.csv", rows)
+    out = run_json("init", "shoot", "--dir", str(tmp_path), "--from", str(table),
+                   "--source", "our studio", "--permission", "ours")  # fmt: skip
+    pilot = tmp_path / "shoot"
+    assert out["task"] == "image_classification" and out["labels"] == LABELS
+    assert out["fields"] == {"image": "file", "label": "class", "id": None}
+    assert out["images_copied"] == 24 and out["n_examples"] == 25
+    assert (pilot / "data" / "labels.csv").read_bytes() == table.read_bytes()  # untouched
+    assert (pilot / "photos" / "fox-7.jpg").read_bytes() == (src / "photos/fox-7.jpg").read_bytes()
+    (gone,) = [w for w in out["warnings"] if "name no file" in w]
+    assert "1 image path(s) in column 'file' name no file (first: 'photos/gone.jpg')" in gone
+    spec = yaml.safe_load((pilot / "pilot.yaml").read_text())
+    assert spec["data"]["fields"] == {"image": "file", "label": "class", "id": None}
+    assert spec["data"]["split"]["group"] == "photographer_id"
+    assert spec["task"]["image"]["size"] == 160  # 150 px on the shorter side, rounded up
+    assert "# on_error: skip" in (pilot / "pilot.yaml").read_text()
+    spec["data"]["on_error"] = "skip"
+    (pilot / "pilot.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    data = run_json("data", str(pilot))
+    assert data["n_examples"] == 24 and set(data["per_category"]) == set(LABELS)
+    assert data["groups"]["shared"] == []
+
+    outside = _csv(tmp_path / "abs.csv", [{"image": str(src / "photos/cat-0.jpg"), "label": x}
+                                          for x in ("a", "b") * 6])  # fmt: skip
+    bad = run_json("init", "p4", "--dir", str(tmp_path), "--from", str(outside), expect=2)
+    assert "12 image path(s) in column 'image' are absolute or lead up out of" in bad["error"]
+    assert not (tmp_path / "p4").exists()
+
+
 def test_conversations_of_several_turns_are_sized_whole(tmp_path, tiny_model_dir):
     """A chat file whose answer follows earlier exchanges: max_length fits the whole
     conversation, so `data` cuts none of it."""

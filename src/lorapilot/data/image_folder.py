@@ -66,17 +66,21 @@ def scan_image_folder(path: Path) -> ImageFolder:
     return ImageFolder(path, counts, {}, warnings, *_sample_sizes(path))
 
 
-def _sample_sizes(path: Path, n: int = 64) -> tuple[str, int]:
-    """('64 sampled: 28x28 to 28x28 px, L', the smallest shorter side) for up to `n` images
-    spread over the sorted files (headers only)."""
-    from PIL import Image, UnidentifiedImageError
-
+def _sample_sizes(path: Path) -> tuple[str, int]:
     images = sorted(
         f for f in path.rglob("*")
         if f.suffix.lower() in IMAGE_EXTENSIONS
         and not any(p.startswith(".") for p in f.relative_to(path).parts)
     )  # fmt: skip
-    files = images[:: max(1, len(images) // n)][:n]  # one walk of the folder, not two
+    return sample_sizes(images)
+
+
+def sample_sizes(images: list[Path], n: int = 64) -> tuple[str, int]:
+    """('64 sampled: 28x28 to 28x28 px, L', the smallest shorter side) for up to `n` of the
+    images, spread over the list (headers only)."""
+    from PIL import Image, UnidentifiedImageError
+
+    files = images[:: max(1, len(images) // n)][:n]
     sizes, modes = [], Counter()
     for f in files:
         try:

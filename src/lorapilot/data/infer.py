@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lorapilot.data.targets import json_type
+from lorapilot.spec import IMAGE_EXTENSIONS
 
 MAX_LABELS = 500
 """More distinct answers than this (or than half the rows) are free text, not labels."""
@@ -51,6 +52,8 @@ class Inferred:
     n_rows: int
     text: str | None = None
     answer: str | None = None
+    image: str | None = None
+    """image_classification from a table: the column of image paths."""
     group: str | None = None
     """data.split.group: a `*_id` column whose values repeat (rows of one dialogue, one
     document, one customer), so that lorapilot's split keeps each one's rows together."""
@@ -82,12 +85,14 @@ class Inferred:
 
 
 def value_kind(value: Any) -> str | None:
-    """text, number, bool, list, object or messages (a list of chat turns); None for a
-    missing value. JSON text (a CSV cell holding a list or an object) counts as what it
-    holds."""
+    """text, image (a path ending with an image extension), number, bool, list, object or
+    messages (a list of chat turns); None for a missing value. JSON text (a CSV cell holding
+    a list or an object) counts as what it holds."""
     value = _decoded(value)
     if value is None or value == "":
         return None
+    if isinstance(value, str) and _image_path(value):
+        return "image"
     kind = json_type(value)
     if kind == "array":
         if value and all(isinstance(t, dict) and t.get("role") in _ROLES for t in value):
@@ -97,6 +102,12 @@ def value_kind(value: Any) -> str | None:
         return "json"
     return {"boolean": "bool", "string": "text", "number": "number", "object": "object"}.get(
         kind, "json"
+    )
+
+
+def _image_path(value: str) -> bool:
+    return (
+        len(value) < 1024 and "\n" not in value and value.strip().lower().endswith(IMAGE_EXTENSIONS)
     )
 
 
@@ -151,6 +162,14 @@ def infer(
     chat = [c.name for c in columns.values() if c.kind == "messages"]
     if chat and text is None and answer is None:
         return _from_messages(rows, chat[0], columns, task)
+    images = [c.name for c in columns.values() if c.kind == "image"]
+    if images and text is None and task in (None, "image_classification", "classification"):
+        return _from_image_table(rows, images[0], columns, answer)
+    if task == "image_classification":
+        raise ValueError(
+            "--task image_classification: no column of image paths (values ending with "
+            f"{', '.join(IMAGE_EXTENSIONS)}) to read as the input"
+        )
     out = Inferred(task="", n_rows=len(rows))
     out.id = _id_column(rows, columns)
     if out.id:
@@ -194,8 +213,11 @@ def infer(
 
 
 def _keep_longest(out: Inferred, pairs: list[tuple[Prompted, str]], n: int = 32) -> None:
-    out.longest_inputs = sorted({p[0] for p in pairs}, key=prompted_chars, reverse=True)[:n]
-    out.longest_answers = sorted({p[1] for p in pairs}, key=len, reverse=True)[:n]
+    # ties in order of their text, not of a set's hash: the same file writes the same spec
+    out.longest_inputs = sorted({p[0] for p in pairs}, key=lambda x: (-prompted_chars(x), repr(x)))[
+        :n
+    ]
+    out.longest_answers = sorted({p[1] for p in pairs}, key=lambda x: (-len(x), x))[:n]
     out.longest_chars = prompted_chars(out.longest_inputs[0]) + len(out.longest_answers[0])
 
 
@@ -251,6 +273,48 @@ def _from_messages(
         )
     _decide_task(out, answers, task, "the last assistant turns")
     _keep_longest(out, pairs)
+    return out
+
+
+def _from_image_table(
+    rows: list[dict], image: str, columns: dict[str, _Column], answer: str | None
+) -> Inferred:
+    """A table of image paths and their labels (`image,label`): an image classification
+    whose input is the image each path names."""
+    out = Inferred(task="", n_rows=len(rows), image=image)
+    out.id = _id_column(rows, columns)
+    given = answer
+    answer = answer or _answer_by_name(columns, exclude={image, out.id})
+    answer = answer or _answer_by_values(columns, exclude={image, out.id})
+    if answer is None:
+        raise ValueError(
+            f"column {image!r} holds image paths, and no other column holds their labels; "
+            "name it with --answer"
+        )
+    out.answer = answer
+    why = (
+        "as given by --answer" if given else
+        "its name" if answer.lower() in LABEL_NAMES else "its values"
+    )  # fmt: skip
+    out.reasons.append(
+        f"input: column {image!r} (image paths: {columns[image].filled} of {len(rows)} values "
+        f"end with an image extension), answer: column {answer!r} ({why})"
+    )
+    _group_column(out, rows, columns)
+    answers = [_decoded(r.get(answer)) for r in rows]
+    kinds = {value_kind(a) for a in answers} - {None}
+    if kinds - {"text", "number", "bool"}:
+        raise ValueError(
+            f"column {answer!r} holds {', '.join(sorted(kinds))} values: an image pilot gives "
+            "each image one label (a folder of images per label, or a column of labels)"
+        )
+    _decide_task(out, answers, "classification", f"column {answer!r}")
+    out.task = "image_classification"
+    out.reasons = [
+        "task: image_classification (an image per row, a label per image)"
+        if r == "task: classification (as given by --task)" else r
+        for r in out.reasons
+    ]  # fmt: skip
     return out
 
 

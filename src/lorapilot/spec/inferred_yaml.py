@@ -229,10 +229,23 @@ def _reason(found: Inferred, key: str) -> str:
 
 
 def image_yaml(
-    name: str, image: ImageFolder, base: str, source: str | None, permission: str | None
+    name: str,
+    image: ImageFolder,
+    base: str,
+    source: str | None,
+    permission: str | None,
+    table: tuple[Inferred, dict[str, str]] | None = None,
 ) -> str:
+    """pilot.yaml for an image classification: from a folder per label (`image`), or from a
+    table of image paths and labels (`table`: what was inferred from its rows, and split ->
+    the copied table's name in data/; `image` then holds the labels counted and the sizes
+    sampled)."""
     labels = image.labels
     counts = sorted(image.counts.values())
+    found, names = table if table is not None else (None, {})
+    where = (
+        f"column {found.answer!r}" if found is not None else "folder names"
+    )  # fmt: skip
     out = [
         f"# {name}: scaffolded by `lorapilot init --from` from your images. Read every line",
         f"# marked `inferred`, then: lorapilot check {name} && lorapilot run {name}",
@@ -246,8 +259,9 @@ def image_yaml(
             width=90, initial_indent="  ", subsequent_indent="  ",
         ),
         "task:",
-        "  kind: image_classification   # inferred: a folder per label",
-        f"  # inferred: {len(labels)} labels (folder names), "
+        "  kind: image_classification   # inferred: "
+        + (f"column {found.image!r} holds image paths" if found else "a folder per label"),
+        f"  # inferred: {len(labels)} labels ({where}), "
         + (f"{counts[0]} images each" if counts[0] == counts[-1] else
            f"{counts[0]} to {counts[-1]} images each"),
         f"  labels: {_wrapped(labels, '  ')}",
@@ -263,7 +277,9 @@ def image_yaml(
         f"  permission: {_q(permission)}" if permission else
         "  # permission: the licence or internal approval to use them: `data` needs it",
     ]  # fmt: skip
-    if image.splits:
+    if found is not None:
+        out += _table_data(found, names)
+    elif image.splits:
         files = ", ".join(f"{s}: data/images/{d}" for s, d in image.splits.items())
         out.append(f"  files: {{{files}}}   # inferred: your split folders")
         if "val" not in image.splits:
@@ -273,17 +289,43 @@ def image_yaml(
         frac = 0.2 if sum(counts) < 1000 else 0.15
         out.append(f"  split: {{seed: 0, val: {frac}, test: {frac}}}   # stratified by label")
         out.append("  leakage: together   # copies of an image are kept in one split")
-    if image.warnings:
+    refused = [w for w in image.warnings if "on_error" in w] if found else image.warnings
+    if refused:
         out.append("  # on_error: skip   # set aside what is not a labelled image, counted")
+    thin = found is not None and found.thin_validation  # labels too rare to judge one by one
     out += [
         "adapter: {r: 16, alpha: 32}",
         "train: {lr: 3.0e-3, epochs: 3, micro_batch: 16}",
         "success: {metric: macro_f1, min_gain: 0.05}",
         "guards:",
-        "  - {metric: per_category.f1, max_drop: 0.05}",
+        "  - {metric: accuracy, max_drop: 0.02}"
+        if thin
+        else "  - {metric: per_category.f1, max_drop: 0.05}",
         "limits: {memory_gb: 8, time_hours: 1, usd_per_hour: 0, rental_days: 3}",
     ]
     if image.warnings:
         out.append("# Warnings when this was written:")
         out += [f"#   - {w}" for w in image.warnings]
     return "\n".join(out) + "\n"
+
+
+def _table_data(found: Inferred, names: dict[str, str]) -> list[str]:
+    """data: for a table of image paths: the copied table(s), its columns, the split."""
+    out = []
+    if "file" in names:
+        out.append(f"  file: data/{names['file']}   # a copy of your table, split by lorapilot; "
+                   "the images copied beside it")  # fmt: skip
+    else:
+        files = ", ".join(f"{s}: data/{n}" for s, n in names.items())
+        out.append(f"  files: {{{files}}}")
+    fields = {"image": found.image, "label": found.answer, "id": found.id}
+    said = ", ".join(f"{k}: {_q(v) if v else 'null'}" for k, v in fields.items())
+    out.append(f"  fields: {{{said}}}   # inferred: {_fields_reason(found)}")
+    if "val" not in names:
+        frac = 0.2 if found.n_rows < 1000 else 0.15
+        test = f", test: {frac}" if "file" in names else ""
+        group = f", group: {_q(found.group)}" if found.group else ""
+        why = f"inferred: {_reason(found, 'split.group')}" if found.group else "stratified by label"
+        out.append(f"  split: {{seed: 0, val: {frac}{test}{group}}}   # {why}")
+        out.append("  leakage: together   # copies of an image are kept in one split")
+    return out

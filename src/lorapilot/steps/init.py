@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 from lorapilot.base.models import load_tokenizer_of, resolve_base
-from lorapilot.data.image_folder import ImageFolder, scan_image_folder
+from lorapilot.data.image_folder import ImageFolder, sample_sizes, scan_image_folder
 from lorapilot.data.infer import SPLIT_WORDS, Inferred, Prompted, infer
 from lorapilot.data.load import FORMATS, file_rows
 from lorapilot.data.rows import BadRow
@@ -56,9 +56,6 @@ def run_init_from(
     of images in one folder per label (or train/val/test folders of those)."""
     if not _NAME_RE.match(name):
         raise UsageError(f"init {name!r}: a pilot name is 1-64 of letters, digits, '.', '_', '-'")
-    if task == "image_classification" and not (len(sources) == 1 and Path(sources[0]).is_dir()):
-        raise UsageError("--task image_classification: --from takes the folder of images, one "
-                         "folder per label")  # fmt: skip
     folder = Path(parent) / name
     if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
         raise UsageError(f"{folder}: exists and is not empty")
@@ -69,12 +66,12 @@ def run_init_from(
         yaml_text = image_yaml(name, image, base or IMAGE_BASE, source, permission)
         _build(folder, {}, {}, yaml_text, image.path, image.labels)
         return _image_result(image, folder, source, permission)
-    base = base or TEXT_BASE
     files = _splits_of(sources)
-    rows, unreadable, val_rows = [], [], []
+    rows, unreadable, val_rows, per_file = [], [], [], {}
     for split, path in files.items():  # every split: a label only test holds is still a label
         got, bad = _read(path)
         rows += got
+        per_file[split] = got
         val_rows = got if split == "val" else val_rows
         unreadable += [f"{path}:{line}: {problem}" for line, problem in bad]
     try:
@@ -89,6 +86,10 @@ def run_init_from(
     names = _copied_names(files)
     if found.labels:
         _thin_validation(found, val_rows, val_fraction(found.n_rows))
+    if found.image:
+        return _from_image_table(name, folder, found, files, per_file, names, base,
+                                 source, permission)  # fmt: skip
+    base = base or TEXT_BASE
     max_length = max_length_for(found, system_prompt(found), base, Path(parent))
     yaml_text = text_yaml(name, found, names, base, max_length, source, permission)
     _build(folder, files, names, yaml_text, labels=found.labels)
@@ -109,6 +110,89 @@ def run_init_from(
         ],  # fmt: skip
         "warnings": found.warnings,
     }
+
+
+def _from_image_table(
+    name: str,
+    folder: Path,
+    found: Inferred,
+    files: dict[str, Path],
+    per_file: dict[str, list[dict]],
+    names: dict[str, str],
+    base: str | None,
+    source: str | None,
+    permission: str | None,
+) -> dict:
+    """A pilot from a table of image paths and labels: the table copied as it is, and every
+    image it names copied under the same relative path in the pilot folder, where `data`
+    looks for it (the paths are read relative to the table's folder, else to the current
+    one; the table is never rewritten)."""
+    copies: dict[str, Path] = {}
+    missing: list[str] = []
+    for split, path in files.items():
+        got, lost = _image_files(path, per_file[split], found.image, names)
+        copies.update(got)
+        missing += lost
+    if not copies:
+        raise UsageError(
+            f"{next(iter(files.values()))}: none of the images in column {found.image!r} is a "
+            f"file (first: {missing[0]!r}), relative to the table's folder or to the current "
+            "one; write the paths relative to the table's folder"
+        )
+    if missing:
+        found.warnings.append(
+            f"{len(missing)} image path(s) in column {found.image!r} name no file (first: "
+            f"{missing[0]!r}); `lorapilot data` refuses those rows unless data.on_error is skip"
+        )
+    seen, shortest = sample_sizes(sorted(copies.values()))
+    image = ImageFolder(files[next(iter(files))], found.label_counts, {}, found.warnings,
+                        seen, shortest)  # fmt: skip
+    yaml_text = image_yaml(name, image, base or IMAGE_BASE, source, permission, (found, names))
+    _build(folder, files, names, yaml_text, labels=found.labels, copies=copies)
+    return {
+        **_image_result(image, folder, source, permission),
+        "n_examples": found.n_rows,
+        "from": {split: str(p) for split, p in files.items()},
+        "copied": {split: f"data/{n}" for split, n in names.items()},
+        "images_copied": len(copies),
+        "fields": {"image": found.image, "label": found.answer, "id": found.id},
+        "inferred": found.reasons,
+    }
+
+
+def _image_files(
+    table: Path, rows: list[dict], column: str | None, names: dict[str, str]
+) -> tuple[dict[str, Path], list[str]]:
+    """{the path as the table writes it: the file}, and the paths that name no file. The
+    paths are read relative to the table's folder, or (where that finds fewer) to its parent
+    or the current folder; one that is absolute or leads up (`..`) cannot be a path inside a pilot folder."""
+    paths = [str(r.get(column)) for r in rows if isinstance(r.get(column), str) and r[column]]
+    outside = [p for p in paths if Path(p).is_absolute() or ".." in Path(p).parts]
+    if outside:
+        raise UsageError(
+            f"{table}: {len(outside)} image path(s) in column {column!r} are absolute or lead "
+            f"up out of the folder (first: {outside[0]!r}); a pilot holds its images under "
+            "paths relative to its folder: write them relative to the table's folder, or give "
+            "--from a folder of images, one folder per label"
+        )
+    taken = {"pilot.yaml", "runs", *(f"data/{n}" for n in names.values())}
+    clash = next((p for p in paths if Path(p).as_posix() in taken or Path(p).parts[0] == "runs"),
+                 None)  # fmt: skip
+    if clash is not None:
+        raise UsageError(f"{table}: image path {clash!r} is a name the pilot folder keeps for "
+                         "itself (pilot.yaml, runs/, the copied table)")  # fmt: skip
+    roots = [table.parent, table.parent.parent, Path.cwd()]  # data/x.csv naming data/images/
+    found = [sum((root / p).is_file() for p in paths[:200]) for root in roots]
+    root = roots[found.index(max(found))]
+    got: dict[str, Path] = {}
+    lost: list[str] = []
+    for p in paths:
+        src = root / p
+        if src.is_file():
+            got[Path(p).as_posix()] = src
+        else:
+            lost.append(p)
+    return got, lost
 
 
 def _thin_validation(found: Inferred, val_rows: list[dict], val: float) -> None:
@@ -212,6 +296,7 @@ def _build(
     yaml_text: str,
     images: Path | None = None,
     labels: list[str] | None = None,
+    copies: dict[str, Path] | None = None,
 ) -> None:
     """Everything in a temp folder beside the pilot, validated (and its labels read back as
     inferred: a label YAML would read otherwise is a lorapilot bug, not the user's), then
@@ -224,6 +309,9 @@ def _build(
             shutil.copyfile(path, tmp / "data" / names[split])
         if images is not None:  # hidden files and folders stay behind, as `data` skips them
             shutil.copytree(images, tmp / "data" / "images", ignore=_hidden)
+        for rel, src in (copies or {}).items():  # a table's images, where its paths say
+            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, tmp / rel)
         (tmp / "pilot.yaml").write_text(yaml_text, encoding="utf-8")
         spec, _ = load_spec_file(tmp / "pilot.yaml")  # what we scaffold must validate
         if labels is not None and spec.task.labels != labels:
