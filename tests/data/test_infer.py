@@ -111,7 +111,7 @@ def test_conversations_answer_with_their_last_turn_and_origins_become_split_grou
                 for i, t in enumerate(said)]  # fmt: skip
 
     rows = [{"dialogue_id": f"d{i // 2}", "customer_id": "c1", "shard": i % 3,
-             "messages": turns("hi", "Yes?", f"a table for {i}", '{"party": "%d"}' % i)}
+             "messages": turns("hi", "Yes?", f"a table for {i}", json.dumps({"party": str(i)}))}
             for i in range(24)]  # fmt: skip
     got = infer(rows)
     assert got.task == "extraction" and got.fields == [

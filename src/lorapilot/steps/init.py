@@ -165,7 +165,8 @@ def _image_files(
 ) -> tuple[dict[str, Path], list[str]]:
     """{the path as the table writes it: the file}, and the paths that name no file. The
     paths are read relative to the table's folder, or (where that finds fewer) to its parent
-    or the current folder; one that is absolute or leads up (`..`) cannot be a path inside a pilot folder."""
+    or the current folder; one that is absolute or leads up (`..`) cannot be a path inside
+    a pilot folder."""
     paths = [str(r.get(column)) for r in rows if isinstance(r.get(column), str) and r[column]]
     outside = [p for p in paths if Path(p).is_absolute() or ".." in Path(p).parts]
     if outside:
