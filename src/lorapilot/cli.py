@@ -931,8 +931,9 @@ def init(
         list[str] | None,
         typer.Option(
             "--from",
-            help="Your data file (JSONL, JSON array, CSV, Parquet; chat rows too), or a folder "
-            "of images in one folder per label: copied into the pilot, its input and answer "
+            help="Your data file (JSONL, JSON array, CSV, Parquet; chat rows of one or more "
+            "exchanges, or a table of image paths and labels, too), or a folder of images in "
+            "one folder per label: copied into the pilot, its input and answer "
             "columns, task, labels or fields inferred and commented in pilot.yaml. Several "
             "files: train=PATH val=PATH test=PATH (or named so).",
         ),

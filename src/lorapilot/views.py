@@ -387,6 +387,8 @@ def init(r: dict) -> None:
     stdout.print(f"[green]created[/] {esc(r['pilot'])} ({r['task']}, {r['n_examples']} examples)")
     for split, copied in (r.get("copied") or {}).items():  # --from: the user's own files
         stdout.print(f"  {esc(r['from'][split])} -> {esc(copied)}")
+    if r.get("images_copied"):  # a table of image paths: its images, under those paths
+        stdout.print(f"  {r['images_copied']} images it names -> the same paths in the pilot")
     for line in r.get("inferred") or []:
         stdout.print(f"  inferred {esc(line)}")
     for w in r.get("warnings") or []:
