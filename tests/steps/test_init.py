@@ -219,6 +219,27 @@ def test_a_table_of_image_paths_becomes_an_image_pilot_with_its_images(tmp_path)
     assert data["n_examples"] == 24 and set(data["per_category"]) == set(LABELS)
     assert data["groups"]["shared"] == []
 
+    # images.csv beside images/<id>.png, the table naming each by its id only
+    ids = tmp_path / "catalogue"
+    (ids / "images").mkdir(parents=True)
+    named = []
+    for k, label in enumerate(LABELS):
+        for i in range(7):
+            uid = f"{k}{i}aa-{i}"
+            noise(10 * k + i).save(ids / "images" / f"{uid}.png")
+            named.append({"image": uid, "sender": k, "label": label})
+    out = run_json("init", "byid", "--dir", str(tmp_path), "--from",
+                   str(_csv(ids / "images.csv", named)))  # fmt: skip
+    assert out["fields"] == {"image_template": "images/{image}.png", "label": "label", "id": None}
+    assert out["images_copied"] == 21 and not any("no file" in w for w in out["warnings"])
+    assert "input: column 'image' (its values name image files)" in out["inferred"][0]
+    assert (tmp_path / "byid" / "images" / "20aa-0.png").is_file()
+    spec = yaml.safe_load((tmp_path / "byid" / "pilot.yaml").read_text())
+    spec["data"].update(source="s", permission="p")
+    (tmp_path / "byid" / "pilot.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    data = run_json("data", str(tmp_path / "byid"))
+    assert data["n_examples"] == 21 and set(data["per_category"]) == set(LABELS)
+
     outside = _csv(tmp_path / "abs.csv", [{"image": str(src / "photos/cat-0.jpg"), "label": x}
                                           for x in ("a", "b") * 6])  # fmt: skip
     bad = run_json("init", "p4", "--dir", str(tmp_path), "--from", str(outside), expect=2)

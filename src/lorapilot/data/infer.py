@@ -53,7 +53,9 @@ class Inferred:
     text: str | None = None
     answer: str | None = None
     image: str | None = None
-    """image_classification from a table: the column of image paths."""
+    """image_classification from a table: the column of image paths (or of their ids)."""
+    image_template: str | None = None
+    """The image path built from that column's ids (`images/{image}.jpg`), set by `init`."""
     group: str | None = None
     """data.split.group: a `*_id` column whose values repeat (rows of one dialogue, one
     document, one customer), so that lorapilot's split keeps each one's rows together."""
@@ -149,9 +151,11 @@ def infer(
     text: str | None = None,
     answer: str | None = None,
     task: str | None = None,
+    image: str | None = None,
 ) -> Inferred:
     """The columns and task the rows suggest; `text`, `answer` and `task` as the user gave
-    them override the guesses (and are checked against the rows)."""
+    them override the guesses (and are checked against the rows). `image`: a column that
+    names image files by id (found by the caller, which sees the files)."""
     if not rows:
         raise ValueError("holds no rows")
     names = list(dict.fromkeys(k for r in rows for k in r))
@@ -162,7 +166,7 @@ def infer(
     chat = [c.name for c in columns.values() if c.kind == "messages"]
     if chat and text is None and answer is None:
         return _from_messages(rows, chat[0], columns, task)
-    images = [c.name for c in columns.values() if c.kind == "image"]
+    images = [image] if image else [c.name for c in columns.values() if c.kind == "image"]
     if images and text is None and task in (None, "image_classification", "classification"):
         return _from_image_table(rows, images[0], columns, answer)
     if task == "image_classification":
@@ -189,6 +193,13 @@ def infer(
             f"{', '.join(names)}); name it with --answer"
         )
     out.text, out.answer = text, answer
+    if not given_text and _identifiers(rows, text):
+        out.warnings.append(
+            f"column {text!r}, read as the input text, holds one word per row, a different "
+            "one in each: an identifier rather than a text? If it names image files, give "
+            "--from a table whose column holds their paths (or keep the images beside it, "
+            "named by that id), or name the input with --text"
+        )
     why_text = (
         "as given by --text" if given_text else
         "its name" if text.lower() in INPUT_NAMES else "the longest text"
@@ -296,10 +307,11 @@ def _from_image_table(
         "as given by --answer" if given else
         "its name" if answer.lower() in LABEL_NAMES else "its values"
     )  # fmt: skip
-    out.reasons.append(
-        f"input: column {image!r} (image paths: {columns[image].filled} of {len(rows)} values "
-        f"end with an image extension), answer: column {answer!r} ({why})"
-    )
+    what = (
+        f"image paths: {columns[image].filled} of {len(rows)} values end with an image extension"
+        if columns[image].kind == "image" else "its values name image files"
+    )  # fmt: skip
+    out.reasons.append(f"input: column {image!r} ({what}), answer: column {answer!r} ({why})")
     _group_column(out, rows, columns)
     answers = [_decoded(r.get(answer)) for r in rows]
     kinds = {value_kind(a) for a in answers} - {None}
@@ -322,6 +334,16 @@ def _content(content: Any) -> str | None:
     if isinstance(content, list):  # OpenAI's text parts
         return "".join(p.get("text", "") for p in content if isinstance(p, dict))
     return content if isinstance(content, str) else None
+
+
+_IDENTIFIER = re.compile(r"(?=.*\d)[\w.-]{6,}")  # a uuid, a SKU, `IMG_0042`: no words
+
+
+def _identifiers(rows: list[dict], column: str) -> bool:
+    """Whether a column holds a different identifier in every row, not text."""
+    values = [r.get(column) for r in rows]
+    ids = [v for v in values if isinstance(v, str) and _IDENTIFIER.fullmatch(v)]
+    return len(ids) == len(values) and len(set(ids)) == len(ids)
 
 
 def _group_column(out: Inferred, rows: list[dict], columns: dict[str, _Column]) -> None:

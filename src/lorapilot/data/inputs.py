@@ -69,6 +69,7 @@ def read_inputs(
     if field_name:
         renamed["image" if spec.task.modality == "image" else "text"] = field_name
         renamed["messages"] = None  # the named column, not a conversation, is the input
+        renamed["image_template"] = None  # a column of paths, not ids in the pilot's path
     if answer_field:
         renamed["label" if spec.task.labelled else "target"] = answer_field
     if renamed:

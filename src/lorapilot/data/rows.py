@@ -194,11 +194,13 @@ class RecordBuilder:
         self.answers = answers
         self.row_numbers = row_numbers  # Parquet records have rows, not lines
         self.fields = data.fields
-        self.template = (
-            template_parts(data.fields.text_template)
-            if data.fields.text_template is not None and task.modality != "image"
-            else None
+        # the input built from columns: the text (text_template), or an image's path
+        self.template_key, given = (
+            ("data.fields.image_template", data.fields.image_template)
+            if task.modality == "image"
+            else ("data.fields.text_template", data.fields.text_template)
         )
+        self.template = template_parts(given) if given is not None else None
         self.template_columns = data.fields.input_columns(task.modality)
         # the names the input and the answer are read under (and named by in messages):
         # data.fields' columns, or the turns of a data.fields.messages conversation
@@ -229,8 +231,10 @@ class RecordBuilder:
         if self.conversations:
             row, system, context = self._from_messages(row)
         if self.template is not None:
-            column = "data.fields.text_template"
+            column = self.template_key
             text, empty = self._from_template(row)
+            if empty and self.task.modality == "image":  # a path with a hole names no image
+                raise BadRow(f"field {empty[0]!r} ({column}) is empty")
         else:
             # an image task's input is the image's path (relative to the pilot folder); the
             # image itself is opened and checked once every row is read (data/images.py)
@@ -351,7 +355,7 @@ class RecordBuilder:
                 value = None
             if isinstance(value, bool) or not isinstance(value, str | int | float | None):
                 raise BadRow(
-                    f"field {name!r} (data.fields.text_template) must be a string or a number, "
+                    f"field {name!r} ({self.template_key}) must be a string or a number, "
                     f"got {json_type(value)}"
                 )
             value = "" if value is None else str(value)
@@ -360,7 +364,7 @@ class RecordBuilder:
             out.append(value)
         names = self.template_columns
         if len(empty) == len(names):
-            raise BadRow(f"every column of data.fields.text_template is empty: {', '.join(names)}")
+            raise BadRow(f"every column of {self.template_key} is empty: {', '.join(names)}")
         return "".join(out), tuple(empty)
 
     def _group(self, row: dict) -> str:

@@ -35,6 +35,13 @@ class FieldMap(_Strict):
         "braces.",
     )
 
+    image_template: str | None = Field(
+        None,
+        description="image_classification: the image path built from columns, each named in "
+        "braces, for a table that names each image by an id: 'images/{image_id}.jpg' (in "
+        "place of `image`; relative to the pilot folder, as `image` is). A row with an "
+        "empty column is invalid.",
+    )
     messages: str | None = Field(
         None,
         description="Column holding a chat conversation, as OpenAI's and TRL's fine-tuning "
@@ -58,11 +65,12 @@ class FieldMap(_Strict):
     _omitted_at: ClassVar[dict[str, tuple]] = {
         "image": ("image",),
         "text_template": (None,),
+        "image_template": (None,),
         "messages": (None,),
         "label_separator": (",",),
     }
 
-    @field_validator("text_template")
+    @field_validator("text_template", "image_template")
     @classmethod
     def _template(cls, v: str | None) -> str | None:
         if v is not None:
@@ -77,6 +85,11 @@ class FieldMap(_Strict):
             raise ValueError(
                 "set text (one column) or text_template (several), not both: the template "
                 "names its columns itself"
+            )
+        if self.image_template is not None and self.image != "image":
+            raise ValueError(
+                "set image (a column of paths) or image_template (a path built from columns), "
+                "not both"
             )
         return self
 
@@ -94,6 +107,8 @@ class FieldMap(_Strict):
         """The columns the input is read from: the image path; the conversation; the text
         column, or the columns text_template names, in order, once each."""
         if modality == "image":
+            if self.image_template is not None:
+                return list(dict.fromkeys(c for _, c in template_parts(self.image_template) if c))
             return [self.image]
         if self.messages is not None:
             return [self.messages]

@@ -41,6 +41,11 @@ def val_fraction(n_rows: int) -> float:
     return 0.2 if n_rows < 1000 else 0.1
 
 
+def image_val_fraction(n_images: int) -> float:
+    """data.split.val (and test) for images lorapilot splits: 0.2 of a small set, else 0.15."""
+    return 0.2 if n_images < 1000 else 0.15
+
+
 def field_map(found: Inferred) -> dict:
     if found.messages:
         return {"messages": found.messages, "id": found.id}
@@ -260,7 +265,11 @@ def image_yaml(
         ),
         "task:",
         "  kind: image_classification   # inferred: "
-        + (f"column {found.image!r} holds image paths" if found else "a folder per label"),
+        + (
+            "a folder per label" if found is None
+            else f"column {found.image!r} names image files" if found.image_template
+            else f"column {found.image!r} holds image paths"
+        ),
         f"  # inferred: {len(labels)} labels ({where}), "
         + (f"{counts[0]} images each" if counts[0] == counts[-1] else
            f"{counts[0]} to {counts[-1]} images each"),
@@ -286,7 +295,7 @@ def image_yaml(
             out.append("  split: {seed: 0, val: 0.15}")
     else:
         out.append("  file: data/images   # a copy of your folder, split by lorapilot")
-        frac = 0.2 if sum(counts) < 1000 else 0.15
+        frac = image_val_fraction(sum(counts))
         out.append(f"  split: {{seed: 0, val: {frac}, test: {frac}}}   # stratified by label")
         out.append("  leakage: together   # copies of an image are kept in one split")
     refused = [w for w in image.warnings if "on_error" in w] if found else image.warnings
@@ -318,11 +327,15 @@ def _table_data(found: Inferred, names: dict[str, str]) -> list[str]:
     else:
         files = ", ".join(f"{s}: data/{n}" for s, n in names.items())
         out.append(f"  files: {{{files}}}")
-    fields = {"image": found.image, "label": found.answer, "id": found.id}
+    fields = {
+        "image_template" if found.image_template else "image": found.image_template or found.image,
+        "label": found.answer,
+        "id": found.id,
+    }
     said = ", ".join(f"{k}: {_q(v) if v else 'null'}" for k, v in fields.items())
     out.append(f"  fields: {{{said}}}   # inferred: {_fields_reason(found)}")
     if "val" not in names:
-        frac = 0.2 if found.n_rows < 1000 else 0.15
+        frac = image_val_fraction(found.n_rows)
         test = f", test: {frac}" if "file" in names else ""
         group = f", group: {_q(found.group)}" if found.group else ""
         why = f"inferred: {_reason(found, 'split.group')}" if found.group else "stratified by label"

@@ -109,8 +109,14 @@ class PilotSpec(_Strict):
 
     @model_validator(mode="after")
     def _text_keys_are_for_text(self) -> PilotSpec:
-        """Keys only a text pilot reads, refused on an image pilot, saying what it has."""
+        """Keys only a text pilot reads, refused on an image pilot, saying what it has (and
+        the image path's template on a text pilot)."""
         if self.task.modality != "image":
+            if self.data.fields.image_template is not None:
+                raise ValueError(
+                    "data.fields.image_template builds an image's path; a text pilot's input "
+                    "is text (data.fields.text, or text_template)"
+                )
             return self
         refused = [
             (self.eval.few_shot is not None,

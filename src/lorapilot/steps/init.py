@@ -24,9 +24,10 @@ from lorapilot.data.infer import SPLIT_WORDS, Inferred, Prompted, infer
 from lorapilot.data.load import FORMATS, file_rows
 from lorapilot.data.rows import BadRow
 from lorapilot.errors import UsageError
-from lorapilot.spec import _NAME_RE, EvalSpec, load_spec_file
+from lorapilot.spec import _NAME_RE, IMAGE_EXTENSIONS, EvalSpec, load_spec_file
 from lorapilot.spec.inferred_yaml import (
     field_map,
+    image_val_fraction,
     image_yaml,
     system_prompt,
     text_yaml,
@@ -74,8 +75,10 @@ def run_init_from(
         per_file[split] = got
         val_rows = got if split == "val" else val_rows
         unreadable += [f"{path}:{line}: {problem}" for line, problem in bad]
+    ids = None if text else _image_ids(next(iter(files.values())), rows)
     try:
-        found = infer(rows, text=text, answer=answer, task=task)
+        found = infer(rows, text=text, answer=answer, task=task, image=ids and ids[0])
+        found.image_template = ids and ids[1]
     except ValueError as e:
         raise UsageError(f"{next(iter(files.values()))}: {e}") from None
     if unreadable:
@@ -85,7 +88,8 @@ def run_init_from(
         )
     names = _copied_names(files)
     if found.labels:
-        _thin_validation(found, val_rows, val_fraction(found.n_rows))
+        fraction = image_val_fraction if found.image else val_fraction
+        _thin_validation(found, val_rows, fraction(found.n_rows))
     if found.image:
         return _from_image_table(name, folder, found, files, per_file, names, base,
                                  source, permission)  # fmt: skip
@@ -130,7 +134,8 @@ def _from_image_table(
     copies: dict[str, Path] = {}
     missing: list[str] = []
     for split, path in files.items():
-        got, lost = _image_files(path, per_file[split], found.image, names)
+        got, lost = _image_files(path, per_file[split], found.image, names,
+                                 found.image_template)  # fmt: skip
         copies.update(got)
         missing += lost
     if not copies:
@@ -155,19 +160,60 @@ def _from_image_table(
         "from": {split: str(p) for split, p in files.items()},
         "copied": {split: f"data/{n}" for split, n in names.items()},
         "images_copied": len(copies),
-        "fields": {"image": found.image, "label": found.answer, "id": found.id},
+        "fields": {
+            "image_template" if found.image_template else "image": found.image_template
+            or found.image,
+            "label": found.answer,
+            "id": found.id,
+        },
         "inferred": found.reasons,
     }
 
 
+def _image_ids(table: Path, rows: list[dict], n: int = 20) -> tuple[str, str] | None:
+    """(column, data.fields.image_template) where a column names image files by their id: a
+    file `<value>.<image extension>` in one folder at or below the table's folder (or its
+    parent), found for the first row and for 90% of the next `n` (`images.csv` beside
+    `images/<uuid>.jpg`). The template is relative to that folder, as the copy will be."""
+    head = rows[: n + 1]
+    for column, value in head[0].items() if head else ():
+        if not isinstance(value, str | int) or isinstance(value, bool) or "{" in column:
+            continue
+        value = str(value)
+        if not value or any(c.isspace() or c in "/\\*?[" for c in value):
+            continue
+        for root in (table.parent, table.parent.parent):
+            hits = [f for f in root.glob(f"**/{value}.*")
+                    if f.suffix.lower() in IMAGE_EXTENSIONS and f.is_file()][:1]  # fmt: skip
+            if not hits:
+                continue
+            folder = hits[0].parent.relative_to(root).as_posix()
+            template = ("" if folder == "." else folder + "/") + f"{{{column}}}{hits[0].suffix}"
+            found = sum((root / _filled(template, column, r.get(column))).is_file() for r in head)
+            if found >= 0.9 * len(head):
+                return column, template
+    return None
+
+
+def _filled(template: str, column: str, value: object) -> str:
+    return template.replace(f"{{{column}}}", "" if value is None else str(value))
+
+
 def _image_files(
-    table: Path, rows: list[dict], column: str | None, names: dict[str, str]
+    table: Path,
+    rows: list[dict],
+    column: str | None,
+    names: dict[str, str],
+    template: str | None = None,
 ) -> tuple[dict[str, Path], list[str]]:
     """{the path as the table writes it: the file}, and the paths that name no file. The
     paths are read relative to the table's folder, or (where that finds fewer) to its parent
     or the current folder; one that is absolute or leads up (`..`) cannot be a path inside
     a pilot folder."""
-    paths = [str(r.get(column)) for r in rows if isinstance(r.get(column), str) and r[column]]
+    if template is not None:  # ids the template turns into paths
+        paths = [_filled(template, column, r.get(column)) for r in rows if r.get(column) != ""]
+    else:
+        paths = [r[column] for r in rows if isinstance(r.get(column), str) and r[column]]
     outside = [p for p in paths if Path(p).is_absolute() or ".." in Path(p).parts]
     if outside:
         raise UsageError(
