@@ -35,8 +35,8 @@ def test_image_template_is_for_image_pilots_and_in_place_of_image():
         FieldMap(image="path", image_template="images/{id}.jpg")
     from lorapilot.spec import PilotSpec
 
-    spec = {"name": "t", "hypothesis": "h", "task": {"kind": "classification", "labels": ["a", "b"]},
-            "model": {"base": "x"},
+    spec = {"name": "t", "hypothesis": "h", "model": {"base": "x"},
+            "task": {"kind": "classification", "labels": ["a", "b"]},
             "data": {"file": "d.csv", "fields": {"image_template": "i/{id}.jpg"}}}  # fmt: skip
     with pytest.raises(ValidationError, match="image_template builds an image's path; a text"):
         PilotSpec.model_validate(spec)
