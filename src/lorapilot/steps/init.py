@@ -129,8 +129,8 @@ def _from_image_table(
 ) -> dict:
     """A pilot from a table of image paths and labels: the table copied as it is, and every
     image it names copied under the same relative path in the pilot folder, where `data`
-    looks for it (the paths are read relative to the table's folder, else to the current
-    one; the table is never rewritten)."""
+    looks for it (the paths are read relative to the table's folder, its parent or the
+    current folder; the table is never rewritten)."""
     copies: dict[str, Path] = {}
     missing: list[str] = []
     for split, path in files.items():
@@ -172,26 +172,26 @@ def _from_image_table(
 
 def _image_ids(table: Path, rows: list[dict], n: int = 20) -> tuple[str, str] | None:
     """(column, data.fields.image_template) where a column names image files by their id: a
-    file `<value>.<image extension>` in one folder at or below the table's folder (or its
-    parent), found for the first row and for 90% of the next `n` (`images.csv` beside
-    `images/<uuid>.jpg`). The template is relative to that folder, as the copy will be."""
+    file `<value>.<image extension>` in the table's folder or a folder at most two below it,
+    found for the first row and for 90% of the next `n` (`images.csv` beside
+    `images/<uuid>.jpg`). The template is relative to the table's folder, as the copy is."""
     head = rows[: n + 1]
+    root = table.parent
     for column, value in head[0].items() if head else ():
-        if not isinstance(value, str | int) or isinstance(value, bool) or "{" in column:
+        if isinstance(value, bool) or not isinstance(value, str | int) or "{" in column:
             continue
         value = str(value)
-        if not value or any(c.isspace() or c in "/\\*?[" for c in value):
+        if not re.fullmatch(r"[\w.-]+", value):  # an id: no spaces, no path, no glob
             continue
-        for root in (table.parent, table.parent.parent):
-            hits = [f for f in root.glob(f"**/{value}.*")
-                    if f.suffix.lower() in IMAGE_EXTENSIONS and f.is_file()][:1]  # fmt: skip
-            if not hits:
-                continue
-            folder = hits[0].parent.relative_to(root).as_posix()
-            template = ("" if folder == "." else folder + "/") + f"{{{column}}}{hits[0].suffix}"
-            found = sum((root / _filled(template, column, r.get(column))).is_file() for r in head)
-            if found >= 0.9 * len(head):
-                return column, template
+        hits = [f for depth in ("", "*/", "*/*/") for f in root.glob(f"{depth}{value}.*")
+                if f.suffix.lower() in IMAGE_EXTENSIONS and f.is_file()][:1]  # fmt: skip
+        if not hits:
+            continue
+        folder = hits[0].parent.relative_to(root).as_posix()
+        template = ("" if folder == "." else folder + "/") + f"{{{column}}}{hits[0].suffix}"
+        found = sum((root / _filled(template, column, r.get(column))).is_file() for r in head)
+        if found >= 0.9 * len(head):
+            return column, template
     return None
 
 
