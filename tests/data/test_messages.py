@@ -235,6 +235,9 @@ def test_conversations_with_earlier_turns_are_prepared_trained_and_predicted(
     ])  # fmt: skip
     predicted = run_json("predict", str(pilot), "--input", str(asks))
     assert predicted["n"] == 2
+    report = run_json("report", str(pilot))
+    said = " ".join(Path(report["markdown"]).read_text().split())
+    assert f"Conversations: {len(rows) - 1} of {len(rows)} have earlier turns (up to 2)" in said
 
 
 def test_the_same_last_turn_after_other_turns_is_another_input(tmp_path):

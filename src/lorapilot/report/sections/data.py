@@ -39,6 +39,18 @@ def _data(s: dict) -> list:
             ]
         )
     ]
+    conv = d.get("messages") if isinstance(d.get("messages"), dict) else {}
+    if conv.get("with_earlier_turns"):  # data.fields.messages of several exchanges
+        lost = (d.get("truncation") or {}).get("n_lost_turns") or 0
+        n, of = fmt(conv["with_earlier_turns"]), fmt(conv.get("n_examples"))
+        out.append(
+            Para(
+                f"Conversations: {n} of {of} "
+                f"have earlier turns (up to {fmt(conv.get('most_earlier_turns'))}), in the prompt "
+                "as they were said; the loss and the metrics are on the last assistant turn"
+                + (f"; {fmt(lost)} lost their oldest turns to data.max_length." if lost else ".")
+            )
+        )
     per = d.get("per_category") or {}
     sets = d.get("label_sets") if isinstance(d.get("label_sets"), dict) else None
     if per:
