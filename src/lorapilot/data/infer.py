@@ -204,10 +204,7 @@ def infer(
         "as given by --text" if given_text else
         "its name" if text.lower() in INPUT_NAMES else "the longest text"
     )  # fmt: skip
-    why_answer = (
-        "as given by --answer" if given_answer else
-        "its name" if answer.lower() in (*LABEL_NAMES, *TARGET_NAMES) else "its values"
-    )  # fmt: skip
+    why_answer = _why_answer(answer, given_answer)
     out.reasons.append(
         f"input: column {text!r} ({why_text}), answer: column {answer!r} ({why_answer})"
     )
@@ -287,6 +284,12 @@ def _from_messages(
     return out
 
 
+def _why_answer(answer: str, given: str | None) -> str:
+    if given:
+        return "as given by --answer"
+    return "its name" if answer.lower() in (*LABEL_NAMES, *TARGET_NAMES) else "its values"
+
+
 def _from_image_table(
     rows: list[dict], image: str, columns: dict[str, _Column], answer: str | None
 ) -> Inferred:
@@ -303,10 +306,7 @@ def _from_image_table(
             "name it with --answer"
         )
     out.answer = answer
-    why = (
-        "as given by --answer" if given else
-        "its name" if answer.lower() in LABEL_NAMES else "its values"
-    )  # fmt: skip
+    why = _why_answer(answer, given)
     what = (
         f"image paths: {columns[image].filled} of {len(rows)} values end with an image extension"
         if columns[image].kind == "image" else "its values name image files"
