@@ -74,12 +74,29 @@ def load_all(pilot: Pilot) -> tuple[list[Record], list[Skipped]]:
         )
         records += recs
         skipped += skips
+    _unique_ids(pilot, records)
     if spec.task.modality == "image":
         from lorapilot.data.images import attach_images
 
         records, skips = attach_images(records, pilot.dir, spec.task, data)
         skipped += skips
     return records, skipped
+
+
+def _unique_ids(pilot: Pilot, records: list[Record]) -> None:
+    """One id, one example, across every data file (a file checks its own rows): an id is
+    how predictions, leaks, label reviews and reports name an example, and two files that
+    number their rows alike (train.jsonl and test.jsonl both from `1`) would merge two."""
+    first: dict[str, str] = {}
+    for r in records:
+        seen = first.setdefault(r.id, r.source)
+        if seen != r.source:
+            raise UsageError(
+                f"{pilot.spec_path}: data: the id {r.id!r} names two examples, {seen} and "
+                f"{r.source}: ids must be unique across the data files; give each file's ids "
+                "a prefix of their own, or set data.fields.id: null to name every example by "
+                "its file and line"
+            )
 
 
 def source_hashes(pilot: Pilot, datasets_only: bool = False) -> dict[str, str]:

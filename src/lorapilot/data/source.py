@@ -3,6 +3,7 @@ catches a missing or unreadable source in a second, before any long run."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -10,18 +11,50 @@ from lorapilot.data.split import SPLITS
 from lorapilot.errors import UsageError
 from lorapilot.spec import DataSpec, Pilot, TaskSpec
 
+GLOB = re.compile(r"[*?\[]")
+"""A data path holding one of these is a pattern: the files it matches (shards)."""
+
 
 def file_sources(pilot: Pilot) -> list[tuple[str, str, str | None]]:
     """(spec key, path relative to the pilot, split) of every data file or saved folder: the
-    list the loaders read and `check` looks at."""
+    list the loaders read and `check` looks at. A pattern (`data/train-*.parquet`, the
+    shards a dataset is published in) stands for the files it matches, in name order."""
     data = pilot.spec.data
     if data.file:
-        return [("data.file", data.file, None)]
-    if data.files is None:
+        given = [("data.file", data.file, None)]
+    elif data.files is None:
         return []
-    return [
-        (f"data.files.{s}", getattr(data.files, s), s) for s in SPLITS if getattr(data.files, s)
-    ]
+    else:
+        given = [
+            (f"data.files.{s}", getattr(data.files, s), s)
+            for s in SPLITS
+            if getattr(data.files, s)
+        ]  # fmt: skip
+    out = []
+    for key, rel, split in given:
+        out += (
+            [(key, m, split) for m in _matches(pilot, key, rel)]
+            if GLOB.search(rel)
+            else [(key, rel, split)]
+        )
+    return out
+
+
+def _matches(pilot: Pilot, key: str, pattern: str) -> list[str]:
+    """The files a pattern matches under the pilot folder (hidden ones left out), relative
+    to it; none is an error naming the pattern."""
+    pilot.path(GLOB.split(pattern)[0] or ".", key)  # inside the pilot folder, or refused
+    found = sorted(
+        p.relative_to(pilot.dir).as_posix()
+        for p in pilot.dir.glob(pattern)
+        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(pilot.dir).parts)
+    )  # fmt: skip
+    if not found:
+        raise UsageError(
+            f"{pilot.spec_path}: {key}: the pattern {pattern!r} matches no file in the pilot "
+            f"folder {pilot.dir}"
+        )
+    return found
 
 
 def check_data_source(pilot: Pilot) -> dict:

@@ -169,7 +169,11 @@ class SplitSpec(_Strict):
 class DataFiles(_Strict):
     """Pre-split files or folders, relative to the pilot folder."""
 
-    train: str = Field(description="Training file (JSONL, CSV) or folder.")
+    train: str = Field(
+        description="Training file (JSONL, CSV) or folder; a pattern (`data/train-*.parquet`, "
+        "the shards a dataset is published in) reads every file it matches, in name order, "
+        "as does one for val or test. Ids must be unique across all the files."
+    )
     val: str | None = Field(
         None,
         description="Validation file; without it a stratified, seeded `data.split.val` "
@@ -265,7 +269,8 @@ class DataSpec(_Strict):
         None,
         description="One file to split into train/val/test, or a folder written by `datasets` "
         "save_to_disk: a Dataset is split, a DatasetDict's train/validation(/test) are used as "
-        "they are.",
+        "they are. A pattern (`data/part-*.parquet`) reads every file it matches, in name "
+        "order.",
     )
     files: DataFiles | None = Field(
         None, description="Pre-split files (or save_to_disk Dataset folders), used as they are."
