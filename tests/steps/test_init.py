@@ -272,3 +272,31 @@ def test_conversations_of_several_turns_are_sized_whole(tmp_path, tiny_model_dir
     assert data["truncation"]["n_truncated"] == 0 and data["mask_audit"]["ok"]
     assert data["messages"]["with_earlier_turns"] == 40
     assert data["truncation"]["longest_prompt_tokens"] > 120  # the long turn is counted
+
+
+def test_shards_by_a_quoted_pattern_are_copied_and_read_as_one_split(tmp_path, tiny_model_dir):
+    """`--from 'train=hub/train-*.csv'`: the shards a data set is published in, copied with
+    their names into data/train/, and the spec's pattern reads them all back."""
+    hub = tmp_path / "download"
+    hub.mkdir()
+    rows = _tickets(60)
+    for i in range(3):
+        _csv(hub / f"train-0000{i}-of-00003.csv", rows[i * 15 : (i + 1) * 15])
+    _csv(hub / "test-00000-of-00001.csv", rows[45:])
+    (hub / ".train-00009-of-00003.csv").write_text("hidden")  # not a shard
+    out = run_json("init", "hub", "--dir", str(tmp_path),
+                   "--from", f"train={hub}/train-*.csv", "--from", str(hub / "test-*.csv"),
+                   "--base", str(tiny_model_dir), "--source", "s", "--permission", "p")  # fmt: skip
+    pilot = tmp_path / "hub"
+    assert out["copied"] == {"train": "data/train/train-*.csv", "test": "data/test/test-*.csv"}
+    assert sorted(p.name for p in (pilot / "data" / "train").iterdir()) == [
+        f"train-0000{i}-of-00003.csv" for i in range(3)
+    ]
+    spec = yaml.safe_load((pilot / "pilot.yaml").read_text())
+    assert spec["data"]["files"] == {"train": "data/train/train-*.csv",
+                                     "test": "data/test/test-*.csv"}  # fmt: skip
+    data = run_json("data", str(pilot))
+    assert sum(data["splits"].values()) == 60 and data["splits"]["test"] == 15
+    bad = run_json("init", "h2", "--dir", str(tmp_path), "--from", f"{hub}/dev-*.csv",
+                   expect=2)  # fmt: skip
+    assert "the pattern matches no file" in bad["error"] and not (tmp_path / "h2").exists()

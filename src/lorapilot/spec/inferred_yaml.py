@@ -176,9 +176,11 @@ def text_yaml(
         else "  # permission: the licence or internal approval to use it: `data` needs it",
     ]
     if "file" in names:
-        out.append(f"  file: data/{names['file']}   # a copy of your file, split by lorapilot")
+        out.append(
+            f"  file: {_q('data/' + names['file'])}   # a copy of your file, split by lorapilot"
+        )
     else:
-        files = ", ".join(f"{s}: data/{n}" for s, n in names.items())
+        files = ", ".join(f"{s}: {_q('data/' + n)}" for s, n in names.items())
         out.append(f"  files: {{{files}}}")
     fields = ", ".join(f"{k}: {_q(v) if v else 'null'}" for k, v in field_map(found).items())
     out.append(f"  fields: {{{fields}}}   # inferred: {_fields_reason(found)}")
@@ -322,10 +324,11 @@ def _table_data(found: Inferred, names: dict[str, str]) -> list[str]:
     """data: for a table of image paths: the copied table(s), its columns, the split."""
     out = []
     if "file" in names:
-        out.append(f"  file: data/{names['file']}   # a copy of your table, split by lorapilot; "
+        copied = _q("data/" + names["file"])
+        out.append(f"  file: {copied}   # a copy of your table, split by lorapilot; "
                    "the images copied beside it")  # fmt: skip
     else:
-        files = ", ".join(f"{s}: data/{n}" for s, n in names.items())
+        files = ", ".join(f"{s}: {_q('data/' + n)}" for s, n in names.items())
         out.append(f"  files: {{{files}}}")
     fields = {
         "image_template" if found.image_template else "image": found.image_template or found.image,

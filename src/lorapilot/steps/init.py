@@ -23,6 +23,7 @@ from lorapilot.data.image_folder import ImageFolder, sample_sizes, scan_image_fo
 from lorapilot.data.infer import SPLIT_WORDS, Inferred, Prompted, infer
 from lorapilot.data.load import FORMATS, file_rows
 from lorapilot.data.rows import BadRow
+from lorapilot.data.source import GLOB
 from lorapilot.errors import UsageError
 from lorapilot.spec import _NAME_RE, IMAGE_EXTENSIONS, EvalSpec, load_spec_file
 from lorapilot.spec.inferred_yaml import (
@@ -74,7 +75,7 @@ def run_init_from(
         rows += got
         per_file[split] = got
         val_rows = got if split == "val" else val_rows
-        unreadable += [f"{path}:{line}: {problem}" for line, problem in bad]
+        unreadable += [f"{where}: {problem}" for where, problem in bad]
     ids = None if text else _image_ids(next(iter(files.values())), rows)
     try:
         found = infer(rows, text=text, answer=answer, task=task, image=ids and ids[0])
@@ -299,8 +300,15 @@ def _splits_of(sources: list[str]) -> dict[str, Path]:
                 )
         if split in out:
             raise UsageError(f"--from {source}: a second {split} file ({out[split]} is one)")
-        if not path.is_file():
-            raise UsageError(f"--from {path}: no such file (a JSONL, CSV or Parquet file)")
+        if GLOB.search(str(path.parent)):
+            raise UsageError(f"--from {path}: a pattern names files of one folder "
+                             "(data/train-*.parquet), not folders")  # fmt: skip
+        if not members(path):
+            raise UsageError(
+                f"--from {path}: "
+                + ("the pattern matches no file" if GLOB.search(path.name) else "no such file")
+                + " (a JSONL, CSV or Parquet file; quote a pattern: 'data/train-*.parquet')"
+            )
         if path.suffix.lower() not in FORMATS:
             raise UsageError(
                 f"--from {path}: cannot tell the format from the extension {path.suffix!r} "
@@ -314,26 +322,44 @@ def _splits_of(sources: list[str]) -> dict[str, Path]:
     return dict(sorted(out.items(), key=lambda kv: ("file", "train", "val", "test").index(kv[0])))
 
 
-def _read(path: Path) -> tuple[list[dict], list[tuple[int, str]]]:
+def members(path: Path) -> list[Path]:
+    """The files a --from path stands for: itself, or what its pattern matches (the shards
+    a data set is published in), in name order, hidden ones left out."""
+    if not GLOB.search(path.name):
+        return [path] if path.is_file() else []
+    return sorted(
+        p for p in path.parent.glob(path.name) if p.is_file() and not p.name.startswith(".")
+    )  # fmt: skip
+
+
+def _read(path: Path) -> tuple[list[dict], list[tuple[str, str]]]:
     rows, bad = [], []
-    try:
-        for line, row in file_rows(path, FORMATS[path.suffix.lower()], str(path)):
-            if isinstance(row, BadRow):
-                bad.append((line, str(row)))
-            else:
-                rows.append(row)
-            if len(rows) >= MAX_ROWS:
-                break
-    except OSError as e:
-        raise UsageError(f"{path}: cannot read: {e.strerror or e}") from None
+    for member in members(path):
+        try:
+            for line, row in file_rows(member, FORMATS[member.suffix.lower()], str(member)):
+                if isinstance(row, BadRow):
+                    bad.append((f"{member}:{line}", str(row)))
+                else:
+                    rows.append(row)
+                if len(rows) >= MAX_ROWS:
+                    return rows, bad
+        except OSError as e:
+            raise UsageError(f"{member}: cannot read: {e.strerror or e}") from None
     return rows, bad
 
 
 def _copied_names(files: dict[str, Path]) -> dict[str, str]:
+    """Each split's path in data/: the file's name; a pattern's shards in a folder of the
+    split's name (`data/train/train-*.parquet`) where there are several splits."""
     names = {split: p.name for split, p in files.items()}
     if len(set(names.values())) < len(names):  # train/data.csv and test/data.csv
         names = {split: f"{split}-{n}" for split, n in names.items()}
-    return names
+    return {
+        split: f"{split}/{files[split].name}"
+        if GLOB.search(files[split].name) and split != "file"  # one split: no clash
+        else n
+        for split, n in names.items()
+    }
 
 
 def _build(
@@ -353,7 +379,10 @@ def _build(
     try:
         (tmp / "data").mkdir()
         for split, path in files.items():
-            shutil.copyfile(path, tmp / "data" / names[split])
+            for member in members(path):  # a pattern's shards keep their names, beside it
+                to = tmp / "data" / Path(names[split]).parent / member.name
+                to.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(member, to)
         if images is not None:  # hidden files and folders stay behind, as `data` skips them
             shutil.copytree(images, tmp / "data" / "images", ignore=_hidden)
         for rel, src in (copies or {}).items():  # a table's images, where its paths say
