@@ -15,9 +15,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from lorapilot.data.rows import chat_turn
 from lorapilot.data.targets import json_type
 from lorapilot.spec import IMAGE_EXTENSIONS
 
+LABEL_WORDS = 6
+"""Repeated answers longer than this many words on average are replies, not labels."""
 MAX_LABELS = 500
 """More distinct answers than this (or than half the rows) are free text, not labels."""
 INPUT_NAMES = (
@@ -97,7 +100,7 @@ def value_kind(value: Any) -> str | None:
         return "image"
     kind = json_type(value)
     if kind == "array":
-        if value and all(isinstance(t, dict) and t.get("role") in _ROLES for t in value):
+        if value and all(chat_turn(t)[0] in _ROLES for t in value):
             return "messages"
         if all(isinstance(v, str | int) and not isinstance(v, bool) for v in value):
             return "list"
@@ -250,8 +253,8 @@ def _from_messages(
     answers, systems, pairs = [], Counter(), []
     for r in rows:
         turns = _decoded(r.get(name))
-        turns = [t for t in turns if isinstance(t, dict)] if isinstance(turns, list) else []
-        said = [(t.get("role"), _content(t.get("content")) or "") for t in turns]
+        turns = [chat_turn(t) for t in turns] if isinstance(turns, list) else []
+        said = [(role, _content(content) or "") for role, content in turns if role]
         if said and said[0][0] in ("system", "developer") and said[0][1]:
             systems[said[0][1]] += 1
         dialog = tuple((role, text) for role, text in said if role in ("user", "assistant"))
@@ -426,8 +429,12 @@ def _decide_task(out: Inferred, answers: list[Any], task: str | None, where: str
         elif kind == "list" and n >= 0.95 * filled:
             task = "multi_label_classification"
         else:
-            distinct = len({_answer_text(a) for a in answers if value_kind(a) is not None})
-            task = "classification" if _few(distinct, filled) else "format"
+            distinct = {_answer_text(a) for a in answers if value_kind(a) is not None}
+            words = sum(len(a.split()) for a in distinct) / max(len(distinct), 1)
+            few = _few(len(distinct), filled)
+            task = "classification" if few and words <= LABEL_WORDS else "format"
+            if few and task == "format":  # repeated, but sentences: replies, not labels
+                kinds = Counter({"sentences": round(words, 1)})
         out.reasons.append(f"task: {task} ({where}: {_kind_said(task, kinds, filled)})")
     else:
         out.reasons.append(f"task: {task} (as given by --task)")
@@ -502,6 +509,9 @@ def _kind_said(task: str, kinds: Counter, filled: int) -> str:
         return f"{kinds['list']} of {filled} answers are lists of labels"
     if task == "classification":
         return "few distinct answers, each repeated"
+    if "sentences" in kinds:
+        return (f"few distinct answers, but sentences of {kinds['sentences']} words on average: "
+                "replies to write, not labels to pick")  # fmt: skip
     return "free-text answers, too many distinct ones to be labels"
 
 

@@ -316,10 +316,10 @@ class RecordBuilder:
             )
         turns: list[tuple[str, str]] = []
         for i, turn in enumerate(conv):
-            role = turn.get("role") if isinstance(turn, dict) else None
+            role, content = chat_turn(turn)
             if not isinstance(role, str):
                 raise BadRow(f"turn {i} of {name!r} is not a {{role, content}} object")
-            turns.append((role, _turn_text(turn.get("content"), f"turn {i} of {name!r} ({role})")))
+            turns.append((role, _turn_text(content, f"turn {i} of {name!r} ({role})")))
         system = turns.pop(0)[1] if turns[0][0] in ("system", "developer") else None
         roles = [r for r, _ in turns]
         expected = ["user", "assistant"] * (len(roles) // 2 + 1)
@@ -470,6 +470,24 @@ class RecordBuilder:
             raise BadRow(f"field {name!r} is empty")
         _no_surrogates(rid, name or "id")
         return rid
+
+
+SHAREGPT_ROLES = {"human": "user", "gpt": "assistant", "system": "system"}
+"""ShareGPT's speakers (`{"from": "human", "value": ...}`, as FastChat and axolotl write
+chat data) as the roles of OpenAI's format."""
+
+
+def chat_turn(turn: Any) -> tuple[str | None, Any]:
+    """(role, content) of one chat turn: OpenAI's `{role, content}`, or ShareGPT's `{from,
+    value}` with its speakers named as roles (another speaker keeps its name, and is
+    refused where the turns are checked); (None, None) for what is neither."""
+    if not isinstance(turn, dict):
+        return None, None
+    if "role" in turn:
+        return turn["role"], turn.get("content")
+    if "from" in turn and isinstance(turn["from"], str):
+        return SHAREGPT_ROLES.get(turn["from"], turn["from"]), turn.get("value")
+    return None, None
 
 
 def _turn_text(content: Any, where: str) -> str:
