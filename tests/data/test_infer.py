@@ -157,6 +157,19 @@ def test_a_column_of_image_paths_makes_an_image_classification():
         infer([{"text": "t", "label": "a"}] * 4, task="image_classification")
 
 
+def test_repeated_sentences_are_replies_to_write_not_labels():
+    """FastChat's identity chats: 15 distinct replies over 500 rows, each a sentence."""
+    replies = ["I am a language model trained by researchers at a lab.", "You too!",
+               "Goodbye! If you have more questions, do not hesitate to ask."]  # fmt: skip
+    got = infer([{"q": f"question {i}", "reply": replies[i % 3]} for i in range(30)],
+                answer="reply")  # fmt: skip
+    assert got.task == "format" and got.labels is None
+    assert any("but sentences of" in r for r in got.reasons)
+    short = infer([{"q": f"question {i}", "reply": ["yes", "no", "not sure"][i % 3]}
+                   for i in range(30)], answer="reply")  # fmt: skip
+    assert short.task == "classification"
+
+
 def test_what_the_rows_cannot_say_is_warned_or_refused_with_the_fix():
     numbers = infer([{"text": f"t{i}", "label": i % 3} for i in range(12)])
     assert numbers.labels == ["0", "1", "2"]

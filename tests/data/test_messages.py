@@ -259,3 +259,23 @@ def test_the_same_last_turn_after_other_turns_is_another_input(tmp_path):
     )
     report = find_duplicates([DupItem(r.id, "all", conversation_text(r)) for r in records])
     assert [(p.a_id, p.b_id) for p in report.exact] == [(records[0].id, records[2].id)]
+
+
+def test_sharegpt_rows_are_read_as_conversations(tmp_path):
+    """FastChat's and axolotl's ShareGPT rows: `{"from": "human" | "gpt" | "system",
+    "value": ...}`; another speaker keeps its name and is refused where it stands."""
+
+    def said(*turns):
+        return {"conversations": [{"from": f, "value": v} for f, v in turns]}
+
+    path = write_jsonl(tmp_path / "d.jsonl", [
+        said(("system", SYSTEM), ("human", "Hi"), ("gpt", "Yes?"), ("human", "Refund?"),
+             ("gpt", "billing")),
+        said(("human", "Call the API"), ("function_call", "{}"), ("gpt", "technical")),
+    ])  # fmt: skip
+    data = DataSpec(file="d.jsonl", fields=FieldMap(messages="conversations", id=None),
+                    on_error="skip")  # fmt: skip
+    (rec,), skipped = load_records(path, CLF, data)
+    assert (rec.text, rec.label, rec.system) == ("Refund?", "billing", SYSTEM)
+    assert rec.context == (("user", "Hi"), ("assistant", "Yes?"))
+    assert "the turns user, function_call, assistant" in skipped[0].problem

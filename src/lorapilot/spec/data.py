@@ -45,7 +45,8 @@ class FieldMap(_Strict):
     messages: str | None = Field(
         None,
         description="Column holding a chat conversation, as OpenAI's and TRL's fine-tuning "
-        "data write it (a list of {role, content}; a JSON string in a CSV cell), in place of "
+        "data write it (a list of {role, content}; a JSON string in a CSV cell), or ShareGPT's "
+        "(FastChat, axolotl: {from: human|gpt|system, value}), in place of "
         "`text` and `label`/`target`: its last user turn is the input text, its last "
         "assistant turn the answer (the label; the labels separated by label_separator; the "
         "target as JSON), the turns before the last user turn earlier turns the prompt holds "
