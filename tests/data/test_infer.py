@@ -155,6 +155,11 @@ def test_a_column_of_image_paths_makes_an_image_classification():
     assert texts.task == "classification" and texts.text == "caption"  # --text: as told
     with pytest.raises(ValueError, match="no column of image paths"):
         infer([{"text": "t", "label": "a"}] * 4, task="image_classification")
+    captioned = [{**r, "text": f"a caption {i}"} for i, r in enumerate(rows)]
+    got = infer(captioned)  # a text column by its name: a text pilot, the paths warned
+    assert got.task == "classification" and got.text == "text"
+    assert any("give --task image_classification" in w for w in got.warnings)
+    assert infer(captioned, task="image_classification").image == "path"
 
 
 def test_repeated_sentences_are_replies_to_write_not_labels():

@@ -170,7 +170,10 @@ def infer(
     if chat and text is None and answer is None:
         return _from_messages(rows, chat[0], columns, task)
     images = [image] if image else [c.name for c in columns.values() if c.kind == "image"]
-    if images and text is None and task in (None, "image_classification", "classification"):
+    # a text column by its name beside the paths: a text pilot, unless told otherwise
+    texts = [c.name for c in columns.values() if c.kind == "text" and c.name.lower() in INPUT_NAMES]
+    told = task == "image_classification"
+    if images and text is None and (told or (task in (None, "classification") and not texts)):
         return _from_image_table(rows, images[0], columns, answer)
     if task == "image_classification":
         raise ValueError(
@@ -196,6 +199,11 @@ def infer(
             f"{', '.join(names)}); name it with --answer"
         )
     out.text, out.answer = text, answer
+    if images:
+        out.warnings.append(
+            f"column {images[0]!r} holds image paths, read as neither input nor answer: for a "
+            "pilot that classifies the images, give --task image_classification"
+        )
     if not given_text and _identifiers(rows, text):
         out.warnings.append(
             f"column {text!r}, read as the input text, holds one word per row, a different "
@@ -225,9 +233,8 @@ def infer(
 
 def _keep_longest(out: Inferred, pairs: list[tuple[Prompted, str]], n: int = 32) -> None:
     # ties in order of their text, not of a set's hash: the same file writes the same spec
-    out.longest_inputs = sorted({p[0] for p in pairs}, key=lambda x: (-prompted_chars(x), repr(x)))[
-        :n
-    ]
+    inputs = sorted({p[0] for p in pairs}, key=lambda x: (-prompted_chars(x), repr(x)))
+    out.longest_inputs = inputs[:n]
     out.longest_answers = sorted({p[1] for p in pairs}, key=lambda x: (-len(x), x))[:n]
     out.longest_chars = prompted_chars(out.longest_inputs[0]) + len(out.longest_answers[0])
 
