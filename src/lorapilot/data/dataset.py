@@ -133,11 +133,28 @@ PairsOf = Callable[[dict[str, list[Record]]], DupReport]
 
 def text_pairs(pilot: Pilot) -> PairsOf:
     data = pilot.spec.data
-    return lambda splits: find_duplicates(
-        [DupItem(r.id, s, conversation_text(r)) for s, recs in splits.items() for r in recs],
-        threshold=data.near_dup_threshold,
-        seed=data.split.seed,
+    return _remembered(
+        lambda splits: find_duplicates(
+            [DupItem(r.id, s, conversation_text(r)) for s, recs in splits.items() for r in recs],
+            threshold=data.near_dup_threshold,
+            seed=data.split.seed,
+        )
     )
+
+
+def _remembered(pairs_of: PairsOf) -> PairsOf:
+    """`pairs_of` that answers the same splits once: the split `data.leakage: together`
+    checked last is, unsampled, the one the leak check searches again."""
+    last: dict[tuple, DupReport] = {}
+
+    def pairs(splits: dict[str, list[Record]]) -> DupReport:
+        key = tuple((s, tuple(r.id for r in recs)) for s, recs in splits.items())
+        if key not in last:
+            last.clear()
+            last[key] = pairs_of(splits)
+        return last[key]
+
+    return pairs
 
 
 TOGETHER_ROUNDS = 5
@@ -327,6 +344,7 @@ def prepare_image_data(
     data = pilot.spec.data
     records, skipped = load_all(pilot)
 
+    @_remembered
     def pairs_of(split: dict[str, list[Record]]) -> DupReport:
         items = [
             ImageItem(r.id, s, r.image.pixel_hash, r.image.phash, r.image.thumb)

@@ -32,11 +32,8 @@ def file_sources(pilot: Pilot) -> list[tuple[str, str, str | None]]:
         ]  # fmt: skip
     out = []
     for key, rel, split in given:
-        out += (
-            [(key, m, split) for m in _matches(pilot, key, rel)]
-            if GLOB.search(rel)
-            else [(key, rel, split)]
-        )
+        matched = _matches(pilot, key, rel) if GLOB.search(rel) else [rel]
+        out += [(key, m, split) for m in matched]
     return out
 
 

@@ -142,8 +142,8 @@ def _from_image_table(
     if not copies:
         raise UsageError(
             f"{next(iter(files.values()))}: none of the images in column {found.image!r} is a "
-            f"file (first: {missing[0]!r}), relative to the table's folder or to the current "
-            "one; write the paths relative to the table's folder"
+            f"file (first: {missing[0]!r}), relative to the table's folder, its parent or the "
+            "current one; write the paths relative to the table's folder"
         )
     if missing:
         found.warnings.append(
