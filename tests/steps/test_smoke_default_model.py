@@ -28,8 +28,8 @@ def test_smoke_passes_and_catches_shifted_labels(tmp_path, default_model_dir, mo
 
     real_encode = fmt_mod.PromptFormatter.encode
 
-    def shifted(self, text, answer, budget):
-        enc = real_encode(self, text, answer, budget)
+    def shifted(self, text, answer, budget, context=()):
+        enc = real_encode(self, text, answer, budget, context)
         enc.labels = enc.labels[1:] + [fmt_mod.IGNORE_INDEX]  # the classic off-by-one
         return enc
 
