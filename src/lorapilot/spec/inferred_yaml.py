@@ -47,6 +47,9 @@ def image_val_fraction(n_images: int) -> float:
 
 
 def field_map(found: Inferred) -> dict:
+    if found.image:  # a table of image paths, or of ids the template makes paths
+        key = "image_template" if found.image_template else "image"
+        return {key: found.image_template or found.image, "label": found.answer, "id": found.id}
     if found.messages:
         return {"messages": found.messages, "id": found.id}
     key = "target" if found.task in ("extraction", "format") else "label"
@@ -175,28 +178,14 @@ def text_yaml(
         if permission
         else "  # permission: the licence or internal approval to use it: `data` needs it",
     ]
-    if "file" in names:
-        out.append(
-            f"  file: {_q('data/' + names['file'])}   # a copy of your file, split by lorapilot"
-        )
-    else:
-        files = ", ".join(f"{s}: {_q('data/' + n)}" for s, n in names.items())
-        out.append(f"  files: {{{files}}}")
-    fields = ", ".join(f"{k}: {_q(v) if v else 'null'}" for k, v in field_map(found).items())
-    out.append(f"  fields: {{{fields}}}   # inferred: {_fields_reason(found)}")
+    out.append(_files_line(names, "file, split by lorapilot"))
+    out.append(_fields_line(field_map(found), found))
     if found.other_text_columns:
         cols = ", ".join(found.other_text_columns[:4])
         out.append(f"  # other text columns: {cols}; to read several as the input, use")
         out.append('  # text_template: "Subject: {subject}\\n\\n{body}" in place of text')
     if "val" not in names:
-        frac = val_fraction(found.n_rows)
-        test = f", test: {frac}" if "file" in names else ""  # else: the test file, or none
-        group = f", group: {_q(found.group)}" if found.group else ""
-        why = (
-            f"   # inferred: {_reason(found, 'split.group')}" if found.group
-            else "   # stratified by label" if found.labels else ""
-        )  # fmt: skip
-        out.append(f"  split: {{seed: 0, val: {frac}{test}{group}}}{why}")
+        out.append(_split_line(found, names, val_fraction(found.n_rows)))
         out.append("  leakage: together   # copies of a text are kept in one split, never "
                    "across (where lorapilot splits)")  # fmt: skip
     if found.no_answer:
@@ -223,6 +212,31 @@ def text_yaml(
         out.append("# Warnings when this was written:")
         out += [f"#   - {w}" for w in found.warnings]
     return "\n".join(out) + "\n"
+
+
+def _files_line(names: dict[str, str], what: str) -> str:
+    """data.file (one file lorapilot splits, `what` it is) or data.files, as copied."""
+    if "file" in names:
+        return f"  file: {_q('data/' + names['file'])}   # a copy of your {what}"
+    files = ", ".join(f"{s}: {_q('data/' + n)}" for s, n in names.items())
+    return f"  files: {{{files}}}"
+
+
+def _fields_line(fields: dict, found: Inferred) -> str:
+    said = ", ".join(f"{k}: {_q(v) if v else 'null'}" for k, v in fields.items())
+    return f"  fields: {{{said}}}   # inferred: {_fields_reason(found)}"
+
+
+def _split_line(found: Inferred, names: dict[str, str], frac: float) -> str:
+    """data.split where lorapilot splits: val (and test, for one file) at `frac`, the
+    inferred group."""
+    test = f", test: {frac}" if "file" in names else ""  # else: the test file, or none
+    group = f", group: {_q(found.group)}" if found.group else ""
+    why = (
+        f"   # inferred: {_reason(found, 'split.group')}" if found.group
+        else "   # stratified by label" if found.labels else ""
+    )  # fmt: skip
+    return f"  split: {{seed: 0, val: {frac}{test}{group}}}{why}"
 
 
 def _fields_reason(found: Inferred) -> str:
@@ -322,26 +336,9 @@ def image_yaml(
 
 def _table_data(found: Inferred, names: dict[str, str]) -> list[str]:
     """data: for a table of image paths: the copied table(s), its columns, the split."""
-    out = []
-    if "file" in names:
-        copied = _q("data/" + names["file"])
-        out.append(f"  file: {copied}   # a copy of your table, split by lorapilot; "
-                   "the images copied beside it")  # fmt: skip
-    else:
-        files = ", ".join(f"{s}: {_q('data/' + n)}" for s, n in names.items())
-        out.append(f"  files: {{{files}}}")
-    fields = {
-        "image_template" if found.image_template else "image": found.image_template or found.image,
-        "label": found.answer,
-        "id": found.id,
-    }
-    said = ", ".join(f"{k}: {_q(v) if v else 'null'}" for k, v in fields.items())
-    out.append(f"  fields: {{{said}}}   # inferred: {_fields_reason(found)}")
+    out = [_files_line(names, "table, split by lorapilot; the images copied beside it")]
+    out.append(_fields_line(field_map(found), found))
     if "val" not in names:
-        frac = image_val_fraction(found.n_rows)
-        test = f", test: {frac}" if "file" in names else ""
-        group = f", group: {_q(found.group)}" if found.group else ""
-        why = f"inferred: {_reason(found, 'split.group')}" if found.group else "stratified by label"
-        out.append(f"  split: {{seed: 0, val: {frac}{test}{group}}}   # {why}")
+        out.append(_split_line(found, names, image_val_fraction(found.n_rows)))
         out.append("  leakage: together   # copies of an image are kept in one split")
     return out

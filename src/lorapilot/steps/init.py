@@ -161,12 +161,7 @@ def _from_image_table(
         "from": {split: str(p) for split, p in files.items()},
         "copied": {split: f"data/{n}" for split, n in names.items()},
         "images_copied": len(copies),
-        "fields": {
-            "image_template" if found.image_template else "image": found.image_template
-            or found.image,
-            "label": found.answer,
-            "id": found.id,
-        },
+        "fields": field_map(found),
         "inferred": found.reasons,
     }
 
